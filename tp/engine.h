@@ -1,0 +1,84 @@
+// The engine: runs the target model's forward over a batch of tail rows on all tensor-
+// parallel ranks, and decides greedy acceptance once for all of them.
+//
+// The engine owns the model weights and the latent KV pool memory (kv_capacity() slots of
+// latent_dim values per layer); it does NOT own slot allocation: the caller (server/
+// sessions and the KV slot allocator) hands in the slots of every request's context and of
+// its new tail rows. Protobuf types never reach here.
+//
+// Backends: CPU (tp/cpu_engine.h, plain C++ ranks as threads with an in-process
+// communicator) and CUDA (one thread and one NCCL communicator per GPU).
+//
+// Thread-safety: Step() may be called from one thread at a time (the scheduler's engine
+// loop); the accessors are safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tp/model_config.h"
+
+namespace verifyd::tp {
+
+// One request in a step: a tree of tail rows on top of a committed context.
+//   rows:      tokens[t], t = 0..n-1; row 0 is the root (the pending token, or the first
+//              token of a prefill chunk).
+//   parents:   parents[0] = -1; parents[t] in [0, t) for t >= 1. A prefill chunk is a chain
+//              (parents[t] = t - 1); a verify tree is the pending token plus the draft nodes
+//              (draft node i is row i + 1; a node whose parent is -1 hangs off row 0).
+//   positions: committed_len + depth(t), depth(0) = 0.
+//   visible:   the whole context + the row's ancestors + itself.
+struct StepRequest {
+  std::vector<int32_t> context_slots;  // committed_len slots, positions 0.. in order
+  std::vector<int32_t> tokens;         // [n] (1 <= n <= max_tail_rows)
+  std::vector<int32_t> parents;        // [n]
+  std::vector<int32_t> tail_slots;     // [n] fresh slots; the engine writes each row's KV
+  bool accept = true;                  // false for prefill chunks: predictions only
+};
+
+struct StepResult {
+  std::vector<int32_t> predictions;    // [n] greedy target token after each row
+  std::vector<int32_t> accepted_rows;  // accepted local rows >= 1, root side first
+  int32_t bonus = -1;                  // target token after the last accepted row
+  std::vector<int32_t> kept_slots;     // root slot then accepted rows' slots (path order)
+  std::vector<int32_t> freed_slots;    // the other tail slots
+};
+
+// Optional timing of the last step, for metrics (seconds).
+struct StepTiming {
+  double total_s = 0;
+  std::vector<double> per_rank_s;  // forward time of each rank
+};
+
+struct EngineLimits {
+  int max_tail_rows = 65;     // rows per request per step (64 draft nodes + pending)
+  int max_batch = 64;         // requests per step
+  int64_t max_context = 0;    // committed + tail positions per request (config's limit)
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual std::string backend() const = 0;  // "cpu" or "cuda"
+  virtual int tp_size() const = 0;
+  virtual int64_t kv_capacity() const = 0;  // slots in the latent KV pool
+  virtual EngineLimits limits() const = 0;
+
+  // Runs the forward on every rank: writes the tail rows' latent KV into their tail slots,
+  // computes the greedy prediction after every row and, for requests with accept = true,
+  // the acceptance and the kept/freed split of the tail slots. Invalid input (slot out of
+  // range, bad parents, too many rows) is InvalidArgument and leaves the pool unchanged for
+  // every context slot. A failed rank makes this and every later call Unavailable.
+  virtual absl::StatusOr<std::vector<StepResult>> Step(const std::vector<StepRequest>& batch,
+                                                       StepTiming* timing = nullptr) = 0;
+
+  // True once a rank failed (the server reports NOT_SERVING and exits non-zero).
+  virtual bool failed() const = 0;
+};
+
+}  // namespace verifyd::tp
