@@ -1,0 +1,43 @@
+// Internal to kernels/reference: split a range of independent work items over a few
+// std::threads. Used only where every item is computed by the same code whatever the split,
+// so threading never changes a result (batch invariance).
+// Thread-safe: each call owns its threads and joins them before returning.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace verifyd::kernels::ref::internal {
+
+// Most threads one reference op starts. The CPU backend already runs one engine thread per
+// TP rank, so keep this small.
+inline int MaxOpThreads() {
+  const unsigned hw = std::thread::hardware_concurrency();
+  return static_cast<int>(std::clamp<unsigned>(hw == 0 ? 1u : hw, 1u, 4u));
+}
+
+// Calls fn(begin, end) over contiguous chunks covering [0, count), each a multiple of
+// `granule` items except the last. Runs inline when `threads` <= 1 or there is one chunk.
+template <typename Fn>
+void ParallelChunks(int64_t count, int64_t granule, int threads, const Fn& fn) {
+  if (count <= 0) return;
+  const int64_t granules = (count + granule - 1) / granule;
+  const int64_t parts = std::min<int64_t>(std::max(threads, 1), granules);
+  if (parts <= 1) {
+    fn(int64_t{0}, count);
+    return;
+  }
+  const int64_t per = (granules + parts - 1) / parts * granule;
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(parts - 1));
+  for (int64_t p = 1; p < parts; ++p) {
+    const int64_t b = p * per, e = std::min(count, b + per);
+    if (b < e) pool.emplace_back([&fn, b, e] { fn(b, e); });
+  }
+  fn(int64_t{0}, std::min(count, per));  // chunk 0 on the calling thread
+  for (auto& t : pool) t.join();
+}
+
+}  // namespace verifyd::kernels::ref::internal
