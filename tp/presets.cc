@@ -1,0 +1,94 @@
+// Preset configs and their seeded counter-based weights.
+#include "tp/presets.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "tp/weight_init.h"
+
+namespace verifyd::tp {
+
+std::vector<std::string> PresetNames() { return {"tiny", "small", "kimi-k2-attn"}; }
+
+absl::StatusOr<ModelConfig> PresetConfig(const std::string& name, int64_t num_layers) {
+  ModelConfig c;
+  c.name = name;
+  if (name == "tiny") {
+    c.vocab_size = 512;
+    c.hidden_size = 128;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 8;
+    c.q_lora_rank = 64;
+    c.kv_lora_rank = 64;
+    c.qk_rope_head_dim = 16;
+    c.qk_nope_head_dim = 32;
+    c.v_head_dim = 32;
+    c.intermediate_size = 256;
+    c.max_position_embeddings = 4096;
+  } else if (name == "small") {
+    c.vocab_size = 2048;
+    c.hidden_size = 256;
+    c.num_hidden_layers = 4;
+    c.num_attention_heads = 16;
+    c.q_lora_rank = 128;
+    c.kv_lora_rank = 128;
+    c.qk_rope_head_dim = 32;
+    c.qk_nope_head_dim = 64;
+    c.v_head_dim = 64;
+    c.intermediate_size = 512;
+    c.max_position_embeddings = 8192;
+  } else if (name == "kimi-k2-attn") {
+    c.vocab_size = 32000;
+    c.hidden_size = 7168;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 64;
+    c.q_lora_rank = 1536;
+    c.kv_lora_rank = 512;
+    c.qk_rope_head_dim = 64;
+    c.qk_nope_head_dim = 128;
+    c.v_head_dim = 128;
+    c.intermediate_size = 18432;
+    c.max_position_embeddings = 262144;
+    c.rope_theta = 50000.0;
+  } else {
+    return absl::NotFoundError(absl::StrCat("unknown preset '", name, "' (known: ",
+                                            absl::StrJoin(PresetNames(), ", "), ")"));
+  }
+  if (num_layers < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("preset layer count ", num_layers, " < 0"));
+  }
+  if (num_layers > 0) c.num_hidden_layers = num_layers;
+  return c;
+}
+
+absl::StatusOr<ModelWeights> GenerateRandomWeights(const ModelConfig& config, uint64_t seed) {
+  if (absl::Status s = ValidateModelConfig(config); !s.ok()) return s;
+  ModelWeights w;
+  w.config = config;
+  for (const TensorSpec& spec : ModelTensorSpecs(config)) {
+    HostTensor t;
+    t.shape = spec.shape;
+    t.data.resize(t.numel());
+    const uint64_t key = WeightTensorKey(seed, WeightNameHash(spec.name));
+    for (size_t i = 0; i < t.data.size(); ++i) {
+      t.data[i] = WeightValue(key, i, spec.init_scale, spec.init_offset);
+    }
+    w.tensors.emplace(spec.name, std::move(t));
+  }
+  return w;
+}
+
+absl::StatusOr<ModelWeights> MakePresetWeights(const std::string& name, uint64_t seed,
+                                               int64_t num_layers) {
+  absl::StatusOr<ModelConfig> c = PresetConfig(name, num_layers);
+  if (!c.ok()) return c.status();
+  return GenerateRandomWeights(*c, seed);
+}
+
+absl::Status WritePresetToDirectory(const std::string& name, uint64_t seed,
+                                    const std::string& dir, int64_t max_shard_bytes) {
+  absl::StatusOr<ModelWeights> w = MakePresetWeights(name, seed);
+  if (!w.ok()) return w.status();
+  return WriteModelToDirectory(*w, dir, SafetensorsDType::kBF16, max_shard_bytes);
+}
+
+}  // namespace verifyd::tp

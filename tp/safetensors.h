@@ -1,0 +1,56 @@
+// Reading and writing safetensors files (https://github.com/huggingface/safetensors format:
+// 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets}},
+// then the raw little-endian tensor bytes).
+//
+// The reader converts F32 / BF16 / F16 to float32 host tensors; the writer stores F32 or BF16.
+// A checkpoint directory holds one or several shard files: model.safetensors.index.json
+// ("weight_map": name -> file) when present, else every *.safetensors file in the directory.
+// Thread-safety: free functions over caller-owned values.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace verifyd::tp {
+
+// A host tensor in float32, row-major.
+struct HostTensor {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+using TensorMap = std::map<std::string, HostTensor>;
+
+enum class SafetensorsDType { kF32, kBF16 };
+
+// Reads every tensor of one file (converted to float32). Errors name the file and tensor.
+absl::StatusOr<TensorMap> ReadSafetensorsFile(const std::string& path);
+
+// Reads all tensors of a checkpoint directory (index.json or all *.safetensors); a tensor
+// present in two files is InvalidArgument.
+absl::StatusOr<TensorMap> ReadSafetensorsDirectory(const std::string& dir);
+
+// Writes tensors into one file (names in map order). BF16 rounds to nearest even.
+absl::Status WriteSafetensorsFile(const std::string& path, const TensorMap& tensors,
+                                  SafetensorsDType dtype);
+
+// Writes tensors into dir as model-0000i-of-0000n.safetensors shards of at most
+// max_shard_bytes each (at least one tensor per shard) plus model.safetensors.index.json;
+// max_shard_bytes <= 0 writes a single model.safetensors and no index.
+absl::Status WriteSafetensorsDirectory(const std::string& dir, const TensorMap& tensors,
+                                       SafetensorsDType dtype, int64_t max_shard_bytes = 0);
+
+// IEEE half -> float (for F16 checkpoints).
+float HalfToFloat(uint16_t h);
+
+}  // namespace verifyd::tp
