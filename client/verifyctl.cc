@@ -1,0 +1,199 @@
+// verifyctl: command-line client of verifyd.
+//   verifyctl info | health
+//   verifyctl open --prompt 1,2,3
+//   verifyctl verify --session S --tokens 5,6,7 --parents -1,0,-1
+//   verifyctl close --session S
+//   verifyctl demo [--drafter oracle|ngram] [--rounds R] [--depth D] [--branches B]
+//   verifyctl load --sessions N --rounds R
+// Exit status: 0 on success, 1 on an RPC error (printed as CODE: message), 2 on bad usage.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/demo_drafter.h"
+#include "client/verify_client.h"
+
+ABSL_FLAG(std::string, target, "127.0.0.1:50051", "verifyd address host:port");
+ABSL_FLAG(int, timeout_s, 60, "per-call deadline in seconds");
+ABSL_FLAG(std::string, prompt, "", "open: comma-separated prompt tokens");
+ABSL_FLAG(std::string, session, "", "verify/close: session id");
+ABSL_FLAG(std::string, tokens, "", "verify: comma-separated draft tokens");
+ABSL_FLAG(std::string, parents, "", "verify: comma-separated parents (-1 = the pending token)");
+ABSL_FLAG(std::string, drafter, "oracle",
+          "demo/load: oracle (true continuation from a shadow greedy session, mixed with "
+          "random branches) or ngram (prompt lookup over the tokens so far + random branches)");
+ABSL_FLAG(int, rounds, 16, "demo/load: Verify rounds per session");
+ABSL_FLAG(int, sessions, 1, "demo/load: concurrent sessions");
+ABSL_FLAG(int, depth, 6, "demo/load: draft chain depth");
+ABSL_FLAG(int, branches, 2, "demo/load: alternatives per depth (1 = a plain chain)");
+ABSL_FLAG(double, accuracy, 0.8, "demo/load (oracle): chance each chain token is the true one");
+ABSL_FLAG(int, prompt_len, 16, "demo/load: random prompt length");
+ABSL_FLAG(uint64_t, seed, 1, "demo/load: random seed");
+ABSL_FLAG(bool, quiet, false, "demo: no per-round lines");
+
+namespace {
+
+using verifyd::client::DemoOptions;
+using verifyd::client::VerifyClient;
+
+int Fail(const absl::Status& st) {
+  std::fprintf(stderr, "%s: %s\n", absl::StatusCodeToString(st.code()).c_str(),
+               std::string(st.message()).c_str());
+  return 1;
+}
+
+int Usage(const std::string& msg) {
+  std::fprintf(stderr, "verifyctl: %s\n(run with --help for the flags)\n", msg.c_str());
+  return 2;
+}
+
+int CmdInfo(VerifyClient& c) {
+  auto info = c.GetInfo();
+  if (!info.ok()) return Fail(info.status());
+  const auto& m = info->model();
+  std::printf("model: %s\n  vocab_size=%lld hidden_size=%lld layers=%lld heads=%lld "
+              "q_lora_rank=%lld kv_lora_rank=%lld qk_nope=%lld qk_rope=%lld v_head=%lld "
+              "intermediate=%lld max_position=%lld\n",
+              m.name().c_str(), (long long)m.vocab_size(), (long long)m.hidden_size(),
+              (long long)m.num_hidden_layers(), (long long)m.num_attention_heads(),
+              (long long)m.q_lora_rank(), (long long)m.kv_lora_rank(),
+              (long long)m.qk_nope_head_dim(), (long long)m.qk_rope_head_dim(),
+              (long long)m.v_head_dim(), (long long)m.intermediate_size(),
+              (long long)m.max_position_embeddings());
+  const auto& l = info->limits();
+  std::printf("backend: %s  tp: %d  version: %s\n", info->backend().c_str(), info->tp_size(),
+              info->version().c_str());
+  std::printf("limits: max_draft_nodes=%d max_context=%lld max_batch=%d kv_slots_total=%lld "
+              "max_sessions=%d max_prompt_tokens=%d\n",
+              l.max_draft_nodes(), (long long)l.max_context(), l.max_batch(),
+              (long long)l.kv_slots_total(), l.max_sessions(), l.max_prompt_tokens());
+  return 0;
+}
+
+int CmdHealth(VerifyClient& c) {
+  auto h = c.Health();
+  if (!h.ok()) return Fail(h.status());
+  static const char* kNames[] = {"UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN"};
+  std::printf("%s\n", kNames[static_cast<int>(*h)]);
+  return *h == verifyd::client::HealthStatus::kServing ? 0 : 1;
+}
+
+int CmdOpen(VerifyClient& c) {
+  auto prompt = verifyd::client::ParseIntList(absl::GetFlag(FLAGS_prompt), "--prompt");
+  if (!prompt.ok()) return Fail(prompt.status());
+  auto r = c.Open(*prompt);
+  if (!r.ok()) return Fail(r.status());
+  std::printf("session_id: %s\nnext_token: %d\ncommitted_len: %lld\n", r->session_id.c_str(),
+              r->next_token, (long long)r->committed_len);
+  return 0;
+}
+
+int CmdVerify(VerifyClient& c) {
+  verifyd::client::DraftTree tree;
+  auto tokens = verifyd::client::ParseIntList(absl::GetFlag(FLAGS_tokens), "--tokens");
+  if (!tokens.ok()) return Fail(tokens.status());
+  auto parents = verifyd::client::ParseIntList(absl::GetFlag(FLAGS_parents), "--parents");
+  if (!parents.ok()) return Fail(parents.status());
+  tree.tokens = *tokens;
+  tree.parents = *parents;
+  auto r = c.Verify(absl::GetFlag(FLAGS_session), tree);
+  if (!r.ok()) return Fail(r.status());
+  std::printf("accepted_nodes: [%s]\naccepted_tokens: [%s]\nbonus_token: %d\n"
+              "committed_len: %lld\n",
+              absl::StrJoin(r->accepted_nodes, ",").c_str(),
+              absl::StrJoin(r->accepted_tokens, ",").c_str(), r->bonus_token,
+              (long long)r->committed_len);
+  return 0;
+}
+
+int CmdClose(VerifyClient& c) {
+  if (auto st = c.Close(absl::GetFlag(FLAGS_session)); !st.ok()) return Fail(st);
+  std::printf("closed\n");
+  return 0;
+}
+
+DemoOptions DemoOptionsFromFlags() {
+  DemoOptions o;
+  o.oracle = absl::GetFlag(FLAGS_drafter) == "oracle";
+  o.rounds = absl::GetFlag(FLAGS_rounds);
+  o.depth = absl::GetFlag(FLAGS_depth);
+  o.branches = absl::GetFlag(FLAGS_branches);
+  o.accuracy = absl::GetFlag(FLAGS_accuracy);
+  o.prompt_len = absl::GetFlag(FLAGS_prompt_len);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  return o;
+}
+
+int CmdDemo(VerifyClient& c) {
+  const std::string drafter = absl::GetFlag(FLAGS_drafter);
+  if (drafter != "oracle" && drafter != "ngram") return Usage("--drafter: oracle or ngram");
+  DemoOptions o = DemoOptionsFromFlags();
+  const bool quiet = absl::GetFlag(FLAGS_quiet);
+  o.on_round = [quiet](const verifyd::client::RoundReport& r) {
+    if (quiet) return;
+    std::printf("round %3d: drafted %2d nodes (depth %d), accepted %d [%s] + bonus %d, "
+                "%.2f ms\n",
+                r.round, r.nodes, r.depth, r.accepted, absl::StrJoin(r.accepted_tokens, ",").c_str(),
+                r.bonus, r.latency_ms);
+  };
+  auto report = verifyd::client::RunDemo(c, o);
+  if (!report.ok()) return Fail(report.status());
+  std::printf("demo: drafter=%s rounds=%d tokens=%lld mean_accepted_length=%.3f "
+              "tokens_per_round=%.3f tokens_per_second=%.1f verify_seconds=%.3f%s\n",
+              drafter.c_str(), report->rounds, (long long)report->tokens,
+              report->mean_accepted, report->tokens_per_round, report->tokens_per_second,
+              report->verify_seconds,
+              o.oracle ? (report->lossless ? " lossless=yes" : " lossless=NO") : "");
+  return o.oracle && !report->lossless ? 1 : 0;
+}
+
+int CmdLoad(VerifyClient& c) {
+  DemoOptions o = DemoOptionsFromFlags();
+  const int n = absl::GetFlag(FLAGS_sessions);
+  if (n < 1) return Usage("--sessions: must be >= 1");
+  auto report = verifyd::client::RunLoad(c, o, n);
+  if (!report.ok()) return Fail(report.status());
+  std::printf("load: sessions=%d rounds=%d calls=%lld errors=%lld tokens=%lld wall_s=%.3f "
+              "tokens_per_second=%.1f calls_per_second=%.1f mean_accepted_length=%.3f "
+              "latency_ms p50=%.2f p90=%.2f p99=%.2f max=%.2f\n",
+              n, o.rounds, (long long)report->calls, (long long)report->errors,
+              (long long)report->tokens, report->wall_s, report->tokens_per_second,
+              report->calls_per_second, report->mean_accepted, report->p50_ms, report->p90_ms,
+              report->p99_ms, report->max_ms);
+  for (const auto& [code, count] : report->errors_by_code) {
+    std::printf("  errors %s: %lld\n", code.c_str(), (long long)count);
+  }
+  return report->errors == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "verifyctl <info|health|open|verify|close|demo|load> [flags]: client of verifyd");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) return Usage("expected exactly one subcommand");
+  const std::string cmd = args[1];
+  VerifyClient client(absl::GetFlag(FLAGS_target), absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
+  if (cmd == "info") return CmdInfo(client);
+  if (cmd == "health") return CmdHealth(client);
+  if (cmd == "open") return CmdOpen(client);
+  if (cmd == "verify") return CmdVerify(client);
+  if (cmd == "close") return CmdClose(client);
+  if (cmd == "demo") return CmdDemo(client);
+  if (cmd == "load") return CmdLoad(client);
+  return Usage(absl::StrCat("unknown subcommand '", cmd, "'"));
+}

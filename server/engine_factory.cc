@@ -1,0 +1,73 @@
+#include "server/engine_factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "server/testing/toy_engine.h"
+#include "tp/cpu_engine.h"
+#if VERIFYD_WITH_CUDA
+#include "tp/cuda_engine.h"
+#endif
+
+namespace verifyd::server {
+namespace {
+
+absl::StatusOr<std::unique_ptr<tp::Engine>> CreateCpu(const EngineSpec& spec) {
+  tp::CpuEngineOptions o;
+  o.model = spec.model;
+  o.seed = spec.seed;
+  o.tp = spec.tp;
+  o.kv_capacity = spec.kv_slots;
+  o.max_batch = spec.max_batch;
+  return tp::CreateCpuEngine(o);
+}
+
+absl::StatusOr<std::unique_ptr<tp::Engine>> CreateCuda(const EngineSpec& spec) {
+#if VERIFYD_WITH_CUDA
+  if (!tp::CudaDevicesAvailable()) {
+    return absl::UnavailableError("--backend cuda: no CUDA device is visible");
+  }
+  tp::CudaEngineOptions o;
+  o.model = spec.model;
+  o.seed = spec.seed;
+  o.tp = spec.tp;
+  o.kv_capacity = spec.kv_slots;
+  o.max_batch = spec.max_batch;
+  return tp::CreateCudaEngine(o);
+#else
+  (void)spec;
+  return absl::UnavailableError(
+      "--backend cuda: this binary was built without CUDA (not built/available)");
+#endif
+}
+
+bool CudaUsable() {
+#if VERIFYD_WITH_CUDA
+  return tp::CudaDevicesAvailable();
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<tp::Engine>> CreateEngine(const EngineSpec& spec) {
+  if (spec.tp < 1) return absl::InvalidArgumentError("--tp: must be >= 1");
+  if (spec.kv_slots < 2 || spec.kv_slots > (int64_t{1} << 31) - 1) {
+    return absl::InvalidArgumentError("--kv_slots: must be in [2, 2^31)");
+  }
+  if (spec.max_batch < 1) return absl::InvalidArgumentError("--max_batch: must be >= 1");
+  if (spec.backend == "cuda") return CreateCuda(spec);
+  if (spec.backend == "auto") return CudaUsable() ? CreateCuda(spec) : CreateCpu(spec);
+  if (spec.backend == "cpu") return CreateCpu(spec);
+  if (spec.backend == "toy") {
+    testing::ToyEngineOptions o;
+    o.kv_capacity = spec.kv_slots;
+    o.max_batch = spec.max_batch;
+    o.tp_size = spec.tp;
+    o.seed = spec.seed;
+    return std::unique_ptr<tp::Engine>(new testing::ToyEngine(o));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--backend: '", spec.backend, "' is not one of cpu, cuda, auto, toy"));
+}
+
+}  // namespace verifyd::server

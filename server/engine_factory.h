@@ -1,0 +1,28 @@
+// Builds the engine verifyd serves from its flags: the one place that knows the backends.
+// Thread-safety: a pure function (the engine it returns follows tp/engine.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "tp/engine.h"
+
+namespace verifyd::server {
+
+struct EngineSpec {
+  std::string backend = "auto";  // cpu | cuda | auto (cuda when built and a GPU is present,
+                                 // else cpu) | toy (test stand-in, no model)
+  std::string model = "tiny";    // preset name or checkpoint directory
+  uint64_t seed = 0;             // weight seed for presets
+  int tp = 1;                    // tensor-parallel ranks
+  int64_t kv_slots = 65536;      // latent KV pool capacity in tokens
+  int max_batch = 64;            // requests per step
+};
+
+// InvalidArgument for a bad spec (naming the flag), Unavailable for a backend not built or
+// without devices, or the backend's own error.
+absl::StatusOr<std::unique_ptr<tp::Engine>> CreateEngine(const EngineSpec& spec);
+
+}  // namespace verifyd::server

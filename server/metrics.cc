@@ -1,0 +1,192 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+
+namespace verifyd::server {
+namespace {
+
+using prometheus::Histogram;
+
+// Latency buckets: 100 us .. ~10 s, roughly x2.5 per step.
+Histogram::BucketBoundaries LatencyBuckets() {
+  return {1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2,
+          0.1,  0.25,   0.5,  1.0,  2.5,    5.0,  10.0};
+}
+
+Histogram::BucketBoundaries CountBuckets(int max) {
+  Histogram::BucketBoundaries b;
+  for (int v = 0; v <= max; v = v < 4 ? v + 1 : v * 2) b.push_back(v);
+  return b;
+}
+
+}  // namespace
+
+Metrics::Metrics(int tp_size, const std::string& version, const std::string& backend)
+    : registry_(std::make_shared<prometheus::Registry>()) {
+  auto& reg = *registry_;
+  auto& latency = prometheus::BuildHistogram()
+                      .Name("verifyd_verify_latency_seconds")
+                      .Help("Verify request latency in seconds by stage: queue (waiting for an "
+                            "engine step), engine (the step that ran it), total (handler)")
+                      .Register(reg);
+  latency_queue_ = &latency.Add({{"stage", "queue"}}, LatencyBuckets());
+  latency_engine_ = &latency.Add({{"stage", "engine"}}, LatencyBuckets());
+  latency_total_ = &latency.Add({{"stage", "total"}}, LatencyBuckets());
+
+  engine_step_ = &prometheus::BuildHistogram()
+                      .Name("verifyd_engine_step_seconds")
+                      .Help("Wall time of one engine step (one batched forward) in seconds")
+                      .Register(reg)
+                      .Add({}, LatencyBuckets());
+  auto& rank = prometheus::BuildHistogram()
+                   .Name("verifyd_engine_rank_step_seconds")
+                   .Help("Forward time of one tensor-parallel rank in one engine step, seconds")
+                   .Register(reg);
+  for (int r = 0; r < tp_size; ++r) {
+    rank_step_.push_back(&rank.Add({{"rank", std::to_string(r)}}, LatencyBuckets()));
+  }
+
+  draft_tokens_ = &prometheus::BuildCounter()
+                       .Name("verifyd_draft_tokens_total")
+                       .Help("Draft tree nodes received in Verify")
+                       .Register(reg)
+                       .Add({});
+  accepted_tokens_ = &prometheus::BuildCounter()
+                          .Name("verifyd_accepted_tokens_total")
+                          .Help("Draft tokens accepted by the target")
+                          .Register(reg)
+                          .Add({});
+  emitted_tokens_ = &prometheus::BuildCounter()
+                         .Name("verifyd_emitted_tokens_total")
+                         .Help("Tokens emitted by Verify (accepted + one bonus per tree)")
+                         .Register(reg)
+                         .Add({});
+  auto& by_depth = prometheus::BuildCounter()
+                       .Name("verifyd_accepted_tokens_by_depth_total")
+                       .Help("Accepted draft tokens by tree depth (1 = child of the pending "
+                             "token); divide by verifyd_draft_depth_reached_total for the "
+                             "acceptance rate per depth")
+                       .Register(reg);
+  auto& reached = prometheus::BuildCounter()
+                      .Name("verifyd_draft_depth_reached_total")
+                      .Help("Draft trees that had at least one node at this depth")
+                      .Register(reg);
+  for (int d = 1; d <= kMaxDepthLabel; ++d) {
+    accepted_by_depth_.push_back(&by_depth.Add({{"depth", std::to_string(d)}}));
+    depth_reached_.push_back(&reached.Add({{"depth", std::to_string(d)}}));
+  }
+  accept_length_ = &prometheus::BuildHistogram()
+                        .Name("verifyd_accept_length")
+                        .Help("Accepted draft tokens per Verify item (round)")
+                        .Register(reg)
+                        .Add({}, CountBuckets(64));
+  batch_size_ = &prometheus::BuildHistogram()
+                     .Name("verifyd_batch_size")
+                     .Help("Requests (sessions) per engine step")
+                     .Register(reg)
+                     .Add({}, CountBuckets(256));
+  active_sessions_ = &prometheus::BuildGauge()
+                          .Name("verifyd_active_sessions")
+                          .Help("Open sessions")
+                          .Register(reg)
+                          .Add({});
+  kv_used_ = &prometheus::BuildGauge()
+                  .Name("verifyd_kv_slots_used")
+                  .Help("KV pool slots (tokens) in use")
+                  .Register(reg)
+                  .Add({});
+  kv_total_ = &prometheus::BuildGauge()
+                   .Name("verifyd_kv_slots_total")
+                   .Help("KV pool capacity in slots (tokens)")
+                   .Register(reg)
+                   .Add({});
+  queue_depth_ = &prometheus::BuildGauge()
+                      .Name("verifyd_queue_depth")
+                      .Help("Requests waiting in the scheduler queue")
+                      .Register(reg)
+                      .Add({});
+  tokens_per_second_ = &prometheus::BuildGauge()
+                            .Name("verifyd_tokens_per_second")
+                            .Help("Emitted tokens per second over the last 10 seconds")
+                            .Register(reg)
+                            .Add({});
+  requests_ = &prometheus::BuildCounter()
+                   .Name("verifyd_requests_total")
+                   .Help("RPCs handled, by method and gRPC status code")
+                   .Register(reg);
+  // Every (method, code) series exists at zero from the first scrape, so rate() and alerts
+  // see the first error (5 methods x 17 codes, a fixed set).
+  for (const char* method : {"GetInfo", "OpenSession", "Verify", "VerifyStream", "CloseSession"}) {
+    for (const char* code :
+         {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+          "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+          "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+          "UNAUTHENTICATED"}) {
+      requests_->Add({{"method", method}, {"code", code}});
+    }
+  }
+  prometheus::BuildGauge()
+      .Name("verifyd_build_info")
+      .Help("Build information; always 1")
+      .Register(reg)
+      .Add({{"version", version}, {"backend", backend}})
+      .Set(1);
+}
+
+void Metrics::ObserveVerifyLatency(double queue_s, double engine_s, double total_s) {
+  latency_queue_->Observe(queue_s);
+  latency_engine_->Observe(engine_s);
+  latency_total_->Observe(total_s);
+}
+
+void Metrics::ObserveEngineStep(double total_s, const std::vector<double>& per_rank_s) {
+  engine_step_->Observe(total_s);
+  for (size_t r = 0; r < per_rank_s.size() && r < rank_step_.size(); ++r) {
+    rank_step_[r]->Observe(per_rank_s[r]);
+  }
+}
+
+void Metrics::ObserveBatchSize(int n) { batch_size_->Observe(n); }
+
+void Metrics::ObserveTree(const std::vector<int>& node_depths, int accepted) {
+  draft_tokens_->Increment(static_cast<double>(node_depths.size()));
+  accepted_tokens_->Increment(accepted);
+  emitted_tokens_->Increment(accepted + 1);
+  accept_length_->Observe(accepted);
+  int max_depth = 0;
+  for (int d : node_depths) max_depth = std::max(max_depth, d);
+  max_depth = std::min(max_depth, kMaxDepthLabel);
+  for (int d = 1; d <= max_depth; ++d) depth_reached_[d - 1]->Increment();
+  for (int k = 0; k < accepted; ++k) {
+    accepted_by_depth_[std::min(k + 1, kMaxDepthLabel) - 1]->Increment();
+  }
+  // One window entry per 100 ms keeps the window small under load.
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  if (!emitted_window_.empty() && now - emitted_window_.back().first < absl::Milliseconds(100)) {
+    emitted_window_.back().second += accepted + 1;
+  } else {
+    emitted_window_.emplace_back(now, accepted + 1);
+  }
+}
+
+void Metrics::CountRequest(const std::string& method, const std::string& code) {
+  requests_->Add({{"method", method}, {"code", code}}).Increment();
+}
+
+void Metrics::SetKvSlots(int64_t used, int64_t total) {
+  kv_used_->Set(static_cast<double>(used));
+  kv_total_->Set(static_cast<double>(total));
+}
+
+void Metrics::UpdateTokensPerSecond(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  while (!emitted_window_.empty() && now - emitted_window_.front().first > window_) {
+    emitted_window_.pop_front();
+  }
+  int64_t sum = 0;
+  for (const auto& [t, n] : emitted_window_) sum += n;
+  tokens_per_second_->Set(static_cast<double>(sum) / absl::ToDoubleSeconds(window_));
+}
+
+}  // namespace verifyd::server

@@ -1,0 +1,327 @@
+#include "server/scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace verifyd::server {
+
+struct Scheduler::Job {
+  enum class Kind { kPrefill, kVerify };
+  Kind kind = Kind::kVerify;
+  // Prefill.
+  std::shared_ptr<Session> session;
+  const std::vector<int32_t>* prompt = nullptr;
+  const std::vector<int32_t>* prompt_slots = nullptr;
+  int64_t offset = 0;        // rows of the prompt already prefilled
+  int32_t next_token = -1;   // prediction after the last prompt row
+  // Verify.
+  std::vector<VerifyWork>* items = nullptr;
+  std::function<bool()> cancelled;  // optional: the caller went away
+
+  int requests() const { return kind == Kind::kVerify ? static_cast<int>(items->size()) : 1; }
+
+  absl::Time enqueued;
+  bool started = false;
+  JobTiming timing;
+  absl::Status status;
+  absl::Notification done;
+};
+
+Scheduler::Scheduler(tp::Engine* engine, SessionManager* sessions, SlotAllocator* slots,
+                     Metrics* metrics, SchedulerOptions options,
+                     std::function<void()> on_engine_failure)
+    : engine_(engine),
+      sessions_(sessions),
+      slots_(slots),
+      metrics_(metrics),
+      options_(options),
+      on_engine_failure_(std::move(on_engine_failure)) {}
+
+Scheduler::~Scheduler() { Stop(); }
+
+void Scheduler::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void Scheduler::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+int Scheduler::queue_depth() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(queue_.size());
+}
+
+bool Scheduler::engine_failed() const {
+  absl::MutexLock lock(&mu_);
+  return failed_;
+}
+
+absl::Duration Scheduler::current_step_age() const {
+  const int64_t start = step_start_ns_.load();
+  if (start == 0) return absl::ZeroDuration();
+  return absl::Nanoseconds(absl::GetCurrentTimeNanos() - start);
+}
+
+absl::StatusOr<int32_t> Scheduler::Prefill(const std::shared_ptr<Session>& session,
+                                           const std::vector<int32_t>& prompt,
+                                           const std::vector<int32_t>& prompt_slots,
+                                           JobTiming* timing) {
+  Job job;
+  job.kind = Job::Kind::kPrefill;
+  job.session = session;
+  job.prompt = &prompt;
+  job.prompt_slots = &prompt_slots;
+  absl::Status st = SubmitAndWait(&job);
+  if (timing) *timing = job.timing;
+  if (!st.ok()) return st;
+  return job.next_token;
+}
+
+absl::Status Scheduler::Verify(std::vector<VerifyWork>* items, JobTiming* timing,
+                             std::function<bool()> cancelled) {
+  if (items->empty() || static_cast<int>(items->size()) > options_.max_batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("items: between 1 and ", options_.max_batch, " per call"));
+  }
+  Job job;
+  job.kind = Job::Kind::kVerify;
+  job.items = items;
+  job.cancelled = std::move(cancelled);
+  absl::Status st = SubmitAndWait(&job);
+  if (timing) *timing = job.timing;
+  return st;
+}
+
+absl::Status Scheduler::SubmitAndWait(Job* job) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (failed_) return absl::UnavailableError("engine failed");
+    if (stopping_) return absl::UnavailableError("server is shutting down");
+    if (static_cast<int>(queue_.size()) >= options_.max_queue) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("request queue full (", options_.max_queue, " waiting)"));
+    }
+    job->enqueued = absl::Now();
+    queue_.push_back(job);
+    metrics_->SetQueueDepth(static_cast<int64_t>(queue_.size()));
+  }
+  job->done.WaitForNotification();
+  return job->status;
+}
+
+void Scheduler::Loop() {
+  for (;;) {
+    std::vector<Job*> batch(active_.begin(), active_.end());
+    int requests = static_cast<int>(active_.size());
+    {
+      absl::MutexLock lock(&mu_);
+      if (active_.empty()) {
+        auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+          return !queue_.empty() || stopping_;
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (queue_.empty() && stopping_) return;
+      }
+      // FIFO admission while the batch has room; a job never splits across steps.
+      while (!queue_.empty() && requests + queue_.front()->requests() <= options_.max_batch) {
+        requests += queue_.front()->requests();
+        batch.push_back(queue_.front());
+        queue_.pop_front();
+      }
+      metrics_->SetQueueDepth(static_cast<int64_t>(queue_.size()));
+    }
+    // Drop jobs whose caller went away while they waited: nothing has changed for them yet.
+    std::vector<Job*> runnable;
+    for (Job* job : batch) {
+      if (!job->started && job->cancelled && job->cancelled()) {
+        job->status = absl::CancelledError("the call was cancelled before it ran");
+        job->done.Notify();
+      } else {
+        runnable.push_back(job);
+      }
+    }
+    if (runnable.empty()) continue;
+    RunBatch(runnable);
+  }
+}
+
+void Scheduler::RunBatch(std::vector<Job*>& batch) {
+  const absl::Time start = absl::Now();
+  // Build one StepRequest per prefill chunk / verify item, remembering where it came from.
+  std::vector<tp::StepRequest> reqs;
+  std::vector<std::pair<Job*, int>> origin;  // (job, item index or -1 for a prefill)
+  for (Job* job : batch) {
+    if (!job->started) {
+      job->started = true;
+      job->timing.queue_s = absl::ToDoubleSeconds(start - job->enqueued);
+    }
+    if (job->kind == Job::Kind::kPrefill) {
+      const int64_t n = static_cast<int64_t>(job->prompt->size());
+      const int64_t end = std::min<int64_t>(n, job->offset + options_.prefill_chunk);
+      tp::StepRequest r;
+      r.context_slots.assign(job->prompt_slots->begin(), job->prompt_slots->begin() + job->offset);
+      r.tokens.assign(job->prompt->begin() + job->offset, job->prompt->begin() + end);
+      r.tail_slots.assign(job->prompt_slots->begin() + job->offset,
+                          job->prompt_slots->begin() + end);
+      for (int64_t t = 0; t < end - job->offset; ++t) r.parents.push_back(t - 1);
+      r.accept = false;
+      reqs.push_back(std::move(r));
+      origin.emplace_back(job, -1);
+    } else {
+      for (size_t i = 0; i < job->items->size(); ++i) {
+        VerifyWork& w = (*job->items)[i];
+        tp::StepRequest r;
+        // Moved, not copied (contexts reach 200k slots); moved back right after the step.
+        r.context_slots = std::move(w.session->context_slots);
+        // Rows: [pending, node 0 .. node N-1]; node i is row i + 1.
+        r.tokens.push_back(w.session->pending);
+        r.tokens.insert(r.tokens.end(), w.draft_tokens.begin(), w.draft_tokens.end());
+        r.parents.push_back(-1);
+        for (int32_t p : w.draft_parents) r.parents.push_back(p + 1);
+        r.tail_slots = w.tail_slots;
+        r.accept = true;
+        reqs.push_back(std::move(r));
+        origin.emplace_back(job, static_cast<int>(i));
+      }
+    }
+  }
+
+  tp::StepTiming timing;
+  step_start_ns_.store(absl::ToUnixNanos(start));
+  absl::StatusOr<std::vector<tp::StepResult>> results = engine_->Step(reqs, &timing);
+  step_start_ns_.store(0);
+  for (size_t k = 0; k < reqs.size(); ++k) {
+    auto [job, item] = origin[k];
+    if (job->kind == Job::Kind::kVerify) {
+      (*job->items)[item].session->context_slots = std::move(reqs[k].context_slots);
+    }
+  }
+  const double step_s = absl::ToDoubleSeconds(absl::Now() - start);
+  metrics_->ObserveBatchSize(static_cast<int>(reqs.size()));
+  metrics_->ObserveEngineStep(step_s, timing.per_rank_s);
+  for (Job* job : batch) job->timing.engine_s += step_s;
+
+  if (results.ok() && results->size() != reqs.size()) {
+    results = absl::InternalError(absl::StrCat("engine returned ", results->size(),
+                                               " results for ", reqs.size(), " requests"));
+  }
+
+  std::vector<Job*> finished;
+  std::vector<Job*> still_active;
+  if (!results.ok()) {
+    const bool failed = engine_->failed();
+    spdlog::error("engine step failed (batch={} engine_failed={}): {}", reqs.size(), failed,
+                  results.status().ToString());
+    const absl::Status job_status =
+        failed ? absl::UnavailableError("engine failed")
+               : absl::InternalError(absl::StrCat("engine step failed: ",
+                                                  results.status().message()));
+    for (Job* job : batch) job->status = job_status;
+    finished = batch;
+    if (failed) {
+      std::deque<Job*> rejected;
+      {
+        absl::MutexLock lock(&mu_);
+        failed_ = true;
+        rejected.swap(queue_);
+        metrics_->SetQueueDepth(0);
+      }
+      for (Job* job : rejected) {
+        job->status = absl::UnavailableError("engine failed");
+        finished.push_back(job);
+      }
+      if (on_engine_failure_) on_engine_failure_();
+    }
+  } else {
+    // Verify jobs: all items or none (a bad result for one item fails the call, but the
+    // items already applied stay applied: their sessions moved forward consistently).
+    for (size_t k = 0; k < reqs.size(); ++k) {
+      auto [job, item] = origin[k];
+      const tp::StepResult& res = (*results)[k];
+      if (job->kind == Job::Kind::kPrefill) {
+        job->offset += static_cast<int64_t>(reqs[k].tokens.size());
+        job->next_token = res.predictions.empty() ? -1 : res.predictions.back();
+        if (res.predictions.size() != reqs[k].tokens.size()) {
+          job->status = absl::InternalError("engine returned a wrong prediction count");
+        }
+      } else if (job->status.ok()) {
+        job->status = ApplyVerify(reqs[k], res, (*job->items)[item]);
+      }
+    }
+    for (Job* job : batch) {
+      if (job->kind == Job::Kind::kPrefill && job->status.ok() &&
+          job->offset < static_cast<int64_t>(job->prompt->size())) {
+        still_active.push_back(job);
+        continue;
+      }
+      if (job->kind == Job::Kind::kPrefill && job->status.ok()) {
+        job->session->context_slots = *job->prompt_slots;
+        job->session->pending = job->next_token;
+      }
+      finished.push_back(job);
+    }
+  }
+  active_ = std::move(still_active);
+  metrics_->SetKvSlots(slots_->used(), slots_->capacity());
+  metrics_->SetActiveSessions(sessions_->active());
+  metrics_->UpdateTokensPerSecond(absl::Now());
+  for (Job* job : finished) job->done.Notify();  // the handler may destroy the job now
+}
+
+absl::Status Scheduler::ApplyVerify(const tp::StepRequest& req, const tp::StepResult& res,
+                                    VerifyWork& item) {
+  const int n = static_cast<int>(req.tokens.size());
+  // Check the engine's answer before touching the session: a structurally wrong result must
+  // not corrupt the KV bookkeeping.
+  if (static_cast<int>(res.predictions.size()) != n ||
+      res.kept_slots.size() != res.accepted_rows.size() + 1 ||
+      res.kept_slots.size() + res.freed_slots.size() != req.tail_slots.size() ||
+      res.bonus < 0 || res.bonus >= engine_->config().vocab_size) {
+    return absl::InternalError("engine returned an inconsistent verify result");
+  }
+  int prev = 0;
+  for (int32_t row : res.accepted_rows) {
+    if (row < 1 || row >= n || req.parents[row] != prev) {
+      return absl::InternalError("engine returned an accepted path that is not a tree path");
+    }
+    prev = row;
+  }
+  absl::flat_hash_set<int32_t> tail(req.tail_slots.begin(), req.tail_slots.end());
+  for (int32_t s : res.kept_slots) {
+    if (tail.erase(s) != 1) return absl::InternalError("engine kept a slot it was not given");
+  }
+  for (int32_t s : res.freed_slots) {
+    if (tail.erase(s) != 1) return absl::InternalError("engine freed a slot it was not given");
+  }
+
+  Session& s = *item.session;
+  s.context_slots.insert(s.context_slots.end(), res.kept_slots.begin(), res.kept_slots.end());
+  if (absl::Status st = slots_->Free(res.freed_slots); !st.ok()) {
+    spdlog::error("verify apply: {}", st.ToString());
+  }
+  s.pending = res.bonus;
+  item.tail_slots.clear();  // now owned by the session or freed
+  item.accepted_nodes.clear();
+  item.accepted_tokens.clear();
+  std::vector<int> depths(item.draft_parents.size());
+  for (size_t i = 0; i < depths.size(); ++i) {
+    depths[i] = item.draft_parents[i] < 0 ? 1 : depths[item.draft_parents[i]] + 1;
+  }
+  for (int32_t row : res.accepted_rows) {
+    item.accepted_nodes.push_back(row - 1);
+    item.accepted_tokens.push_back(req.tokens[row]);
+  }
+  item.bonus = res.bonus;
+  item.committed_len = s.committed_len();
+  metrics_->ObserveTree(depths, static_cast<int>(res.accepted_rows.size()));
+  return absl::OkStatus();
+}
+
+}  // namespace verifyd::server

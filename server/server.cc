@@ -1,0 +1,176 @@
+#include "server/server.h"
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/impl/server_builder_option.h"
+#include "grpcpp/impl/server_builder_plugin.h"
+#include "prometheus/exposer.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+#include "server/service.h"
+#include "server/session_manager.h"
+#include "server/slot_allocator.h"
+#include "server/validation.h"
+#include "spdlog/spdlog.h"
+
+namespace verifyd::server {
+namespace {
+
+// Linking libgrpc++_reflection registers its plugin for every server (a static initializer);
+// this builder option takes it out again unless --reflection asked for it.
+class WithoutReflection : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) {
+                                    return p->name() == "proto_server_reflection";
+                                  }),
+                   plugins->end());
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
+    ServerOptions options, std::unique_ptr<tp::Engine> engine) {
+  if (!engine) return absl::InvalidArgumentError("engine: must not be null");
+  if (options.max_batch < 1) return absl::InvalidArgumentError("max_batch: must be >= 1");
+  if (options.max_queue < 1) return absl::InvalidArgumentError("max_queue: must be >= 1");
+  if (options.max_sessions < 1) return absl::InvalidArgumentError("max_sessions: must be >= 1");
+  if (options.max_message_bytes < 1024) {
+    return absl::InvalidArgumentError("max_message_bytes: must be >= 1024");
+  }
+  const tp::EngineLimits elimits = engine->limits();
+  if (elimits.max_tail_rows < 2 || elimits.max_batch < 1 || elimits.max_context < 2) {
+    return absl::InvalidArgumentError("engine limits: need max_tail_rows >= 2, max_batch >= 1, "
+                                      "max_context >= 2");
+  }
+
+  std::unique_ptr<Server> s(new Server());
+  s->options_ = options;
+  s->engine_ = std::move(engine);
+  tp::Engine* eng = s->engine_.get();
+
+  ApiLimits limits;
+  limits.vocab_size = eng->config().vocab_size;
+  limits.max_draft_nodes = elimits.max_tail_rows - 1;
+  limits.max_context = elimits.max_context;
+  limits.max_batch = std::min(options.max_batch, elimits.max_batch);
+
+  s->metrics_ = std::make_unique<Metrics>(eng->tp_size(), options.version, eng->backend());
+  s->slots_ = std::make_unique<SlotAllocator>(eng->kv_capacity());
+  s->sessions_ = std::make_unique<SessionManager>(s->slots_.get(), options.max_sessions,
+                                                  options.session_ttl);
+  SchedulerOptions sched;
+  sched.max_batch = limits.max_batch;
+  sched.max_queue = options.max_queue;
+  sched.prefill_chunk = std::min(64, elimits.max_tail_rows);
+  Server* raw = s.get();
+  s->scheduler_ = std::make_unique<Scheduler>(eng, s->sessions_.get(), s->slots_.get(),
+                                              s->metrics_.get(), sched,
+                                              [raw] { raw->OnEngineFailure(); });
+  s->service_ = std::make_unique<VerifyServiceImpl>(
+      eng, s->sessions_.get(), s->slots_.get(), s->scheduler_.get(), s->metrics_.get(), limits,
+      options.max_sessions, options.version);
+
+  if (!options.metrics_listen.empty()) {
+    try {
+      s->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen, 2);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("metrics_listen: cannot listen on ", options.metrics_listen));
+    }
+    s->exposer_->RegisterCollectable(s->metrics_->registry());
+    auto ports = s->exposer_->GetListeningPorts();
+    s->metrics_port_ = ports.empty() ? 0 : ports[0];
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  if (options.reflection) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  // A second verifyd on the same port must fail, not silently share it (gRPC enables
+  // SO_REUSEPORT by default on Linux).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.RegisterService(s->service_.get());
+  s->scheduler_->Start();
+  s->grpc_server_ = builder.BuildAndStart();
+  if (!s->grpc_server_ || s->port_ == 0) {
+    s->grpc_server_.reset();
+    return absl::UnavailableError(absl::StrCat("listen: cannot listen on ", options.listen));
+  }
+  s->grpc_server_->GetHealthCheckService()->SetServingStatus(true);
+  s->metrics_->SetKvSlots(0, s->slots_->capacity());
+  s->housekeeping_ = std::thread([raw] { raw->Housekeeping(); });
+  spdlog::info("serving listen={} port={} metrics_port={} model={} backend={} tp={} "
+               "kv_slots={} max_batch={} max_draft_nodes={} max_context={}",
+               options.listen, s->port_, s->metrics_port_, eng->config().name, eng->backend(),
+               eng->tp_size(), eng->kv_capacity(), limits.max_batch, limits.max_draft_nodes,
+               limits.max_context);
+  return s;
+}
+
+Server::~Server() { Shutdown(absl::ZeroDuration()); }
+
+void Server::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (!grpc_server_) {  // BuildAndStart failed part-way
+    if (scheduler_) scheduler_->Stop();
+    return;
+  }
+  spdlog::info("draining: health NOT_SERVING, waiting for in-flight requests");
+  grpc_server_->GetHealthCheckService()->SetServingStatus(false);
+  // Waits for in-flight calls until the deadline, then cancels the rest. The scheduler is
+  // still running, so every handler waiting for its own step gets its result.
+  grpc_server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(grace));
+  scheduler_->Stop();
+  stop_housekeeping_.Notify();
+  if (housekeeping_.joinable()) housekeeping_.join();
+  grpc_server_->Wait();
+  exposer_.reset();  // civetweb's stop takes up to ~2 s (its poll interval)
+  spdlog::info("stopped: sessions={} kv_slots_used={}", sessions_->active(), slots_->used());
+}
+
+bool Server::engine_failed() const { return scheduler_->engine_failed(); }
+bool Server::engine_progressing(absl::Duration stall_limit) const {
+  return !scheduler_->engine_failed() && !engine_->failed() &&
+         scheduler_->current_step_age() <= stall_limit;
+}
+int64_t Server::kv_slots_used() const { return slots_->used(); }
+int64_t Server::kv_slots_total() const { return slots_->capacity(); }
+int Server::active_sessions() const { return sessions_->active(); }
+int Server::queue_depth() const { return scheduler_->queue_depth(); }
+
+void Server::OnEngineFailure() {
+  spdlog::critical("engine failed: health NOT_SERVING, answering UNAVAILABLE");
+  grpc_server_->GetHealthCheckService()->SetServingStatus(false);
+  if (options_.on_engine_failure) options_.on_engine_failure();
+}
+
+void Server::Housekeeping() {
+  for (;;) {
+    const absl::Time now = absl::Now();
+    const int expired = sessions_->ExpireIdle(now);
+    if (expired > 0) spdlog::info("expired {} idle sessions", expired);
+    metrics_->SetActiveSessions(sessions_->active());
+    metrics_->SetKvSlots(slots_->used(), slots_->capacity());
+    metrics_->UpdateTokensPerSecond(now);
+    if (stop_housekeeping_.WaitForNotificationWithTimeout(options_.housekeeping_period)) return;
+  }
+}
+
+}  // namespace verifyd::server

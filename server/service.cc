@@ -1,0 +1,267 @@
+#include "server/service.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace verifyd::server {
+namespace {
+
+namespace v1 = ::verify::v1;
+
+std::string CodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::OK: return "OK";
+    case grpc::CANCELLED: return "CANCELLED";
+    case grpc::UNKNOWN: return "UNKNOWN";
+    case grpc::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::NOT_FOUND: return "NOT_FOUND";
+    case grpc::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::ABORTED: return "ABORTED";
+    case grpc::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::INTERNAL: return "INTERNAL";
+    case grpc::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::DATA_LOSS: return "DATA_LOSS";
+    case grpc::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    default: return "UNKNOWN";
+  }
+}
+
+// Prefixes a status message with a field name, keeping the code.
+absl::Status WithField(const absl::Status& st, const std::string& field) {
+  return absl::Status(st.code(), absl::StrCat(field, ": ", st.message()));
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& st, uint64_t request_id) {
+  if (st.ok()) return grpc::Status::OK;
+  const auto code = static_cast<grpc::StatusCode>(static_cast<int>(st.code()));
+  switch (st.code()) {
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kDataLoss:
+      return grpc::Status(code, absl::StrCat("internal error (request id ", request_id, ")"));
+    default:
+      return grpc::Status(code, std::string(st.message()));
+  }
+}
+
+VerifyServiceImpl::VerifyServiceImpl(tp::Engine* engine, SessionManager* sessions,
+                                     SlotAllocator* slots, Scheduler* scheduler,
+                                     Metrics* metrics, ApiLimits limits, int max_sessions,
+                                     std::string version)
+    : engine_(engine),
+      sessions_(sessions),
+      slots_(slots),
+      scheduler_(scheduler),
+      metrics_(metrics),
+      limits_(limits),
+      max_sessions_(max_sessions),
+      version_(std::move(version)) {}
+
+grpc::Status VerifyServiceImpl::Finish(const char* method, uint64_t request_id,
+                                       const absl::Status& st, absl::Time start,
+                                       const std::string& detail) {
+  grpc::Status g = ToGrpcStatus(st, request_id);
+  const std::string code = CodeName(g.error_code());
+  metrics_->CountRequest(method, code);
+  const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  if (st.ok()) {
+    spdlog::debug("rpc={} req={} code={} ms={:.3f} {}", method, request_id, code, ms, detail);
+  } else if (g.error_code() == grpc::INTERNAL || g.error_code() == grpc::UNKNOWN) {
+    spdlog::error("rpc={} req={} code={} ms={:.3f} error=\"{}\" {}", method, request_id, code,
+                  ms, std::string(st.message()), detail);
+  } else {
+    spdlog::info("rpc={} req={} code={} ms={:.3f} error=\"{}\" {}", method, request_id, code, ms,
+                 std::string(st.message()), detail);
+  }
+  return g;
+}
+
+grpc::Status VerifyServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*,
+                                        v1::GetInfoResponse* resp) {
+  const uint64_t id = next_request_id_++;
+  const absl::Time start = absl::Now();
+  const tp::ModelConfig& c = engine_->config();
+  v1::ModelInfo* m = resp->mutable_model();
+  m->set_name(c.name);
+  m->set_vocab_size(c.vocab_size);
+  m->set_hidden_size(c.hidden_size);
+  m->set_num_hidden_layers(c.num_hidden_layers);
+  m->set_num_attention_heads(c.num_attention_heads);
+  m->set_q_lora_rank(c.q_lora_rank);
+  m->set_kv_lora_rank(c.kv_lora_rank);
+  m->set_qk_nope_head_dim(c.qk_nope_head_dim);
+  m->set_qk_rope_head_dim(c.qk_rope_head_dim);
+  m->set_v_head_dim(c.v_head_dim);
+  m->set_intermediate_size(c.intermediate_size);
+  m->set_max_position_embeddings(c.max_position_embeddings);
+  resp->set_tp_size(engine_->tp_size());
+  resp->set_backend(engine_->backend());
+  resp->set_version(version_);
+  v1::Limits* l = resp->mutable_limits();
+  l->set_max_draft_nodes(limits_.max_draft_nodes);
+  l->set_max_context(limits_.max_context);
+  l->set_max_batch(limits_.max_batch);
+  l->set_kv_slots_total(slots_->capacity());
+  l->set_max_sessions(max_sessions_);
+  l->set_max_prompt_tokens(static_cast<int32_t>(limits_.max_context - 1));
+  return Finish("GetInfo", id, absl::OkStatus(), start, "");
+}
+
+grpc::Status VerifyServiceImpl::OpenSession(grpc::ServerContext*,
+                                            const v1::OpenSessionRequest* req,
+                                            v1::OpenSessionResponse* resp) {
+  const uint64_t id = next_request_id_++;
+  const absl::Time start = absl::Now();
+  auto run = [&]() -> absl::Status {
+    if (absl::Status st = ValidatePrompt(*req, limits_); !st.ok()) return st;
+    if (scheduler_->engine_failed()) return absl::UnavailableError("engine failed");
+    std::vector<int32_t> prompt(req->prompt_tokens().begin(), req->prompt_tokens().end());
+    std::vector<int32_t> prompt_slots;
+    auto session = sessions_->Create(static_cast<int64_t>(prompt.size()), &prompt_slots);
+    if (!session.ok()) return session.status();
+    JobTiming timing;
+    absl::StatusOr<int32_t> next = scheduler_->Prefill(*session, prompt, prompt_slots, &timing);
+    if (!next.ok()) {
+      sessions_->Discard(*session, prompt_slots);
+      return next.status();
+    }
+    sessions_->MarkReady(*session);
+    resp->set_session_id((*session)->id);
+    resp->set_next_token(*next);
+    resp->set_committed_len((*session)->committed_len());
+    sessions_->Release(*session);
+    return absl::OkStatus();
+  };
+  absl::Status st = run();
+  return Finish("OpenSession", id, st, start,
+                absl::StrCat("prompt_len=", req->prompt_tokens_size(), " session=",
+                             resp->session_id()));
+}
+
+absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req,
+                                         v1::VerifyResponse* resp, uint64_t request_id,
+                                         grpc::ServerContext* ctx) {
+  const absl::Time start = absl::Now();
+  if (absl::Status st = ValidateVerifyRequest(req, limits_); !st.ok()) return st;
+  if (scheduler_->engine_failed()) return absl::UnavailableError("engine failed");
+
+  std::vector<VerifyWork> work(req.items_size());
+  // Undo for every early exit: give back tail slots still owned here, release sessions.
+  auto release_all = [&]() {
+    for (VerifyWork& w : work) {
+      if (!w.tail_slots.empty()) {
+        if (absl::Status st = slots_->Free(w.tail_slots); !st.ok()) {
+          spdlog::error("req={} freeing tail slots: {}", request_id, st.ToString());
+        }
+        w.tail_slots.clear();
+      }
+      if (w.session) sessions_->Release(w.session);
+    }
+  };
+  for (int i = 0; i < req.items_size(); ++i) {
+    const v1::VerifyItem& item = req.items(i);
+    const std::string field = absl::StrCat("items[", i, "]");
+    auto session = sessions_->Acquire(item.session_id());
+    if (!session.ok()) {
+      release_all();
+      return WithField(session.status(), field + ".session_id");
+    }
+    VerifyWork& w = work[i];
+    w.session = *std::move(session);
+    const int n = item.tree().tokens_size();
+    if (absl::Status st = CheckContext(w.session->committed_len(), n, limits_, field + ".tree");
+        !st.ok()) {
+      release_all();
+      return st;
+    }
+    w.draft_tokens.assign(item.tree().tokens().begin(), item.tree().tokens().end());
+    w.draft_parents.assign(item.tree().parents().begin(), item.tree().parents().end());
+  }
+  for (VerifyWork& w : work) {
+    auto tail = slots_->Allocate(static_cast<int64_t>(w.draft_tokens.size()) + 1);
+    if (!tail.ok()) {
+      release_all();
+      return tail.status();
+    }
+    w.tail_slots = *std::move(tail);
+  }
+  JobTiming timing;
+  absl::Status st = scheduler_->Verify(&work, &timing, [ctx] { return ctx->IsCancelled(); });
+  if (st.ok()) {
+    for (const VerifyWork& w : work) {
+      v1::VerifyResult* r = resp->add_results();
+      r->set_session_id(w.session->id);
+      r->mutable_accepted_nodes()->Add(w.accepted_nodes.begin(), w.accepted_nodes.end());
+      r->mutable_accepted_tokens()->Add(w.accepted_tokens.begin(), w.accepted_tokens.end());
+      r->set_bonus_token(w.bonus);
+      r->set_committed_len(w.committed_len);
+    }
+    metrics_->ObserveVerifyLatency(timing.queue_s, timing.engine_s,
+                                   absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  release_all();
+  return st;
+}
+
+grpc::Status VerifyServiceImpl::Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* req,
+                                       v1::VerifyResponse* resp) {
+  const uint64_t id = next_request_id_++;
+  const absl::Time start = absl::Now();
+  absl::Status st = DoVerify(*req, resp, id, ctx);
+  int nodes = 0;
+  for (const auto& item : req->items()) nodes += item.tree().tokens_size();
+  return Finish("Verify", id, st, start,
+                absl::StrCat("items=", req->items_size(), " nodes=", nodes));
+}
+
+grpc::Status VerifyServiceImpl::VerifyStream(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<v1::VerifyResponse, v1::VerifyRequest>* stream) {
+  const uint64_t stream_id = next_request_id_++;
+  const absl::Time stream_start = absl::Now();
+  v1::VerifyRequest req;
+  int64_t messages = 0;
+  while (stream->Read(&req)) {
+    const uint64_t id = next_request_id_++;
+    const absl::Time start = absl::Now();
+    v1::VerifyResponse resp;
+    absl::Status st = DoVerify(req, &resp, id, ctx);
+    ++messages;
+    // Each message counts as one VerifyStream request in the metrics.
+    grpc::Status g = Finish("VerifyStream", id, st, start,
+                            absl::StrCat("stream=", stream_id, " items=", req.items_size()));
+    if (!st.ok()) {
+      spdlog::info("stream={} ended code={} messages={} s={:.3f}", stream_id, CodeName(g.error_code()),
+                   messages, absl::ToDoubleSeconds(absl::Now() - stream_start));
+      return g;
+    }
+    if (!stream->Write(resp)) break;  // client went away
+  }
+  spdlog::debug("stream={} ended code=OK messages={} s={:.3f}", stream_id, messages,
+                absl::ToDoubleSeconds(absl::Now() - stream_start));
+  return grpc::Status::OK;
+}
+
+grpc::Status VerifyServiceImpl::CloseSession(grpc::ServerContext*,
+                                             const v1::CloseSessionRequest* req,
+                                             v1::CloseSessionResponse*) {
+  const uint64_t id = next_request_id_++;
+  const absl::Time start = absl::Now();
+  absl::Status st = req->session_id().empty()
+                        ? absl::InvalidArgumentError("session_id: must not be empty")
+                        : sessions_->Close(req->session_id());
+  if (!st.ok() && st.code() == absl::StatusCode::kNotFound) st = WithField(st, "session_id");
+  return Finish("CloseSession", id, st, start, absl::StrCat("session=", req->session_id()));
+}
+
+}  // namespace verifyd::server

@@ -1,0 +1,67 @@
+// The gRPC VerifyService: thin handlers that validate, hand work to the scheduler, wait for
+// their own result and map absl::Status to grpc::Status (the only place that does), with
+// messages that name the offending field and leak no internals (Internal errors become a
+// generic message with the request id; details go to the log).
+//
+// Thread-safety: handlers run concurrently on gRPC's threads; all shared state lives in the
+// thread-safe SessionManager, SlotAllocator, Scheduler and Metrics.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "grpcpp/grpcpp.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+#include "server/session_manager.h"
+#include "server/slot_allocator.h"
+#include "server/validation.h"
+#include "tp/engine.h"
+#include "verify/v1/verify.grpc.pb.h"
+
+namespace verifyd::server {
+
+// absl -> grpc at the RPC edge. Internal/Unknown/DataLoss messages are replaced.
+grpc::Status ToGrpcStatus(const absl::Status& st, uint64_t request_id);
+
+class VerifyServiceImpl final : public verify::v1::VerifyService::Service {
+ public:
+  VerifyServiceImpl(tp::Engine* engine, SessionManager* sessions, SlotAllocator* slots,
+                    Scheduler* scheduler, Metrics* metrics, ApiLimits limits, int max_sessions,
+                    std::string version);
+
+  grpc::Status GetInfo(grpc::ServerContext* ctx, const verify::v1::GetInfoRequest* req,
+                       verify::v1::GetInfoResponse* resp) override;
+  grpc::Status OpenSession(grpc::ServerContext* ctx, const verify::v1::OpenSessionRequest* req,
+                           verify::v1::OpenSessionResponse* resp) override;
+  grpc::Status Verify(grpc::ServerContext* ctx, const verify::v1::VerifyRequest* req,
+                      verify::v1::VerifyResponse* resp) override;
+  grpc::Status VerifyStream(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<verify::v1::VerifyResponse, verify::v1::VerifyRequest>* stream)
+      override;
+  grpc::Status CloseSession(grpc::ServerContext* ctx, const verify::v1::CloseSessionRequest* req,
+                            verify::v1::CloseSessionResponse* resp) override;
+
+  // Transport-independent core of Verify (used by Verify and VerifyStream).
+  absl::Status DoVerify(const verify::v1::VerifyRequest& req, verify::v1::VerifyResponse* resp,
+                        uint64_t request_id, grpc::ServerContext* ctx);
+
+ private:
+  grpc::Status Finish(const char* method, uint64_t request_id, const absl::Status& st,
+                      absl::Time start, const std::string& detail);
+
+  tp::Engine* const engine_;
+  SessionManager* const sessions_;
+  SlotAllocator* const slots_;
+  Scheduler* const scheduler_;
+  Metrics* const metrics_;
+  const ApiLimits limits_;
+  const int max_sessions_;
+  const std::string version_;
+  std::atomic<uint64_t> next_request_id_{1};
+};
+
+}  // namespace verifyd::server

@@ -1,0 +1,39 @@
+// Request validation for the verify API, independent of the transport: every check names the
+// offending field ("items[2].tree.parents[5]: ...") in an InvalidArgument status.
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "verify/v1/verify.pb.h"
+
+namespace verifyd::server {
+
+struct ApiLimits {
+  int64_t vocab_size = 0;
+  int max_draft_nodes = 64;  // nodes per tree (engine max_tail_rows - 1)
+  int64_t max_context = 0;   // committed_len + 1 + nodes <= max_context
+  int max_batch = 64;        // items per Verify call
+};
+
+// Prompt: non-empty, tokens in [0, vocab), length <= max_context - 1 (room for the pending
+// token's row).
+absl::Status ValidatePrompt(const verify::v1::OpenSessionRequest& req, const ApiLimits& limits);
+
+// One tree: sizes, node count, tokens in range, parents -1 or in [0, i). `field` prefixes
+// the messages (e.g. "items[3].tree").
+absl::Status ValidateTree(const verify::v1::DraftTree& tree, const ApiLimits& limits,
+                          const std::string& field);
+
+// The whole request: 1..max_batch items, session ids present and distinct, every tree valid.
+// Context length needs the session and is checked by the caller (CheckContext).
+absl::Status ValidateVerifyRequest(const verify::v1::VerifyRequest& req,
+                                   const ApiLimits& limits);
+
+// committed_len + 1 (pending row) + nodes must not exceed max_context.
+absl::Status CheckContext(int64_t committed_len, int nodes, const ApiLimits& limits,
+                          const std::string& field);
+
+}  // namespace verifyd::server

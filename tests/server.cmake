@@ -1,0 +1,21 @@
+# server/ and client/ tests (label cpu): units (slot allocator, validation, demo drafter) and
+# loopback gRPC tests against an in-process server (toy engine for speed; the real CPU
+# engine for the lossless test at TP 1, 2, 4).
+verifyd_add_test(server_slot_allocator_test LABEL cpu
+  SOURCES server_slot_allocator_test.cc LIBS verifyd_server_lib)
+verifyd_add_test(server_validation_test LABEL cpu
+  SOURCES server_validation_test.cc LIBS verifyd_server_lib)
+verifyd_add_test(server_service_test LABEL cpu
+  SOURCES server_service_test.cc LIBS verifyd_server_testing)
+verifyd_add_test(server_lossless_test LABEL cpu
+  SOURCES server_lossless_test.cc LIBS verifyd_server_testing verifyd_tp)
+verifyd_add_test(server_main_test LABEL cpu
+  SOURCES server_main_test.cc LIBS verifyd_server_testing)
+target_compile_definitions(server_main_test PRIVATE
+  VERIFYD_BINARY="$<TARGET_FILE:verifyd>" VERIFYCTL_BINARY="$<TARGET_FILE:verifyctl>")
+add_dependencies(server_main_test verifyd verifyctl)
+if(TARGET PkgConfig::SYSTEMD)
+  target_compile_definitions(server_main_test PRIVATE VERIFYD_WITH_SYSTEMD=1)
+endif()
+verifyd_add_test(client_demo_test LABEL cpu
+  SOURCES client_demo_test.cc LIBS verifyd_server_testing)

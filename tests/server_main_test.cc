@@ -1,0 +1,242 @@
+// The verifyd and verifyctl executables: SIGTERM drains and exits 0, `--backend cuda`
+// without CUDA fails clearly, verifyctl's subcommands and demo work against a live verifyd.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/verify_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Starts `argv` with stdout+stderr to `log_path`; returns the pid.
+pid_t Spawn(const std::vector<std::string>& args, const std::string& log_path,
+            const std::vector<std::pair<std::string, std::string>>& env = {}) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Waits up to `timeout` for the child; returns its exit code, or -1 on timeout/signal.
+int WaitExit(pid_t pid, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(dir ? dir : "/tmp", "/verifyd_main_test_", ::getpid(), "_", name);
+}
+
+// Runs a command, returns (exit code, stdout+stderr).
+std::pair<int, std::string> RunCommand(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t k;
+  while ((k = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, k);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+bool WaitServing(verifyd::client::VerifyClient& c, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    auto h = c.Health();
+    if (h.ok() && *h == verifyd::client::HealthStatus::kServing) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
+TEST(VerifydMain, SigtermDrainsAndExitsZero) {
+  const int port = FreePort();
+  const std::string log = TempPath("sigterm.log");
+  const pid_t pid = Spawn({VERIFYD_BINARY, "--backend=toy", absl::StrCat("--listen=127.0.0.1:", port),
+                           "--metrics_listen=", "--kv_slots=4096"},
+                          log);
+  ASSERT_GT(pid, 0);
+  verifyd::client::VerifyClient c(absl::StrCat("127.0.0.1:", port), absl::Seconds(5));
+  ASSERT_TRUE(WaitServing(c, absl::Seconds(20))) << ReadFile(log);
+  auto s = c.Open({1, 2, 3});
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(c.Verify(s->session_id, {}).ok());
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  EXPECT_EQ(WaitExit(pid, absl::Seconds(20)), 0) << ReadFile(log);
+  const std::string text = ReadFile(log);
+  EXPECT_THAT(text, HasSubstr("draining"));
+  EXPECT_THAT(text, HasSubstr("level=info"));
+}
+
+#ifdef VERIFYD_WITH_SYSTEMD
+// sd_notify protocol against a datagram socket the test owns: READY=1 once serving,
+// WATCHDOG=1 pings at half of WATCHDOG_USEC while the engine progresses, STOPPING=1 on
+// SIGTERM.
+TEST(VerifydMain, NotifiesSystemdReadyWatchdogStopping) {
+  const std::string sock_path = TempPath("notify.sock");
+  ::unlink(sock_path.c_str());
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(sock_path.size(), sizeof(addr.sun_path));
+  std::strcpy(addr.sun_path, sock_path.c_str());
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  timeval tv{0, 100000};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+
+  const int port = FreePort();
+  const std::string log = TempPath("notify.log");
+  const pid_t pid = Spawn({VERIFYD_BINARY, "--backend=toy",
+                           absl::StrCat("--listen=127.0.0.1:", port), "--metrics_listen="},
+                          log, {{"NOTIFY_SOCKET", sock_path}, {"WATCHDOG_USEC", "200000"}});
+  ASSERT_GT(pid, 0);
+  std::vector<std::string> messages;
+  auto receive_for = [&](absl::Duration d) {
+    const absl::Time deadline = absl::Now() + d;
+    char buf[512];
+    while (absl::Now() < deadline) {
+      const ssize_t k = ::recv(fd, buf, sizeof(buf), 0);
+      if (k > 0) messages.emplace_back(buf, static_cast<size_t>(k));
+    }
+  };
+  verifyd::client::VerifyClient c(absl::StrCat("127.0.0.1:", port), absl::Seconds(5));
+  ASSERT_TRUE(WaitServing(c, absl::Seconds(20))) << ReadFile(log);
+  receive_for(absl::Milliseconds(600));
+  ASSERT_FALSE(messages.empty());
+  EXPECT_EQ(messages[0], "READY=1");
+  const auto pings = std::count(messages.begin(), messages.end(), "WATCHDOG=1");
+  EXPECT_GE(pings, 3) << "100 ms pings over 600 ms";
+  ::kill(pid, SIGTERM);
+  receive_for(absl::Milliseconds(300));
+  EXPECT_EQ(WaitExit(pid, absl::Seconds(20)), 0) << ReadFile(log);
+  EXPECT_NE(std::find(messages.begin(), messages.end(), "STOPPING=1"), messages.end());
+  ::close(fd);
+  ::unlink(sock_path.c_str());
+}
+#endif
+
+TEST(VerifydMain, CudaBackendWithoutCudaFailsClearly) {
+  const std::string log = TempPath("cuda.log");
+  const pid_t pid = Spawn({VERIFYD_BINARY, "--backend=cuda", "--listen=127.0.0.1:0",
+                           "--metrics_listen="},
+                          log);
+  const int code = WaitExit(pid, absl::Seconds(60));
+  const std::string text = ReadFile(log);
+  if (code == -1) GTEST_SKIP() << "a CUDA build with a GPU started serving";
+  EXPECT_NE(code, 0);
+  EXPECT_THAT(text, HasSubstr("--backend cuda"));
+}
+
+TEST(VerifydMain, BadFlagValueFailsNamingTheFlag) {
+  const std::string log = TempPath("badflag.log");
+  const pid_t pid = Spawn({VERIFYD_BINARY, "--backend=quantum", "--metrics_listen="}, log);
+  EXPECT_NE(WaitExit(pid, absl::Seconds(20)), 0);
+  EXPECT_THAT(ReadFile(log), HasSubstr("--backend"));
+}
+
+TEST(Verifyctl, SubcommandsAndDemoAgainstLiveServer) {
+  const int port = FreePort();
+  const std::string log = TempPath("ctl.log");
+  const pid_t pid = Spawn({VERIFYD_BINARY, "--backend=toy", absl::StrCat("--listen=127.0.0.1:", port),
+                           "--metrics_listen="},
+                          log);
+  verifyd::client::VerifyClient c(absl::StrCat("127.0.0.1:", port), absl::Seconds(5));
+  ASSERT_TRUE(WaitServing(c, absl::Seconds(20))) << ReadFile(log);
+  const std::string ctl = absl::StrCat(VERIFYCTL_BINARY, " --target=127.0.0.1:", port, " ");
+
+  auto [rc_info, info] = RunCommand(ctl + "info");
+  EXPECT_EQ(rc_info, 0) << info;
+  EXPECT_THAT(info, HasSubstr("backend: toy"));
+  auto [rc_health, health] = RunCommand(ctl + "health");
+  EXPECT_EQ(rc_health, 0) << health;
+  EXPECT_THAT(health, HasSubstr("SERVING"));
+
+  auto [rc_open, open] = RunCommand(ctl + "open --prompt=1,2,3");
+  ASSERT_EQ(rc_open, 0) << open;
+  const size_t at = open.find("session_id: ");
+  ASSERT_NE(at, std::string::npos);
+  const std::string id = open.substr(at + 12, open.find('\n', at) - at - 12);
+  auto [rc_verify, verify] =
+      RunCommand(ctl + "verify --session=" + id + " --tokens=5,6 --parents=-1,0");
+  EXPECT_EQ(rc_verify, 0) << verify;
+  EXPECT_THAT(verify, HasSubstr("committed_len: 4"));
+  auto [rc_bad, bad] = RunCommand(ctl + "verify --session=" + id + " --tokens=5,6 --parents=-1,3");
+  EXPECT_EQ(rc_bad, 1);
+  EXPECT_THAT(bad, HasSubstr("INVALID_ARGUMENT: items[0].tree.parents[1]"));
+  auto [rc_close, close] = RunCommand(ctl + "close --session=" + id);
+  EXPECT_EQ(rc_close, 0) << close;
+  auto [rc_close2, close2] = RunCommand(ctl + "close --session=" + id);
+  EXPECT_EQ(rc_close2, 1);
+  EXPECT_THAT(close2, HasSubstr("NOT_FOUND"));
+
+  auto [rc_demo, demo] = RunCommand(ctl + "demo --rounds=12 --quiet");
+  EXPECT_EQ(rc_demo, 0) << demo;
+  EXPECT_THAT(demo, HasSubstr("lossless=yes"));
+  EXPECT_THAT(demo, HasSubstr("mean_accepted_length="));
+  auto [rc_load, load] = RunCommand(ctl + "load --sessions=4 --rounds=10");
+  EXPECT_EQ(rc_load, 0) << load;
+  EXPECT_THAT(load, HasSubstr("calls=40 errors=0"));
+  auto [rc_usage, usage] = RunCommand(ctl + "frobnicate");
+  EXPECT_EQ(rc_usage, 2);
+
+  ::kill(pid, SIGTERM);
+  EXPECT_EQ(WaitExit(pid, absl::Seconds(20)), 0) << ReadFile(log);
+}
+
+}  // namespace
