@@ -1,0 +1,364 @@
+// verify_attention_bench: times the CUDA verify attention on the shapes of
+// /work/shared/ANCHORS.md (both tables) and prints, per shape, the median time (CUDA events,
+// after warm-up, rotating over several input sets so that L2 does not hold the KV; "ms" is
+// the per-call time of a captured CUDA graph that runs every input set once, "eager ms" the
+// median of single eager calls, which includes host launch latency when the GPU idles), the
+// effective KV bandwidth, TFLOP/s, the memory and compute floors, the % of the larger floor
+// reached, and the ratio to the FlashMLA / Triton / torch times recorded in ANCHORS.md.
+// Writes the same numbers as JSON (--json). A program, not a test: it asserts nothing about
+// speed; it exits non-zero only when a CUDA call or the op fails.
+//
+// Inputs: bf16 random values, slots scattered at random over a pool (page size 1), one chain
+// tree per request (node t sees nodes 0..t), as in ANCHORS.md.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "bench/gather_ceiling.h"
+#include "kernels/common.h"
+#include "kernels/cuda/verify_attention_cuda.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, json, "verify_attention_bench.json", "where to write the JSON results");
+ABSL_FLAG(int, iters, 50, "timed iterations per shape (median reported)");
+ABSL_FLAG(int, warmup, 10, "untimed iterations per shape");
+ABSL_FLAG(std::string, config, "auto", "kernel configuration: auto, m16, m16x2, m64 (mma.sync) or w64 (wgmma)");
+ABSL_FLAG(double, copy_gbps, 4242.0, "copy ceiling (GB/s) for the memory floor (ANCHORS.md)");
+ABSL_FLAG(double, mma_tflops, 790.0, "bf16 matrix rate (TFLOP/s) for the compute floor");
+ABSL_FLAG(int64_t, rotate_bytes, int64_t{512} << 20,
+          "KV bytes the rotating input sets span at least (several times L2)");
+ABSL_FLAG(std::string, only, "", "run only shapes whose label contains this");
+ABSL_FLAG(bool, gather_ceiling, true,
+          "first measure the random-row gather ceiling (1152-byte rows, page size 1)");
+ABSL_FLAG(int, split_overhead, -1, "planner per-split overhead in keys (-1: the default)");
+
+namespace {
+
+using verifyd::kernels::FloatToBf16;
+using verifyd::kernels::VerifyAttentionParams;
+namespace vc = verifyd::kernels::cuda;
+
+struct Shape {
+  int B, H, q, ctx;
+  double flashmla_ms;  // ANCHORS.md
+  double triton_ms;    // ANCHORS.md (0: not measured)
+  double torch_ms;     // ANCHORS.md (0: not measured)
+  std::string Label() const { return absl::StrCat("B", B, "_H", H, "_q", q, "_ctx", ctx); }
+};
+
+const std::vector<Shape>& Shapes() {
+  static const std::vector<Shape> shapes = {
+      // Table 1: verify shapes (q nodes per request).
+      {1, 8, 16, 4096, 0.0251, 0.493, 0.260},
+      {1, 8, 16, 16384, 0.0434, 1.937, 0.281},
+      {1, 8, 16, 65536, 0.0588, 7.737, 0.318},
+      {1, 8, 16, 185000, 0.1087, 21.670, 0.842},
+      {1, 16, 16, 65536, 0.0873, 7.494, 0.484},
+      {1, 16, 16, 185000, 0.1740, 21.103, 1.273},
+      {8, 16, 16, 16384, 0.1281, 1.869, 3.614},
+      {8, 16, 16, 65536, 0.4730, 7.432, 4.108},
+      {1, 16, 64, 65536, 0.2402, 7.465, 1.464},
+      {32, 16, 16, 8192, 0.2420, 3.756, 14.406},
+      // Table 2: memory-bound decode (one node per request).
+      {1, 8, 1, 65536, 0.0598, 0, 0},
+      {1, 8, 1, 185000, 0.0963, 0, 0},
+      {1, 16, 1, 185000, 0.0972, 0, 0},
+      {8, 16, 1, 65536, 0.1738, 0, 0},
+      {32, 16, 1, 16384, 0.1725, 0, 0},
+      {64, 128, 1, 4096, 0.1315, 0, 0},
+  };
+  return shapes;
+}
+
+#define BENCH_CUDA(expr)                                                                   \
+  do {                                                                                     \
+    const cudaError_t e_ = (expr);                                                         \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s failed: %s at %s:%d\n", #expr, cudaGetErrorString(e_),      \
+                   __FILE__, __LINE__);                                                    \
+      return 1;                                                                            \
+    }                                                                                      \
+  } while (0)
+
+#define BENCH_OK(expr)                                                                     \
+  do {                                                                                     \
+    const absl::Status s_ = (expr);                                                        \
+    if (!s_.ok()) {                                                                        \
+      std::fprintf(stderr, "%s: %s\n", #expr, s_.ToString().c_str());                      \
+      return 1;                                                                            \
+    }                                                                                      \
+  } while (0)
+
+struct Result {
+  Shape shape;
+  double ms = 0, eager_ms = 0, gbps = 0, tflops = 0, mem_floor_ms = 0, compute_floor_ms = 0, pct = 0;
+  int ctas = 0, max_splits = 0, rows_per_cta = 0, sets = 0;
+};
+
+int RunShape(const Shape& s, vc::VerifyKernelConfig config,
+             const vc::VerifyAttentionDeviceInfo& dev, vc::VerifyAttentionWorkspace& ws,
+             Result* res) {
+  const int L = s.ctx + s.q;  // slots per request: context + the tree's own rows
+  const int64_t set_kv_bytes = int64_t{s.B} * L * 576 * 2;
+  const int sets = static_cast<int>(std::clamp<int64_t>(
+      (absl::GetFlag(FLAGS_rotate_bytes) + set_kv_bytes - 1) / set_kv_bytes, 2, 64));
+  const int64_t slots_per_set = int64_t{s.B} * L;
+  const int64_t num_slots = slots_per_set * sets;
+  const int rows = s.B * s.q;
+
+  std::mt19937_64 rng(12345);
+  // KV pool: random bf16, filled on the device from a host block repeated with an offset.
+  void* kv = nullptr;
+  BENCH_CUDA(cudaMalloc(&kv, num_slots * 576 * 2));
+  {
+    std::vector<uint16_t> block(size_t{1} << 22);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (auto& v : block) v = FloatToBf16(u(rng));
+    const int64_t total = num_slots * 576;
+    const int64_t chunk = static_cast<int64_t>(block.size()) - 1024;
+    for (int64_t off = 0; off < total; off += chunk) {
+      const int64_t n = std::min<int64_t>(chunk, total - off);
+      const int64_t shift = (off / chunk * 7) % 1024;  // vary the content between chunks
+      BENCH_CUDA(cudaMemcpy(static_cast<uint16_t*>(kv) + off, block.data() + shift, n * 2,
+                            cudaMemcpyHostToDevice));
+    }
+  }
+  // Per set: a random disjoint subset of slots, q, a chain mask.
+  std::vector<int32_t> perm(num_slots);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  int32_t* idx = nullptr;
+  BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&idx), num_slots * 4));
+  BENCH_CUDA(cudaMemcpy(idx, perm.data(), num_slots * 4, cudaMemcpyHostToDevice));
+  const size_t q_elems = static_cast<size_t>(rows) * s.H * 576;
+  void* q = nullptr;
+  BENCH_CUDA(cudaMalloc(&q, q_elems * 2 * sets));
+  {
+    std::vector<uint16_t> hq(q_elems * sets);
+    std::uniform_real_distribution<float> u(-2.f, 2.f);
+    for (auto& v : hq) v = FloatToBf16(u(rng));
+    BENCH_CUDA(cudaMemcpy(q, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
+  }
+  std::vector<uint64_t> hmask(static_cast<size_t>(rows) * 2, 0);
+  std::vector<int32_t> hqi(s.B + 1), hki(s.B + 1);
+  for (int b = 0; b <= s.B; ++b) {
+    hqi[b] = b * s.q;
+    hki[b] = b * L;
+  }
+  for (int b = 0; b < s.B; ++b)
+    for (int t = 0; t < s.q; ++t)
+      for (int j = 0; j <= t; ++j) hmask[(b * s.q + t) * 2 + j / 64] |= 1ull << (j % 64);
+  uint64_t* mask = nullptr;
+  BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&mask), hmask.size() * 8));
+  BENCH_CUDA(cudaMemcpy(mask, hmask.data(), hmask.size() * 8, cudaMemcpyHostToDevice));
+  void* out = nullptr;
+  float* lse = nullptr;
+  BENCH_CUDA(cudaMalloc(&out, static_cast<size_t>(rows) * s.H * 512 * 2));
+  BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&lse), static_cast<size_t>(rows) * s.H * 4));
+
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  VerifyAttentionParams p;
+  p.batch = s.B;
+  p.total_rows = rows;
+  p.num_heads = s.H;
+  p.softmax_scale = 1.0f / std::sqrt(192.0f);
+  p.num_slots = num_slots;
+  p.kv = kv;
+  p.tree_mask = mask;
+  p.mask_words = 2;
+  p.out = out;
+  p.lse = lse;
+  p.stream = stream;
+  vc::VerifyPlanOptions opt;
+  opt.config = config;
+  if (absl::GetFlag(FLAGS_split_overhead) >= 0) {
+    opt.split_overhead_keys = absl::GetFlag(FLAGS_split_overhead);
+  }
+  auto plan = vc::PlanVerifyAttention(p, hqi.data(), hki.data(), dev, ws, opt);
+  BENCH_OK(plan.status());
+  BENCH_OK(vc::UploadVerifyAttentionPlan(*plan, ws, stream));
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+
+  auto launch = [&](int it) {
+    const int set = it % sets;
+    p.q = static_cast<const uint16_t*>(q) + q_elems * set;
+    p.kv_indices = idx + slots_per_set * set;
+    return vc::VerifyAttentionCuda(p, *plan, ws);
+  };
+  const int warm = absl::GetFlag(FLAGS_warmup), iters = absl::GetFlag(FLAGS_iters);
+  for (int i = 0; i < warm; ++i) BENCH_OK(launch(i));
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) BENCH_CUDA(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CUDA(cudaEventRecord(ev[2 * i], stream));
+    BENCH_OK(launch(warm + i));
+    BENCH_CUDA(cudaEventRecord(ev[2 * i + 1], stream));
+  }
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  std::vector<float> ms(iters);
+  for (int i = 0; i < iters; ++i) BENCH_CUDA(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  std::sort(ms.begin(), ms.end());
+  for (auto& e : ev) cudaEventDestroy(e);
+
+  // Graph replay: one captured graph runs every input set once (as a step captured by the
+  // engine would); time per call = graph time / sets. Removes host launch latency, which
+  // the eager numbers above include whenever the GPU drains the queue.
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  absl::Status cap_status;
+  for (int i = 0; i < sets && cap_status.ok(); ++i) cap_status = launch(i);
+  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+  BENCH_OK(cap_status);
+  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  BENCH_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
+  const int reps = std::max(10, iters / sets);
+  std::vector<cudaEvent_t> gev(2 * reps);
+  for (auto& e : gev) BENCH_CUDA(cudaEventCreate(&e));
+  for (int r = 0; r < reps; ++r) {
+    BENCH_CUDA(cudaEventRecord(gev[2 * r], stream));
+    BENCH_CUDA(cudaGraphLaunch(exec, stream));
+    BENCH_CUDA(cudaEventRecord(gev[2 * r + 1], stream));
+  }
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  std::vector<float> gms(reps);
+  for (int r = 0; r < reps; ++r) {
+    BENCH_CUDA(cudaEventElapsedTime(&gms[r], gev[2 * r], gev[2 * r + 1]));
+    gms[r] /= static_cast<float>(sets);
+  }
+  std::sort(gms.begin(), gms.end());
+  for (auto& e : gev) cudaEventDestroy(e);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+
+  res->shape = s;
+  res->eager_ms = ms[iters / 2];
+  res->ms = gms[reps / 2];
+  res->sets = sets;
+  const double bytes = static_cast<double>(s.B) * s.ctx * 1152.0;
+  const double flops = static_cast<double>(s.B) * s.ctx * s.q * s.H * (576.0 + 512.0) * 2.0;
+  res->gbps = bytes / (res->ms * 1e-3) / 1e9;
+  res->tflops = flops / (res->ms * 1e-3) / 1e12;
+  res->mem_floor_ms = bytes / (absl::GetFlag(FLAGS_copy_gbps) * 1e9) * 1e3;
+  res->compute_floor_ms = flops / (absl::GetFlag(FLAGS_mma_tflops) * 1e12) * 1e3;
+  res->pct = 100.0 * std::max(res->mem_floor_ms, res->compute_floor_ms) / res->ms;
+  res->ctas = static_cast<int>(plan->work.size());
+  res->max_splits = plan->max_splits;
+  res->rows_per_cta = plan->rows_per_cta;
+
+  cudaStreamDestroy(stream);
+  cudaFree(kv);
+  cudaFree(idx);
+  cudaFree(q);
+  cudaFree(mask);
+  cudaFree(out);
+  cudaFree(lse);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  auto dev = vc::VerifyAttentionDeviceInfo::Query();
+  BENCH_OK(dev.status());
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const std::string cfg = absl::GetFlag(FLAGS_config);
+  vc::VerifyKernelConfig config = vc::VerifyKernelConfig::kAuto;
+  if (cfg == "m16") config = vc::VerifyKernelConfig::kM16;
+  if (cfg == "m64") config = vc::VerifyKernelConfig::kM64;
+  if (cfg == "w64") config = vc::VerifyKernelConfig::kW64;
+  if (cfg == "m16x2") config = vc::VerifyKernelConfig::kM16x2;
+  auto ws = vc::VerifyAttentionWorkspace::AllocateDefault();
+  BENCH_OK(ws.status());
+
+  std::printf("device: %s, %d SMs, sm_%d%d; config %s; floors: copy %.0f GB/s, bf16 %.0f TFLOP/s\n",
+              prop.name, dev->num_sms, dev->cc_major, dev->cc_minor, cfg.c_str(),
+              absl::GetFlag(FLAGS_copy_gbps), absl::GetFlag(FLAGS_mma_tflops));
+  nlohmann::json j;
+  if (absl::GetFlag(FLAGS_gather_ceiling)) {
+    // ~1.1 GB pool (many times L2): random slot order vs pool order.
+    const int64_t rows = 1'000'000;
+    void* pool = nullptr;
+    int32_t* idx = nullptr;
+    BENCH_CUDA(cudaMalloc(&pool, rows * 1152));
+    BENCH_CUDA(cudaMemset(pool, 0x3c, rows * 1152));
+    BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&idx), rows * 4));
+    std::vector<int32_t> order(rows);
+    std::iota(order.begin(), order.end(), 0);
+    double seq = 0, rnd = 0;
+    BENCH_CUDA(cudaMemcpy(idx, order.data(), rows * 4, cudaMemcpyHostToDevice));
+    BENCH_CUDA(verifyd::bench::MeasureGatherGBps(pool, idx, rows, dev->num_sms, 10, &seq));
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(99));
+    BENCH_CUDA(cudaMemcpy(idx, order.data(), rows * 4, cudaMemcpyHostToDevice));
+    BENCH_CUDA(verifyd::bench::MeasureGatherGBps(pool, idx, rows, dev->num_sms, 10, &rnd));
+    std::printf("gather ceiling (1152-byte rows, 16-byte loads): pool order %.0f GB/s, "
+                "random order %.0f GB/s\n", seq, rnd);
+    j["gather_ceiling_gbps"] = {{"pool_order", seq}, {"random_order", rnd}};
+    cudaFree(pool);
+    cudaFree(idx);
+  }
+  std::vector<Result> results;
+  const std::string only = absl::GetFlag(FLAGS_only);
+  for (const Shape& s : Shapes()) {
+    if (!only.empty() && s.Label().find(only) == std::string::npos) continue;
+    Result r;
+    if (RunShape(s, config, *dev, *ws, &r) != 0) return 1;
+    results.push_back(r);
+  }
+  std::printf(
+      "\n| B | H | q | ctx | ms | eager ms | KV GB/s | TFLOP/s | mem floor ms | compute floor ms | %% of "
+      "larger floor | FlashMLA ms | vs FlashMLA | vs Triton | vs torch(anchor) | CTAs | "
+      "splits | rows/CTA |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  j["device"] = prop.name;
+  j["num_sms"] = dev->num_sms;
+  j["config"] = cfg;
+  j["iters"] = absl::GetFlag(FLAGS_iters);
+  for (const Result& r : results) {
+    const Shape& s = r.shape;
+    auto ratio = [&](double anchor) {
+      return anchor > 0 ? absl::StrCat(absl::SixDigits(anchor / r.ms), "x") : std::string("-");
+    };
+    std::printf("| %d | %d | %d | %d | %.4f | %.4f | %.0f | %.1f | %.4f | %.4f | %.0f %% | %.4f | %s | "
+                "%s | %s | %d | %d | %d |\n",
+                s.B, s.H, s.q, s.ctx, r.ms, r.eager_ms, r.gbps, r.tflops, r.mem_floor_ms,
+                r.compute_floor_ms, r.pct, s.flashmla_ms, ratio(s.flashmla_ms).c_str(),
+                ratio(s.triton_ms).c_str(), ratio(s.torch_ms).c_str(), r.ctas, r.max_splits,
+                r.rows_per_cta);
+    j["shapes"].push_back({{"label", s.Label()},
+                           {"B", s.B},
+                           {"H", s.H},
+                           {"q", s.q},
+                           {"ctx", s.ctx},
+                           {"ms", r.ms},
+                           {"eager_ms", r.eager_ms},
+                           {"input_sets", r.sets},
+                           {"kv_gbps", r.gbps},
+                           {"tflops", r.tflops},
+                           {"mem_floor_ms", r.mem_floor_ms},
+                           {"compute_floor_ms", r.compute_floor_ms},
+                           {"pct_of_larger_floor", r.pct},
+                           {"flashmla_ms", s.flashmla_ms},
+                           {"triton_ms", s.triton_ms},
+                           {"torch_anchor_ms", s.torch_ms},
+                           {"ctas", r.ctas},
+                           {"max_splits", r.max_splits},
+                           {"rows_per_cta", r.rows_per_cta}});
+  }
+  std::ofstream(absl::GetFlag(FLAGS_json)) << j.dump(2) << "\n";
+  BENCH_OK(ws->Free());
+  return 0;
+}

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Runs the CUDA kernel tests and benchmarks on a GPU machine and leaves logs/JSON in $OUT.
+#   scripts/gpu-kernels-run.sh [tests] [sanitize] [bench] [torch] [profile]
+#   (default: tests bench torch). Logs and JSON go to a work folder, packed into
+#   $OUT/results.tgz (the device tool returns at most 8 files); bench_auto.json is copied too.
+# Expects the binaries on PATH (gpu_verify_attention_test, gpu_tree_accept_test,
+# verify_attention_bench), e.g. from a device bundle: source .device/env.sh first.
+# Prints a short summary last. Never changes clocks, power or MIG settings.
+set -uo pipefail
+OUT=${OUT:-/tmp/verifyd-gpu-out}
+mkdir -p "$OUT"
+FINAL_OUT=$OUT
+OUT=$(mktemp -d /tmp/verifyd-gpu.XXXXXX)
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests bench torch)
+rc=0
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
+  --format=csv > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+for step in "${steps[@]}"; do
+  case $step in
+    tests)
+      gpu_tree_accept_test 2>&1 | tee "$OUT/tests.log" | tail -3 || rc=1
+      gpu_verify_attention_test 2>&1 | tee -a "$OUT/tests.log" | grep -E "^\[ *(OK|FAILED|PASSED|SKIPPED) |rel_l2|Failure|Expected|Which|actual" | tail -120 || true
+      grep -q "FAILED" "$OUT/tests.log" && rc=1
+      ;;
+    sanitize)
+      timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 gpu_verify_attention_test \
+        --gtest_filter="${SANITIZE_FILTER:-*RowsThatSeeNothing*:*HeadsAndNodesGrid*}" > "$OUT/sanitize.log" 2>&1
+      echo "compute-sanitizer memcheck rc=$?"; tail -5 "$OUT/sanitize.log"
+      ;;
+    bench)
+      for cfg in ${BENCH_CONFIGS:-auto m16 m64}; do
+        verify_attention_bench --config=$cfg --json "$OUT/bench_$cfg.json" > "$OUT/bench_$cfg.log" 2>&1 || rc=1
+      done
+      ;;
+    tune)
+      # Planner / configuration sweep: one bench run per (config, split overhead), then a
+      # compact matrix of median times per shape.
+      for spec in ${TUNE_SPEC:-auto:256 m16:256 m16x2:256 w64:256}; do
+        cfg=${spec%%:*}; ov=${spec##*:}
+        verify_attention_bench --config=$cfg --split_overhead=$ov --iters=30 \
+          --json "$OUT/tune_${cfg}_ov${ov}.json" > "$OUT/tune_${cfg}_ov${ov}.log" 2>&1 || rc=1
+      done
+      python3 - "$OUT" <<'PY'
+import glob, json, os, sys
+runs = {}
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "tune_*.json"))):
+    runs[os.path.basename(f)[5:-5]] = {s["label"]: s for s in json.load(open(f))["shapes"]}
+names = list(runs)
+print("| shape | FlashMLA | " + " | ".join(names) + " |")
+for label in next(iter(runs.values())):
+    row = [f"{runs[n][label]['ms']:.4f}" for n in names]
+    print(f"| {label} | {next(iter(runs.values()))[label]['flashmla_ms']:.4f} | " + " | ".join(row) + " |")
+PY
+      ;;
+    profile)
+      for shape in ${PROFILE_SHAPES:-B1_H8_q1_ctx185000 B8_H16_q16_ctx16384}; do
+        timeout 200 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+          --section WarpStateStats \
+          --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+          -k regex:VerifyAttention --launch-skip 12 \
+          --launch-count 1 verify_attention_bench --only=$shape --iters=3 --warmup=12 --gather_ceiling=false \
+          --json=/dev/null > "$OUT/ncu_$shape.log" 2>&1
+        echo "ncu $shape rc=$?"
+      done
+      ;;
+    torch)
+      PYTHONUNBUFFERED=1 python3 "$here/bench/torch_verify_attention.py" --json "$OUT/torch.json" \
+        > "$OUT/torch.log" 2>&1 || rc=1
+      ;;
+  esac
+done
+for f in "$OUT"/bench_*.log "$OUT/torch.log"; do
+  [ -f "$f" ] && { echo "== $(basename "$f")"; grep -E "^\||device|sanity|rror" "$f"; }
+done
+tar czf "$FINAL_OUT/results.tgz" -C "$OUT" .
+[ -f "$OUT/bench_auto.json" ] && cp "$OUT/bench_auto.json" "$FINAL_OUT/"
+exit $rc
