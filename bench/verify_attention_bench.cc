@@ -33,7 +33,9 @@
 ABSL_FLAG(std::string, json, "verify_attention_bench.json", "where to write the JSON results");
 ABSL_FLAG(int, iters, 50, "timed iterations per shape (median reported)");
 ABSL_FLAG(int, warmup, 10, "untimed iterations per shape");
-ABSL_FLAG(std::string, config, "auto", "kernel configuration: auto, m16, m16x2, m64 (mma.sync) or w64 (wgmma)");
+ABSL_FLAG(std::string, config, "auto",
+          "kernel configuration: auto, m16, m16x2, m64 (mma.sync), w64 (wgmma) or s64 (wgmma "
+          "seesaw schedule, experimental)");
 ABSL_FLAG(double, copy_gbps, 4242.0, "copy ceiling (GB/s) for the memory floor (ANCHORS.md)");
 ABSL_FLAG(double, mma_tflops, 790.0, "bf16 matrix rate (TFLOP/s) for the compute floor");
 ABSL_FLAG(int64_t, rotate_bytes, int64_t{512} << 20,
@@ -282,6 +284,7 @@ int main(int argc, char** argv) {
   if (cfg == "m64") config = vc::VerifyKernelConfig::kM64;
   if (cfg == "w64") config = vc::VerifyKernelConfig::kW64;
   if (cfg == "m16x2") config = vc::VerifyKernelConfig::kM16x2;
+  if (cfg == "s64") config = vc::VerifyKernelConfig::kS64;
   auto ws = vc::VerifyAttentionWorkspace::AllocateDefault();
   BENCH_OK(ws.status());
 

@@ -13,6 +13,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -458,6 +459,153 @@ TEST(VerifyAttentionCuda, GraphReplayMatchesEager) {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
   ASSERT_TRUE(ws->Free().ok());
+}
+
+// The experimental seesaw wgmma schedule (VerifyKernelConfig::kS64, sm_90a only), forced,
+// against the same oracle and tolerances as every other path. Shapes chosen for its pair
+// logic (tiles of 64 keys processed two at a time by two warpgroups): one tile, an odd tile
+// count (the second warpgroup idles in the last pair), ranges ending one key into a tile,
+// exact multiples of 128, tail-only masking, split (partial outputs + combine) and unsplit
+// requests, rows past the request in the last 64-row tile, rows that see nothing.
+bool SkipUnlessSm90() {
+  auto dev = VerifyAttentionDeviceInfo::Query();
+  return !dev.ok() || dev->cc_major != 9;
+}
+
+// Small shapes (quick under compute-sanitizer): tile / pair boundaries and empty rows.
+TEST(VerifyAttentionCuda, SeesawScheduleEdges) {
+  SKIP_WITHOUT_GPU();
+  if (SkipUnlessSm90()) GTEST_SKIP() << "the seesaw schedule is sm_90a only";
+  uint64_t seed = 5000;
+  // Key counts (context + tail) around the tile (64) and pair (128) boundaries, unsplit so
+  // the CTA sees exactly this many keys; then the planner's own split of the same batch.
+  for (int keys : {1, 16, 63, 64, 65, 127, 128, 129, 191, 192, 193, 320}) {
+    for (int max_splits : {1, 0}) {
+      Case c;
+      c.heads = 16;
+      const int n = std::min(keys, 16);
+      c.nodes = {n, 1};
+      c.ctx = {keys - n, keys + 40};
+      c.seed = seed++;
+      c.config = VerifyKernelConfig::kS64;
+      c.max_splits = max_splits;
+      ExpectCase(c);
+    }
+  }
+  // Rows that see no key (random masks), with and without context.
+  for (int ctx : {0, 100}) {
+    Case c;
+    c.heads = 16;
+    c.nodes = {9, 30, 1};
+    c.ctx = {ctx, ctx, 0};
+    c.empty_rows = true;
+    c.seed = seed++;
+    c.config = VerifyKernelConfig::kS64;
+    ExpectCase(c);
+  }
+  // Partial row tiles: 1, 21 and 65 folded rows (the last tile of 65 holds one row), and
+  // 128 heads x 65 nodes = 130 row tiles over 125 keys.
+  for (auto [heads, nodes, ctx] : {std::tuple{1, 1, 200}, std::tuple{3, 7, 500},
+                                   std::tuple{1, 65, 1000}, std::tuple{128, 65, 60}}) {
+    Case c;
+    c.heads = heads;
+    c.nodes = {nodes};
+    c.ctx = {ctx};
+    c.seed = seed++;
+    c.config = VerifyKernelConfig::kS64;
+    ExpectCase(c);
+  }
+}
+
+// Larger sweep: heads x nodes grid, split and unsplit, a compute-bound-like batch, random
+// batches.
+TEST(VerifyAttentionCuda, SeesawScheduleSweep) {
+  SKIP_WITHOUT_GPU();
+  if (SkipUnlessSm90()) GTEST_SKIP() << "the seesaw schedule is sm_90a only";
+  uint64_t seed = 6000;
+  int i = 0;
+  for (int heads : {1, 8, 16, 64, 128}) {
+    for (int nodes : {1, 16, 65}) {
+      Case c;
+      c.heads = heads;
+      const int64_t budget = 1'500'000;  // rows * heads * keys, keeps the CPU oracle quick
+      const int ctx = static_cast<int>(std::min<int64_t>(3000, budget / (heads * nodes)));
+      c.nodes = {nodes, std::max(1, nodes / 3)};
+      c.ctx = {ctx, ctx / 3 + 5};
+      c.seed = seed++;
+      c.config = VerifyKernelConfig::kS64;
+      c.max_splits = (i++ % 2) ? 1 : 0;
+      ExpectCase(c);
+    }
+  }
+  // 16 nodes x 16 heads (four 64-row tiles sharing each key range), batch 4, long enough
+  // for several splits per request.
+  {
+    Case c;
+    c.heads = 16;
+    c.nodes = {16, 16, 16, 16};
+    c.ctx = {4000, 2500, 700, 3};
+    c.seed = seed++;
+    c.config = VerifyKernelConfig::kS64;
+    ExpectCase(c);
+  }
+  std::mt19937_64 rng(20261130);
+  const int head_choices[] = {1, 3, 8, 16, 24, 64, 128};
+  for (int r = 0; r < 16; ++r) {
+    Case c;
+    c.heads = head_choices[rng() % 7];
+    const int batch = 1 + static_cast<int>(rng() % 6);
+    for (int b = 0; b < batch; ++b) {
+      const int n = 1 + static_cast<int>(rng() % 65);
+      const int ctx = static_cast<int>(rng() % (r % 2 ? 300 : 5000));
+      const int64_t cap = 1'500'000 / batch / (int64_t{n} * c.heads);
+      c.nodes.push_back(n);
+      c.ctx.push_back(static_cast<int>(std::min<int64_t>(ctx, cap)));
+    }
+    c.seed = seed++;
+    c.with_lse = (r % 5) != 3;
+    c.empty_rows = (r % 7) == 2;
+    c.config = VerifyKernelConfig::kS64;
+    c.max_splits = r % 4 == 3 ? 1 : 0;
+    ExpectCase(c);
+  }
+}
+
+// Planner (host only) for the seesaw configuration: 64-row, 64-key tiles; splits start on
+// 64-key boundaries and cover every key once; refused on a device that is not sm_90.
+TEST(VerifyAttentionPlan, SeesawPlanShape) {
+  VerifyAttentionDeviceInfo dev{132, 9, 0, 232448, 233472};
+  VerifyAttentionWorkspace ws;  // capacity only
+  ws.max_work_items = 65536;
+  ws.max_combine_items = 16384;
+  ws.max_partial_rows = 32768;
+  std::vector<int32_t> qi = {0, 16, 32}, ki = {0, 65536 + 16, 65536 + 16 + 1000 + 16};
+  VerifyAttentionParams p;
+  p.batch = 2;
+  p.total_rows = 32;
+  p.num_heads = 16;
+  VerifyPlanOptions opt;
+  opt.config = VerifyKernelConfig::kS64;
+  auto plan = PlanVerifyAttention(p, qi.data(), ki.data(), dev, ws, opt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->config, VerifyKernelConfig::kS64);
+  EXPECT_EQ(plan->rows_per_cta, 64);
+  EXPECT_EQ(plan->keys_per_tile, 64);
+  EXPECT_GT(plan->max_splits, 1);
+  std::vector<int64_t> covered(2, 0);
+  for (const VerifyWorkItem& w : plan->work) {
+    EXPECT_EQ(w.kv_begin % 64, 0);
+    EXPECT_EQ(w.fold_begin % 64, 0);
+    const int b = w.q_row0 == 0 ? 0 : 1;
+    covered[b] += w.kv_end - w.kv_begin;
+  }
+  // Each request has 16 * 16 = 256 folded rows = 4 row tiles, each covering every key once.
+  EXPECT_EQ(covered[0], 4 * int64_t{ki[1] - ki[0]});
+  EXPECT_EQ(covered[1], 4 * int64_t{ki[2] - ki[1]});
+  VerifyAttentionDeviceInfo sm120{84, 12, 0, 101376, 102400};
+  auto refused = PlanVerifyAttention(p, qi.data(), ki.data(), sm120, ws, opt);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(refused.status().message().find("seesaw"), std::string::npos);
 }
 
 TEST(VerifyAttentionCuda, SupportsNamesTheField) {

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <queue>
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/verify_attention_kernel.cuh"
+#include "kernels/cuda/verify_attention_seesaw.cuh"
 #include "kernels/cuda/verify_attention_wgmma.cuh"
 
 namespace verifyd::kernels::cuda {
@@ -127,7 +130,15 @@ absl::StatusOr<ConfigShape> ResolveConfig(VerifyKernelConfig config,
                                           const VerifyAttentionDeviceInfo& dev) {
   const bool sm90 = dev.cc_major == 9;
   ConfigShape c;
-  if (config == VerifyKernelConfig::kW64) {
+  if (config == VerifyKernelConfig::kS64) {
+    if (!sm90) {
+      return absl::UnimplementedError(
+          absl::StrCat("verify attention: the seesaw wgmma configuration needs an sm_90 "
+                       "device, got sm_", dev.cc_major, dev.cc_minor));
+    }
+    c = {detail::SeesawTraits::kRows, detail::SeesawTraits::kKeys, detail::SeesawTraits::kStages,
+         detail::SeesawTraits::kSmemBytes};
+  } else if (config == VerifyKernelConfig::kW64) {
     if (!sm90) {
       return absl::UnimplementedError(
           absl::StrCat("verify attention: the wgmma configuration needs an sm_90 device, got "
@@ -159,6 +170,16 @@ absl::StatusOr<ConfigShape> ResolveConfig(VerifyKernelConfig config,
         " bytes of shared memory per block; the device allows ", dev.max_smem_per_block));
   }
   return c;
+}
+
+// VERIFYD_VA_KERNEL=seesaw: kAuto picks kS64 wherever it would pick kW64 (read once per
+// process, at the first plan; for benchmarking the experimental schedule in the engine).
+bool SeesawRequestedByEnv() {
+  static const bool requested = [] {
+    const char* v = std::getenv("VERIFYD_VA_KERNEL");
+    return v != nullptr && std::strcmp(v, "seesaw") == 0;
+  }();
+  return requested;
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -320,6 +341,9 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(
     const bool small = row_keys <= 1.0e6 && max_rows <= 128;
     config = (device.cc_major == 9 && max_rows > 16 && !small) ? VerifyKernelConfig::kW64
                                                                : VerifyKernelConfig::kM16;
+    if (config == VerifyKernelConfig::kW64 && SeesawRequestedByEnv()) {
+      config = VerifyKernelConfig::kS64;
+    }
   }
   auto shape = ResolveConfig(config, device);
   if (!shape.ok()) return shape.status();
@@ -525,6 +549,9 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
   if (plan.config == VerifyKernelConfig::kW64) {
     if (major != 9) return absl::FailedPreconditionError("verify plan (W64) made for sm_90");
     VERIFYD_CUDA_RETURN_IF_ERROR((detail::LaunchVerifyAttentionWgmma<32, 3>(a, grid, stream)));
+  } else if (plan.config == VerifyKernelConfig::kS64) {
+    if (major != 9) return absl::FailedPreconditionError("verify plan (S64) made for sm_90");
+    VERIFYD_CUDA_RETURN_IF_ERROR((detail::LaunchVerifyAttentionSeesaw(a, grid, stream)));
   } else if (plan.config == VerifyKernelConfig::kM64) {
     if (major != 9) return absl::FailedPreconditionError("verify plan (M64) made for sm_90");
     VERIFYD_CUDA_RETURN_IF_ERROR((detail::LaunchVerifyAttentionKernel<64, 32, 3>(a, grid, stream)));

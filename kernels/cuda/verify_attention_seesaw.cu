@@ -1,0 +1,618 @@
+// The seesaw verify attention kernel (sm_90a) and its launcher: see
+// verify_attention_seesaw.cuh for the schedule, docs/KERNEL_NOTES.md for the reasoning.
+// Compiled for every configured architecture; the kernel has a body only in the sm_90a build.
+#include "kernels/cuda/verify_attention_seesaw.cuh"
+
+#include <atomic>
+#include <cstdint>
+
+#include "kernels/cuda/wgmma_ops.cuh"
+
+// The kernel body (and every device helper) exists only in the sm_90a build.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define VERIFYD_SEESAW_BODY 1
+#endif
+
+namespace verifyd::kernels::cuda::detail {
+namespace {
+#ifdef VERIFYD_SEESAW_BODY
+
+// ---- PTX helpers (mbarrier, named barriers, register reallocation) ----------------------
+
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+}
+// Blocks until the phase of `bar` with this parity has completed.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "SEESAW_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra SEESAW_WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Arrives on `bar` once all of this thread's earlier cp.async copies have landed (the
+// arrival is one of the barrier's expected count: .noinc).
+__device__ __forceinline__ void CpAsyncMbarArrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void NamedBarSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void NamedBarArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Named barriers between the two math warpgroups (256 threads: one side arrives, the other
+// syncs). 0 is __syncthreads.
+// Reuse of P0 / m0 / scale0 and P1 / m1 / scale1 across pairs needs no barrier of its own:
+// P lives in its KV buffer (refilled only after both warpgroups arrived on "empty"), and
+// WG1 writes m1 / scale1 of pair p + 1 only after WG0's P0Ready of pair p + 1, which WG0
+// arrives after it has read m1 / scale1 of pair p (m0 / scale0: symmetric, via P1Ready and
+// the buffer-0 refill).
+enum SeesawBarrier : int {
+  kBarP0Ready = 1,  // WG0 -> WG1: P0, m0, scale0 of this pair are in smem
+  kBarP1Ready = 2,  // WG1 -> WG0: P1, m1, scale1 of this pair are in smem
+  kBarEpilogue = 3, // both: row-sum partials exchanged
+};
+constexpr int kMathThreads = 256;
+
+// D[64 x 128] += A[64 x 16] (smem, K-major) * B[16 x 128] (smem, MN-major: V read transposed).
+__device__ __forceinline__ void SeesawWgmmaN128SmemA(float* d, uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, 1, 1, 1, 0, 1;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+
+using Tr = SeesawTraits;
+
+// Byte offset of 16-byte chunk `chunk` (of 72 per 576-column row) of row `row` in a tile of
+// 64-row, 128-byte-swizzled atoms.
+__device__ __forceinline__ uint32_t SeesawSwizzle(int row, int chunk) {
+  return static_cast<uint32_t>((chunk >> 3) * Tr::kAtom + row * 128 +
+                               (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+// Scales one 64-key score tile into the log2 domain, masks it when needed and returns the
+// row maxima (quad-reduced) of this thread's two rows. s: the wgmma m64n64 accumulator
+// (element i: row 16*wl + g + 8*((i >> 1) & 1), key (i >> 2)*8 + 2*q4 + (i & 1)).
+__device__ __forceinline__ void ScaleMaskMax(float* s, const VerifyKernelArgs& args,
+                                             const VerifyWorkItem& wi, int tile, int ctx_len,
+                                             int M, int fold_row0, int q4, float* mx) {
+  const int key0 = wi.kv_begin + tile * Tr::kKeys;  // request-local key of column 0
+  const bool masked = (key0 + Tr::kKeys > ctx_len) || (key0 + Tr::kKeys > wi.kv_end);
+  mx[0] = mx[1] = -INFINITY;
+  if (!masked) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      s[i] *= args.scale_log2;
+      mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+    }
+  } else {
+    // Tree-mask words of the two rows (rows past the request see every key; never written).
+    uint64_t w[2][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int f = fold_row0 + 8 * h;
+      w[h][0] = w[h][1] = ~0ull;
+      if (f < M) {
+        const uint64_t* mrow =
+            args.tree_mask + static_cast<int64_t>(wi.q_row0 + f / args.num_heads) * args.mask_words;
+        w[h][0] = __ldg(mrow);
+        w[h][1] = args.mask_words > 1 ? __ldg(mrow + 1) : 0ull;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int h = (i >> 1) & 1;
+      const int key = key0 + (i >> 2) * 8 + q4 * 2 + (i & 1);
+      bool vis = key < wi.kv_end;
+      if (vis && key >= ctx_len) {
+        const int t = key - ctx_len;
+        vis = (((t >> 6) ? w[h][1] : w[h][0]) >> (t & 63)) & 1ull;
+      }
+      s[i] = vis ? s[i] * args.scale_log2 : -INFINITY;
+      mx[h] = fmaxf(mx[h], s[i]);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+  }
+}
+
+// 2^x on the MUFU unit without exp2f's denormal-range fix-up (results below 2^-126 flush
+// to 0: a probability that small relative to the row max does not matter); 2^-inf = 0.
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// s <- 2^(s - m) (0 where m is -inf: the row has seen nothing yet); returns this thread's
+// partial sums of the two rows. m = max(running max, this tile) >= every s, so m = -inf
+// only when every s of the row is -inf: subtracting 0 then gives 2^-inf = 0 without a
+// per-element test.
+__device__ __forceinline__ void Exp2Rows(float* s, const float* m, float* sum) {
+  const float m_use[2] = {m[0] == -INFINITY ? 0.f : m[0], m[1] == -INFINITY ? 0.f : m[1]};
+  sum[0] = sum[1] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int h = (i >> 1) & 1;
+    const float p = FastExp2(s[i] - m_use[h]);
+    s[i] = p;
+    sum[h] += p;
+  }
+}
+
+// A 32-bit global load the compiler cannot merge with an earlier one (so the value need not
+// stay in a register until here).
+__device__ __forceinline__ int LoadFresh(const int32_t* p) {
+  int v;
+  asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(p));
+  return v;
+}
+
+// The running-max update factor 2^(m_old - m_new) (1 while both are -inf).
+__device__ __forceinline__ float RescaleFactor(float m_old, float m_new) {
+  return m_new == -INFINITY ? 1.f : exp2f(m_old - m_new);
+}
+
+// S[64 x 64] = Q K^T over the 576 columns (36 k16 steps, both operands K-major in smem),
+// once all three column groups of the tile have landed (full barriers full_a + 16 * grp).
+// Returns with the wgmmas in flight (the caller waits). Issuing group A's k-steps before
+// waiting for B and C would overlap more of the load, but waits between the wgmmas of one
+// accumulator chain make ptxas serialise every wgmma of the kernel (C7512, nvcc 13.0).
+__device__ __forceinline__ void ComputeS(float* s, uint32_t sQ, uint32_t sK, uint32_t full_a,
+                                         uint32_t parity) {
+  // Descriptor address fields are addr >> 4 in 14 bits and smem < 256 KB: adding
+  // (offset >> 4) to a base descriptor never carries out of the field.
+  const uint64_t da0 = WgmmaDesc(sQ, 16, 1024);
+  const uint64_t db0 = WgmmaDesc(sK, 16, 1024);
+  MbarWait(full_a, parity);
+  MbarWait(full_a + 16u, parity);
+  MbarWait(full_a + 32u, parity);
+  // cp.async writes (generic proxy) are read below by wgmma (async proxy).
+  FenceProxyAsyncShared();
+  WgmmaFence();
+  WgmmaM64N64SmemAFirst(s, da0, db0);
+#pragma unroll
+  for (int k = 1; k < 36; ++k) {
+    const uint32_t off = (k >> 2) * Tr::kAtom + (k & 3) * 32;
+    WgmmaM64N64SmemA(s, da0 + (off >> 4), db0 + (off >> 4), 1);
+  }
+  WgmmaCommit();
+}
+
+// P (bf16) as wgmma A fragments: pa[j] covers keys 16j .. 16j + 15.
+__device__ __forceinline__ void PackP(const float* s, uint32_t (&pa)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      __nv_bfloat162 v = __floats2bfloat162_rn(s[8 * j + 2 * r], s[8 * j + 2 * r + 1]);
+      pa[j][r] = *reinterpret_cast<uint32_t*>(&v);
+    }
+}
+
+// Stores P into the 64 x 64 bf16 smem tile sP (one K-major 128-byte-swizzled atom: the
+// wgmma A operand of the other warpgroup). Conflict-free: the 8 rows of a quad column land
+// in 8 different 16-byte chunks.
+__device__ __forceinline__ void StoreP(unsigned char* sP, const uint32_t (&pa)[4][4], int wl,
+                                       int g, int q4) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = wl * 16 + g + 8 * (r & 1);
+      const int chunk = 2 * j + (r >> 1);  // keys 8*chunk .. 8*chunk + 7
+      *reinterpret_cast<uint32_t*>(sP + row * 128 + ((chunk ^ (row & 7)) << 4) + q4 * 4) =
+          pa[j][r];
+    }
+}
+
+__device__ __forceinline__ void ScaleO(float (&o)[2][64], const float* f) {
+  if (__all_sync(0xffffffffu, f[0] == 1.f && f[1] == 1.f)) return;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[hf][i] *= f[(i >> 1) & 1];
+}
+
+// O[:, this warpgroup's 256 columns] += P V with P from registers. sV: the warpgroup's first
+// V atom (columns 256*wg ..) of a KV buffer; V is read as an MN-major operand.
+__device__ __forceinline__ void PvRegP(float (&o)[2][64], const uint32_t (&pa)[4][4],
+                                       uint32_t sV) {
+  const uint64_t dv0 = WgmmaDesc(sV, Tr::kAtom, 1024);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      WgmmaM64N128RegA(o[hf], pa[j], dv0 + ((hf * 2 * Tr::kAtom + j * 2048) >> 4), 1);
+}
+
+// Same with P from the smem tile sP (the other warpgroup's P).
+__device__ __forceinline__ void PvSmemP(float (&o)[2][64], uint32_t sP, uint32_t sV) {
+  const uint64_t dp0 = WgmmaDesc(sP, 16, 1024);
+  const uint64_t dv0 = WgmmaDesc(sV, Tr::kAtom, 1024);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      SeesawWgmmaN128SmemA(o[hf], dp0 + ((j * 32) >> 4),
+                           dv0 + ((hf * 2 * Tr::kAtom + j * 2048) >> 4));
+}
+#endif  // VERIFYD_SEESAW_BODY
+
+}  // namespace
+
+__global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
+    VerifyAttentionSeesawKernel(const VerifyKernelArgs args) {
+#ifdef VERIFYD_SEESAW_BODY
+  extern __shared__ unsigned char smem_raw[];
+  // 128-byte swizzle atoms repeat every 1024 B: align the tiles to that.
+  const uint32_t raw_addr = SmemAddr(smem_raw);
+  const uint32_t base = (raw_addr + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - raw_addr);
+  const uint32_t sQ = base + Tr::kQOff;
+  const uint32_t sKV = base + Tr::kKvOff;
+  float* s_m0 = reinterpret_cast<float*>(smem + Tr::kStatOff);  // [64] per row
+  float* s_scale0 = s_m0 + 64;
+  float* s_m1 = s_m0 + 128;
+  float* s_scale1 = s_m0 + 192;
+  float* s_l = s_m0 + 256;  // [2][64]: each warpgroup's row sums
+  const uint32_t bar = base + Tr::kBarOff;
+  // mbarriers. full[group][buffer] (group A = atoms 0-3, B = 4-7, C = 8), count 128: one
+  // cp.async-tracked arrival per producer thread. Empty barriers, one arrival per math warp
+  // that reads the part (the other warpgroup's reads are ordered before it through the
+  // P-ready named barriers, see below):
+  //   emptyA[0]  (buffer 0, atoms 0-3)  WG0 after P0 V0_L            count 4
+  //   emptyBC[0] (buffer 0, atoms 4-8)  WG1 after P0 V0_R            count 4
+  //   emptyA[1]  (buffer 1, atoms 0-3)  WG0 after P1 V1_L            count 4
+  //   emptyBC[1] (buffer 1, atoms 4-8)  WG0 after P1 V1_L (P1 is in atom 8) and WG1 after
+  //                                     P1 V1_R                     count 8
+  auto full_bar = [&](int grp, int b) { return bar + 8u * (2 * grp + b); };  // 0..5
+  auto empty_a_bar = [&](int b) { return bar + 48u + 8u * b; };
+  auto empty_bc_bar = [&](int b) { return bar + 64u + 8u * b; };
+  const uint32_t q_bar = bar + 80u;  // count 128
+
+  asm volatile("griddepcontrol.launch_dependents;\n");
+  const int tid = threadIdx.x;
+  // Warp-uniform by construction; the shuffle lets the compiler know (wgmma in a branch the
+  // compiler thinks divergent gets serialised).
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  const int t128 = tid & 127;
+  const int lane = tid & 31;
+
+  if (tid == 0) {
+    for (int i = 0; i < 6; ++i) MbarInit(bar + 8u * i, 128);
+    MbarInit(empty_a_bar(0), 4);
+    MbarInit(empty_bc_bar(0), 4);
+    MbarInit(empty_a_bar(1), 4);
+    MbarInit(empty_bc_bar(1), 8);
+    MbarInit(q_bar, 128);
+  }
+  __syncthreads();
+
+  if (wg == 2) {
+    // ================= producer warpgroup: cp.async gathers =================
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::kProducerRegs));
+    // Everything is computed after the register split (values live across it would have
+    // to fit the producer's 24 registers).
+    const VerifyWorkItem wi = args.work[blockIdx.x];
+    const int rows_here = min(Tr::kRows, wi.num_nodes * args.num_heads - wi.fold_begin);
+    const __nv_bfloat16* q_base =
+        args.q + (static_cast<int64_t>(wi.q_row0) * args.num_heads + wi.fold_begin) * kQkDim;
+    // Q (64 rows x 72 chunks), rows past the request zero-filled.
+    for (int c = t128; c < Tr::kRows * kChunksPerRow; c += 128) {
+      const int r = c / kChunksPerRow;
+      const int ch = c - r * kChunksPerRow;
+      const bool valid = r < rows_here;
+      CpAsync16(sQ + SeesawSwizzle(r, ch), valid ? q_base + r * kQkDim + ch * 8 : args.q, valid);
+    }
+    CpAsyncMbarArrive(q_bar);
+    // Producer warp pw gathers keys pw, pw + 4, ..., pw + 60 of each tile; lane j < 16 holds
+    // the slot of key pw + 4 j (-1 past the range), lanes stream the 72 16-byte chunks.
+    const int pw = t128 >> 5;
+    const int num_tiles = (wi.kv_end - wi.kv_begin + Tr::kKeys - 1) / Tr::kKeys;
+    const int my_key = pw + 4 * (lane & 15);                  // key of this lane in a tile
+    const int my_left = wi.kv_end - wi.kv_begin - my_key;     // valid while t * 64 < my_left
+    const int32_t* my_idx = args.kv_indices + wi.kv_off + wi.kv_begin + my_key;
+    int32_t slot = (lane < 16 && 0 < my_left) ? __ldg(my_idx) : -1;
+    for (int t = 0; t < num_tiles; ++t) {
+      const int b = t & 1;
+      const uint32_t dst = sKV + b * Tr::kStageBytes;
+      const uint32_t parity = ((t >> 1) - 1) & 1;  // buffer b last held tile t - 2
+      // Groups A / B: chunks [32 grp, 32 grp + 32) of each of the warp's 16 keys, one chunk per
+      // lane. Group C (chunks 64..71): 4 keys per iteration, 8 lanes per key. Every lane
+      // runs every shuffle (full mask).
+      auto load_group = [&](int grp) {
+        if (grp < 2) {
+#pragma unroll 2  // 4 spills at the producer's 24 registers
+          for (int j = 0; j < 16; ++j) {
+            const int32_t s = __shfl_sync(0xffffffffu, slot, j);
+            const int k = pw + 4 * j;   // key row in the tile
+            const bool valid = s >= 0;  // invalid keys are zero-filled (and masked)
+            const __nv_bfloat16* src =
+                args.kv + (valid ? static_cast<int64_t>(s) * kQkDim : 0) + grp * 256 + lane * 8;
+            CpAsync16(dst + SeesawSwizzle(k, grp * 32 + lane), src, valid);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int j = 4 * i + (lane >> 3);
+            const int32_t s = __shfl_sync(0xffffffffu, slot, j);
+            const int k = pw + 4 * j;
+            const bool valid = s >= 0;
+            const __nv_bfloat16* src =
+                args.kv + (valid ? static_cast<int64_t>(s) * kQkDim : 0) + 512 + (lane & 7) * 8;
+            CpAsync16(dst + SeesawSwizzle(k, 64 + (lane & 7)), src, valid);
+          }
+        }
+        CpAsyncMbarArrive(full_bar(grp, b));
+      };
+      if (t >= 2) MbarWait(empty_a_bar(b), parity);
+      load_group(0);
+      if (t >= 2) MbarWait(empty_bc_bar(b), parity);
+      load_group(1);
+      load_group(2);
+      // Next tile's slot: overlaps the next empty wait.
+      const int next = (t + 1) * Tr::kKeys;
+      slot = (lane < 16 && next < my_left) ? __ldg(my_idx + next) : -1;
+    }
+    CpAsyncWait<0>();  // no copies in flight when the warp exits
+    return;
+  }
+
+  // ================= math warpgroups =================
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::kMathRegs));
+  const VerifyWorkItem wi = args.work[blockIdx.x];
+  const int H = args.num_heads;
+  const int M = wi.num_nodes * H;
+  const int rows_here = min(Tr::kRows, M - wi.fold_begin);
+  const int ctx_len = wi.kv_len - wi.num_nodes;
+  const int num_tiles = (wi.kv_end - wi.kv_begin + Tr::kKeys - 1) / Tr::kKeys;
+  const int num_pairs = (num_tiles + 1) / 2;
+  const int wl = t128 >> 5;  // warp in the warpgroup: rows 16 wl ..
+  const int g = lane >> 2;
+  const int q4 = lane & 3;
+  const int row0 = wl * 16 + g;  // this thread's rows: row0, row0 + 8
+  const int fold_row0 = wi.fold_begin + row0;
+
+  float o[2][64];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[hf][i] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY};  // running max (log2 domain), same in both WGs
+  float l_run[2] = {0.f, 0.f};              // this warpgroup's partial row sums
+  const uint32_t sV_own = wg * 4 * Tr::kAtom;  // first V atom of this warpgroup's columns
+
+  MbarWait(q_bar, 0);
+
+  for (int p = 0; p < num_pairs; ++p) {
+    const int t0 = 2 * p;
+    const int t1 = 2 * p + 1;
+    const bool has1 = t1 < num_tiles;
+    const uint32_t sK0 = sKV;
+    const uint32_t sK1 = sKV + Tr::kStageBytes;
+    const uint32_t sP0 = sK0 + Tr::kPAtom * Tr::kAtom;  // P0 / P1: see SeesawTraits::kPAtom
+    const uint32_t sP1 = sK1 + Tr::kPAtom * Tr::kAtom;
+    if (wg == 0) {
+      // ---- S0 = Q K0^T ----
+      float s[32];
+      ComputeS(s, sQ, sK0, full_bar(0, 0), p & 1);
+      WgmmaWait<0>();
+      // ---- softmax against the running max ----
+      float mx[2], m0[2], scale0[2], sum[2];
+      ScaleMaskMax(s, args, wi, t0, ctx_len, M, fold_row0, q4, mx);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m0[h] = fmaxf(m_run[h], mx[h]);
+        scale0[h] = RescaleFactor(m_run[h], m0[h]);
+      }
+      Exp2Rows(s, m0, sum);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * scale0[h] + sum[h];
+      uint32_t pa[4][4];
+      PackP(s, pa);
+      // ---- hand P0, m0, scale0 to WG1 ----
+      StoreP(smem + (sP0 - base), pa, wl, g, q4);
+      if (q4 == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          s_m0[row0 + 8 * h] = m0[h];
+          s_scale0[row0 + 8 * h] = scale0[h];
+        }
+      }
+      FenceProxyAsyncShared();  // P0 is read by WG1's wgmma (async proxy)
+      NamedBarArrive(kBarP0Ready, kMathThreads);
+      // ---- O_L = O_L * scale0 + P0 V0_L ----
+      ScaleO(o, scale0);
+      WgmmaFence();
+      PvRegP(o, pa, sK0 + sV_own);
+      WgmmaCommit();
+      WgmmaWait<0>();
+      // Buffer 0, atoms 0-3: nobody else reads them; the producer may refill them now.
+      if (lane == 0) MbarArrive(empty_a_bar(0));
+      // ---- WG1's P1: O_L = O_L * scale1 + P1 V1_L ----
+      NamedBarSync(kBarP1Ready, kMathThreads);
+      // V1 landed by cp.async (generic proxy) is read below by wgmma, and this warpgroup never
+      // waited on buffer 1's full barriers itself: order the two proxies on this side too.
+      FenceProxyAsyncShared();
+      float scale1[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        scale1[h] = s_scale1[row0 + 8 * h];
+        m_run[h] = s_m1[row0 + 8 * h];
+      }
+      if (has1) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) l_run[h] *= scale1[h];
+        ScaleO(o, scale1);
+        WgmmaFence();
+        PvSmemP(o, sP1, sK1 + sV_own);
+        WgmmaCommit();
+        WgmmaWait<0>();
+        if (lane == 0) {
+          MbarArrive(empty_a_bar(1));   // WG1's S1 reads are ordered before P1Ready
+          MbarArrive(empty_bc_bar(1));  // P1 (atom 8) read
+        }
+      }
+    } else {
+      // ---- S1 = Q K1^T (overlaps WG0's softmax / PV) ----
+      float s[32];
+      if (has1) {
+        ComputeS(s, sQ, sK1, full_bar(0, 1), p & 1);
+        WgmmaWait<0>();
+      }
+      // ---- WG0's m0 / scale0, then softmax of S1 against m0 ----
+      NamedBarSync(kBarP0Ready, kMathThreads);
+      float m0[2], scale0[2], m1[2], scale1[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m0[h] = s_m0[row0 + 8 * h];
+        scale0[h] = s_scale0[row0 + 8 * h];
+        m1[h] = m0[h];
+        scale1[h] = 1.f;
+      }
+      uint32_t pa[4][4];
+      if (has1) {
+        float mx[2];
+        ScaleMaskMax(s, args, wi, t1, ctx_len, M, fold_row0, q4, mx);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          m1[h] = fmaxf(m0[h], mx[h]);
+          scale1[h] = RescaleFactor(m0[h], m1[h]);
+        }
+        Exp2Rows(s, m1, sum);
+        PackP(s, pa);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        l_run[h] = l_run[h] * (scale0[h] * scale1[h]) + sum[h];
+        m_run[h] = m1[h];
+      }
+      // ---- hand P1, m1, scale1 to WG0 ----
+      if (has1) StoreP(smem + (sP1 - base), pa, wl, g, q4);
+      if (q4 == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          s_m1[row0 + 8 * h] = m1[h];
+          s_scale1[row0 + 8 * h] = scale1[h];
+        }
+      }
+      // P1 is read by WG0's wgmma; V0 (cp.async, never waited on by this warpgroup) is read
+      // by this warpgroup's wgmma below.
+      FenceProxyAsyncShared();
+      NamedBarArrive(kBarP1Ready, kMathThreads);
+      // ---- O_R = (O_R * scale0 + P0 V0_R) * scale1 + P1 V1_R ----
+      // P0 is relative to m0, P1 to m1: the P0 product must be rescaled by scale1 before P1's
+      // is added, so the two PV products of this warpgroup are waited for in between.
+      ScaleO(o, scale0);
+      WgmmaFence();
+      PvSmemP(o, sP0, sK0 + sV_own);
+      WgmmaCommit();
+      WgmmaWait<0>();
+      // Buffer 0, atoms 4-8 (V0_R, P0): WG0's reads (S0) and writes (P0) precede P0Ready.
+      if (lane == 0) MbarArrive(empty_bc_bar(0));
+      if (has1) {
+        ScaleO(o, scale1);
+        WgmmaFence();  // also orders this thread's pa writes before the wgmma reads them
+        PvRegP(o, pa, sK1 + sV_own);
+        WgmmaCommit();
+        WgmmaWait<0>();
+        if (lane == 0) MbarArrive(empty_bc_bar(1));
+      }
+    }
+  }
+
+  // ---- epilogue: add the two warpgroups' row sums, normalise, write ----
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (q4 == 0) s_l[wg * 64 + row0 + 8 * h] = l;
+  }
+  NamedBarSync(kBarEpilogue, kMathThreads);
+  // The output coordinates are re-read here rather than kept live across the loop (at 240
+  // registers that would cost a spill).
+  const int partial_row = LoadFresh(&args.work[blockIdx.x].partial_row);
+  const bool direct = partial_row < 0;
+  const int64_t out_row0 =
+      static_cast<int64_t>(LoadFresh(&args.work[blockIdx.x].q_row0)) * H + wi.fold_begin;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row0 + 8 * h;
+    if (r >= rows_here) continue;
+    // Same order in both warpgroups: identical l.
+    const float l_tot = s_l[r] + s_l[64 + r];
+    const float inv = l_tot > 0.f ? 1.f / l_tot : 0.f;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int col0 = wg * 256 + hf * 128 + q4 * 2;
+      if (direct) {
+        __nv_bfloat16* orow = args.out + (out_row0 + r) * kVDim + col0;
+#pragma unroll
+        for (int nb = 0; nb < 16; ++nb) {
+          *reinterpret_cast<__nv_bfloat162*>(orow + nb * 8) = __floats2bfloat162_rn(
+              o[hf][nb * 4 + 2 * h] * inv, o[hf][nb * 4 + 2 * h + 1] * inv);
+        }
+      } else {
+        float* prow = args.part_o + static_cast<int64_t>(partial_row + r) * kVDim + col0;
+#pragma unroll
+        for (int nb = 0; nb < 16; ++nb) {
+          *reinterpret_cast<float2*>(prow + nb * 8) =
+              make_float2(o[hf][nb * 4 + 2 * h] * inv, o[hf][nb * 4 + 2 * h + 1] * inv);
+        }
+      }
+    }
+    if (wg == 0 && q4 == 0) {
+      const float lse2 = l_tot > 0.f ? m_run[h] + log2f(l_tot) : -INFINITY;
+      if (direct) {
+        if (args.lse != nullptr) args.lse[out_row0 + r] = lse2 * 0.69314718055994531f;
+      } else {
+        args.part_lse[partial_row + r] = lse2;
+      }
+    }
+  }
+#endif  // VERIFYD_SEESAW_BODY
+}
+
+cudaError_t LaunchVerifyAttentionSeesaw(const VerifyKernelArgs& args, int grid,
+                                        cudaStream_t stream) {
+  auto* kernel = &VerifyAttentionSeesawKernel;
+  // The opt-in shared-memory size is set once per device.
+  static std::atomic<uint64_t> configured_devices{0};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = 1ull << (dev & 63);
+  if ((configured_devices.load(std::memory_order_acquire) & bit) == 0) {
+    // The body exists only in the sm_90a build: an image without it (e.g. built for plain
+    // sm_90) would run an empty kernel and leave the output unwritten. Its register count
+    // tells (the body needs the whole register file).
+    cudaFuncAttributes attr{};
+    err = cudaFuncGetAttributes(&attr, kernel);
+    if (err != cudaSuccess) return err;
+    if (attr.numRegs < 64) return cudaErrorInvalidDeviceFunction;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(SeesawTraits::kSmemBytes));
+    if (err != cudaSuccess) return err;
+    configured_devices.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  kernel<<<grid, SeesawTraits::kThreads, SeesawTraits::kSmemBytes, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace verifyd::kernels::cuda::detail
