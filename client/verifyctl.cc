@@ -5,12 +5,15 @@
 //   verifyctl close --session S
 //   verifyctl demo [--drafter oracle|ngram] [--rounds R] [--depth D] [--branches B]
 //   verifyctl load --sessions N --rounds R
+// TLS: --tls_ca (server CA), + --tls_cert/--tls_key (mutual TLS), + --auth_token_file.
 // Exit status: 0 on success, 1 on an RPC error (printed as CODE: message), 2 on bad usage.
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +24,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/ascii.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/demo_drafter.h"
@@ -43,6 +48,15 @@ ABSL_FLAG(double, accuracy, 0.8, "demo/load (oracle): chance each chain token is
 ABSL_FLAG(int, prompt_len, 16, "demo/load: random prompt length");
 ABSL_FLAG(uint64_t, seed, 1, "demo/load: random seed");
 ABSL_FLAG(bool, quiet, false, "demo: no per-round lines");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle to verify verifyd's certificate: connect over TLS");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate chain (mutual TLS; needs --tls_ca)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "name to verify in the server certificate (default: the --target host)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file whose (last) line holds the bearer token ('<token>' or '<name> <token>'); "
+          "needs --tls_ca");
 
 namespace {
 
@@ -179,6 +193,66 @@ int CmdLoad(VerifyClient& c) {
   return report->errors == 0 ? 0 : 1;
 }
 
+absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string& flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read ", path));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The channel the flags ask for: plaintext (nullptr: VerifyClient's default), or TLS with an
+// optional client certificate and bearer token.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> SecureChannel() {
+  const std::string ca = absl::GetFlag(FLAGS_tls_ca);
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert);
+  const std::string key = absl::GetFlag(FLAGS_tls_key);
+  const std::string token_file = absl::GetFlag(FLAGS_auth_token_file);
+  if (ca.empty()) {
+    if (!cert.empty() || !key.empty() || !token_file.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_cert, --tls_key and --auth_token_file need --tls_ca (TLS)");
+    }
+    return std::shared_ptr<grpc::Channel>();
+  }
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key: give both or neither");
+  }
+  grpc::SslCredentialsOptions ssl;
+  auto ca_pem = ReadFile(ca, "tls_ca");
+  if (!ca_pem.ok()) return ca_pem.status();
+  ssl.pem_root_certs = *ca_pem;
+  if (!cert.empty()) {
+    auto c = ReadFile(cert, "tls_cert");
+    if (!c.ok()) return c.status();
+    auto k = ReadFile(key, "tls_key");
+    if (!k.ok()) return k.status();
+    ssl.pem_cert_chain = *c;
+    ssl.pem_private_key = *k;
+  }
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::SslCredentials(ssl);
+  if (!token_file.empty()) {
+    auto contents = ReadFile(token_file, "auth_token_file");
+    if (!contents.ok()) return contents.status();
+    std::string token;
+    for (absl::string_view line : absl::StrSplit(*contents, '\n')) {
+      line = absl::StripAsciiWhitespace(line);
+      if (line.empty() || line[0] == '#') continue;
+      std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      token = std::string(f.back());
+    }
+    if (token.empty()) return absl::InvalidArgumentError("--auth_token_file: no token");
+    creds = grpc::CompositeChannelCredentials(creds, grpc::AccessTokenCredentials(token));
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(16 << 20);
+  args.SetMaxSendMessageSize(16 << 20);
+  if (!absl::GetFlag(FLAGS_tls_server_name).empty()) {
+    args.SetSslTargetNameOverride(absl::GetFlag(FLAGS_tls_server_name));
+  }
+  return grpc::CreateCustomChannel(absl::GetFlag(FLAGS_target), creds, args);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -187,7 +261,11 @@ int main(int argc, char** argv) {
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) return Usage("expected exactly one subcommand");
   const std::string cmd = args[1];
-  VerifyClient client(absl::GetFlag(FLAGS_target), absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
+  auto channel = SecureChannel();
+  if (!channel.ok()) return Usage(std::string(channel.status().message()));
+  const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  VerifyClient client = *channel ? VerifyClient(*channel, timeout)
+                                 : VerifyClient(absl::GetFlag(FLAGS_target), timeout);
   if (cmd == "info") return CmdInfo(client);
   if (cmd == "health") return CmdHealth(client);
   if (cmd == "open") return CmdOpen(client);

@@ -1,6 +1,11 @@
 #include "server/engine_factory.h"
 
+#include <vector>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "server/testing/toy_engine.h"
 #include "tp/cpu_engine.h"
 #if VERIFYD_WITH_CUDA
@@ -10,8 +15,35 @@
 namespace verifyd::server {
 namespace {
 
+// The RankFaultHook for EngineSpec::testing_fault ("" = none).
+absl::StatusOr<tp::RankFaultHook> FaultHook(const std::string& spec) {
+  if (spec.empty()) return tp::RankFaultHook();
+  int rank = 0;
+  int64_t value = 0;
+  std::vector<std::string> parts = absl::StrSplit(spec, absl::ByAnyChar(":@"));
+  if (parts.size() == 3 && parts[0] == "fail" && absl::SimpleAtoi(parts[1], &rank) &&
+      absl::SimpleAtoi(parts[2], &value) && rank >= 0 && value >= 0) {
+    return tp::RankFaultHook([rank, value](int r, int64_t step) -> absl::Status {
+      if (r == rank && step >= value) return absl::InternalError("injected rank failure");
+      return absl::OkStatus();
+    });
+  }
+  if (parts.size() == 2 && parts[0] == "slow" && absl::SimpleAtoi(parts[1], &value) &&
+      value >= 0) {
+    return tp::RankFaultHook([value](int r, int64_t) -> absl::Status {
+      if (r == 0) absl::SleepFor(absl::Milliseconds(value));
+      return absl::OkStatus();
+    });
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--testing_fault: '", spec, "' is not fail:<rank>@<step> or slow:<ms>"));
+}
+
 absl::StatusOr<std::unique_ptr<tp::Engine>> CreateCpu(const EngineSpec& spec) {
+  auto hook = FaultHook(spec.testing_fault);
+  if (!hook.ok()) return hook.status();
   tp::CpuEngineOptions o;
+  o.fault_hook = *std::move(hook);
   o.model = spec.model;
   o.seed = spec.seed;
   o.tp = spec.tp;
@@ -55,6 +87,9 @@ absl::StatusOr<std::unique_ptr<tp::Engine>> CreateEngine(const EngineSpec& spec)
     return absl::InvalidArgumentError("--kv_slots: must be in [2, 2^31)");
   }
   if (spec.max_batch < 1) return absl::InvalidArgumentError("--max_batch: must be >= 1");
+  if (!spec.testing_fault.empty() && spec.backend != "cpu") {
+    return absl::InvalidArgumentError("--testing_fault: needs --backend cpu");
+  }
   if (spec.backend == "cuda") return CreateCuda(spec);
   if (spec.backend == "auto") return CudaUsable() ? CreateCuda(spec) : CreateCpu(spec);
   if (spec.backend == "cpu") return CreateCpu(spec);

@@ -19,6 +19,10 @@ struct EngineSpec {
   int tp = 1;                    // tensor-parallel ranks
   int64_t kv_slots = 65536;      // latent KV pool capacity in tokens
   int max_batch = 64;            // requests per step
+  // Fault injection for the reliability tests (cpu backend only; "" = none):
+  //   "fail:<rank>@<step>"  rank fails at engine step <step> (0-based): engine failed
+  //   "slow:<ms>"           every step, rank 0 first sleeps <ms> ms (calls stay in flight)
+  std::string testing_fault;
 };
 
 // InvalidArgument for a bad spec (naming the flag), Unavailable for a backend not built or

@@ -11,15 +11,14 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "server/engine_factory.h"
 #include "server/server.h"
+#include "server/systemd_notify.h"
 #include "spdlog/spdlog.h"
-#ifdef VERIFYD_WITH_SYSTEMD
-#include <systemd/sd-daemon.h>
-#endif
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC listen address (host:port)");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9400",
@@ -37,6 +36,21 @@ ABSL_FLAG(bool, reflection, false, "enable gRPC server reflection");
 ABSL_FLAG(int, max_message_bytes, 16 << 20, "largest accepted gRPC message");
 ABSL_FLAG(int, drain_timeout_s, 30, "seconds in-flight requests get to finish on SIGTERM");
 ABSL_FLAG(std::string, log_level, "info", "trace | debug | info | warn | error");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve the API over TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require client certificates signed by it (mutual TLS); sessions "
+          "are bound to the client certificate's subject");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file of bearer tokens ('<name> <token>' per line); every call must send "
+          "'authorization: Bearer <token>'; needs TLS; sessions are bound to the token's name");
+ABSL_FLAG(std::string, health_listen, "",
+          "extra plaintext port serving only grpc.health.v1 without auth (probes); empty: none");
+ABSL_FLAG(int, max_call_deadline_s, 120,
+          "deadline given to calls without one (and to each VerifyStream message)");
+ABSL_FLAG(int, max_concurrent_streams, 128, "HTTP/2 streams per client connection");
+ABSL_FLAG(std::string, testing_fault, "",
+          "tests only (cpu backend): fail:<rank>@<step> or slow:<ms> fault injection");
 
 namespace {
 
@@ -55,13 +69,6 @@ void RequestStop(StopState* s, int code, const std::string& reason) {
   s->reason = reason;
 }
 
-void SdNotify(const char* msg) {
-#ifdef VERIFYD_WITH_SYSTEMD
-  sd_notify(0, msg);
-#else
-  (void)msg;
-#endif
-}
 
 }  // namespace
 
@@ -91,6 +98,7 @@ int main(int argc, char** argv) {
   spec.tp = absl::GetFlag(FLAGS_tp);
   spec.kv_slots = absl::GetFlag(FLAGS_kv_slots);
   spec.max_batch = absl::GetFlag(FLAGS_max_batch);
+  spec.testing_fault = absl::GetFlag(FLAGS_testing_fault);
   spdlog::info("loading model={} backend={} tp={} kv_slots={}", spec.model, spec.backend,
                spec.tp, spec.kv_slots);
   auto engine = verifyd::server::CreateEngine(spec);
@@ -109,34 +117,35 @@ int main(int argc, char** argv) {
   options.session_ttl = absl::Seconds(absl::GetFlag(FLAGS_session_ttl_s));
   options.reflection = absl::GetFlag(FLAGS_reflection);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.security.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.security.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.security.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.security.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  options.health_listen = absl::GetFlag(FLAGS_health_listen);
+  options.max_call_deadline = absl::Seconds(absl::GetFlag(FLAGS_max_call_deadline_s));
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.on_engine_failure = [&stop] { RequestStop(&stop, 1, "engine failed"); };
   auto server = verifyd::server::Server::BuildAndStart(options, *std::move(engine));
   if (!server.ok()) {
     spdlog::critical("server: {}", server.status().ToString());
     return 2;
   }
-  SdNotify("READY=1");
-
-  // systemd watchdog (WatchdogSec=): ping at half the interval while the engine makes
-  // progress; the pings stop when a step hangs longer than the interval or the engine failed.
-  absl::Notification stop_watchdog;
-  std::thread watchdog;
-#ifdef VERIFYD_WITH_SYSTEMD
-  uint64_t watchdog_usec = 0;
-  if (sd_watchdog_enabled(0, &watchdog_usec) > 0 && watchdog_usec > 0) {
-    const absl::Duration interval = absl::Microseconds(static_cast<int64_t>(watchdog_usec));
-    spdlog::info("systemd watchdog: interval {} ms", absl::ToInt64Milliseconds(interval));
-    watchdog = std::thread([&, interval] {
-      do {
-        if ((*server)->engine_progressing(interval)) {
-          SdNotify("WATCHDOG=1");
-        } else {
-          spdlog::error("watchdog: engine not progressing, withholding the ping");
-        }
-      } while (!stop_watchdog.WaitForNotificationWithTimeout(interval / 2));
-    });
+  // systemd (Type=notify): READY once serving; the watchdog pings only while the engine
+  // makes progress (no step running longer than WatchdogSec, engine not failed).
+  verifyd::SystemdNotifier systemd;  // no-op outside systemd
+  if (auto st = systemd.NotifyReady(absl::StrCat("serving port=", (*server)->port())); !st.ok()) {
+    spdlog::warn("systemd: {}", st.ToString());
   }
-#endif
+  if (systemd.watchdog_timeout() > absl::ZeroDuration()) {
+    spdlog::info("systemd watchdog: interval {} ms",
+                 absl::ToInt64Milliseconds(systemd.watchdog_timeout()));
+  }
+  verifyd::server::Server* srv = server->get();
+  if (auto st = systemd.StartWatchdogOnHealth(
+          [srv, limit = systemd.watchdog_timeout()] { return srv->engine_progressing(limit); });
+      !st.ok()) {
+    spdlog::warn("systemd watchdog: {}", st.ToString());
+  }
 
   std::thread signals([&stop, sigs] {
     int sig = 0;
@@ -153,10 +162,9 @@ int main(int argc, char** argv) {
     code = stop.exit_code;
     spdlog::info("stopping: {}", stop.reason);
   }
-  SdNotify("STOPPING=1");
+  (void)systemd.NotifyStopping("draining");
   (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)));
-  stop_watchdog.Notify();
-  if (watchdog.joinable()) watchdog.join();
+  systemd.StopWatchdog();
   spdlog::info("exit code={}", code);
   return code;
 }

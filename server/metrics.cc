@@ -96,7 +96,7 @@ Metrics::Metrics(int tp_size, const std::string& version, const std::string& bac
                   .Register(reg)
                   .Add({});
   kv_total_ = &prometheus::BuildGauge()
-                   .Name("verifyd_kv_slots_total")
+                   .Name("verifyd_kv_slots_capacity")
                    .Help("KV pool capacity in slots (tokens)")
                    .Register(reg)
                    .Add({});

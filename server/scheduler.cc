@@ -72,9 +72,11 @@ absl::Duration Scheduler::current_step_age() const {
 absl::StatusOr<int32_t> Scheduler::Prefill(const std::shared_ptr<Session>& session,
                                            const std::vector<int32_t>& prompt,
                                            const std::vector<int32_t>& prompt_slots,
-                                           JobTiming* timing) {
+                                           JobTiming* timing,
+                                           std::function<bool()> cancelled) {
   Job job;
   job.kind = Job::Kind::kPrefill;
+  job.cancelled = std::move(cancelled);
   job.session = session;
   job.prompt = &prompt;
   job.prompt_slots = &prompt_slots;
@@ -112,7 +114,23 @@ absl::Status Scheduler::SubmitAndWait(Job* job) {
     queue_.push_back(job);
     metrics_->SetQueueDepth(static_cast<int64_t>(queue_.size()));
   }
-  job->done.WaitForNotification();
+  if (!job->cancelled) {
+    job->done.WaitForNotification();
+    return job->status;
+  }
+  // While the job waits in the queue, a caller that is gone (deadline, cancel, disconnect)
+  // takes it out at once: nothing was done for it, and it holds no queue place meanwhile.
+  while (!job->done.WaitForNotificationWithTimeout(absl::Milliseconds(20))) {
+    if (!job->cancelled()) continue;
+    absl::MutexLock lock(&mu_);
+    auto it = std::find(queue_.begin(), queue_.end(), job);
+    if (it != queue_.end()) {
+      queue_.erase(it);
+      metrics_->SetQueueDepth(static_cast<int64_t>(queue_.size()));
+      return absl::CancelledError("the call was cancelled before it ran");
+    }
+    // Taken by the engine thread: its result (or a prefill's stop) comes soon.
+  }
   return job->status;
 }
 
@@ -138,10 +156,13 @@ void Scheduler::Loop() {
       metrics_->SetQueueDepth(static_cast<int64_t>(queue_.size()));
     }
     // Drop jobs whose caller went away while they waited: nothing has changed for them yet.
+    // A prefill in progress stops too (its session only takes the slots when it completes).
     std::vector<Job*> runnable;
     for (Job* job : batch) {
-      if (!job->started && job->cancelled && job->cancelled()) {
-        job->status = absl::CancelledError("the call was cancelled before it ran");
+      const bool droppable = !job->started || job->kind == Job::Kind::kPrefill;
+      if (droppable && job->cancelled && job->cancelled()) {
+        active_.erase(std::remove(active_.begin(), active_.end(), job), active_.end());
+        job->status = absl::CancelledError("the call was cancelled before it finished");
         job->done.Notify();
       } else {
         runnable.push_back(job);

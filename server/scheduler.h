@@ -76,13 +76,17 @@ class Scheduler {
 
   // Prefills `prompt` into `prompt_slots` ([prompt.size()], caller-owned). On success sets
   // session->context_slots = prompt_slots and session->pending to the returned next token.
+  // `cancelled` (optional): as for Verify, and a prefill already running also stops at its
+  // next chunk (Cancelled; the session is unchanged and the caller still owns the slots).
   absl::StatusOr<int32_t> Prefill(const std::shared_ptr<Session>& session,
                                   const std::vector<int32_t>& prompt,
-                                  const std::vector<int32_t>& prompt_slots, JobTiming* timing);
+                                  const std::vector<int32_t>& prompt_slots, JobTiming* timing,
+                                  std::function<bool()> cancelled = nullptr);
   // Runs every item in one engine step (items.size() <= max_batch; distinct busy sessions).
-  // `cancelled` (optional) is polled when the job leaves the queue: a job whose caller has
-  // gone (deadline, cancel) is then dropped with Cancelled, changing nothing. Once its step
-  // has started the round is applied even if the caller is gone.
+  // `cancelled` (optional; the caller's deadline passed or it went away) is polled while the
+  // job waits (every ~20 ms) and when it leaves the queue: the job is then dropped at once
+  // with Cancelled, changing nothing and giving up its queue place. Once its step has started
+  // the round is applied even if the caller is gone.
   absl::Status Verify(std::vector<VerifyWork>* items, JobTiming* timing,
                       std::function<bool()> cancelled = nullptr);
 

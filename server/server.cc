@@ -47,6 +47,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
   if (options.max_message_bytes < 1024) {
     return absl::InvalidArgumentError("max_message_bytes: must be >= 1024");
   }
+  if (options.max_concurrent_streams < 1) {
+    return absl::InvalidArgumentError("max_concurrent_streams: must be >= 1");
+  }
+  if (options.max_call_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("max_call_deadline: must be > 0");
+  }
+  absl::StatusOr<Security> security = BuildSecurity(options.security);
+  if (!security.ok()) return security.status();
   const tp::EngineLimits elimits = engine->limits();
   if (elimits.max_tail_rows < 2 || elimits.max_batch < 1 || elimits.max_context < 2) {
     return absl::InvalidArgumentError("engine limits: need max_tail_rows >= 2, max_batch >= 1, "
@@ -55,6 +63,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
 
   std::unique_ptr<Server> s(new Server());
   s->options_ = options;
+  s->security_ = *std::move(security);
   s->engine_ = std::move(engine);
   tp::Engine* eng = s->engine_.get();
 
@@ -79,6 +88,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
   s->service_ = std::make_unique<VerifyServiceImpl>(
       eng, s->sessions_.get(), s->slots_.get(), s->scheduler_.get(), s->metrics_.get(), limits,
       options.max_sessions, options.version);
+  s->service_->SetCallPolicy(&s->security_, options.max_call_deadline);
 
   if (!options.metrics_listen.empty()) {
     try {
@@ -92,16 +102,34 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
     s->metrics_port_ = ports.empty() ? 0 : ports[0];
   }
 
+  // Before anything can fail the engine (OnEngineFailure reads health_).
+  if (!options.health_listen.empty()) {
+    auto health = HealthServer::Start(options.health_listen);
+    if (!health.ok()) return health.status();
+    s->health_ = *std::move(health);
+  }
+
   grpc::EnableDefaultHealthCheckService(true);
   if (options.reflection) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(options.listen, s->security_.credentials, &s->port_);
   // A second verifyd on the same port must fail, not silently share it (gRPC enables
   // SO_REUSEPORT by default on Linux).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_time)));
+  builder.AddChannelArgument(
+      GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_timeout)));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(options.min_client_ping_interval)));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
   builder.RegisterService(s->service_.get());
   s->scheduler_->Start();
   s->grpc_server_ = builder.BuildAndStart();
@@ -109,12 +137,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
     s->grpc_server_.reset();
     return absl::UnavailableError(absl::StrCat("listen: cannot listen on ", options.listen));
   }
-  s->grpc_server_->GetHealthCheckService()->SetServingStatus(true);
+  s->SetServing(true);
   s->metrics_->SetKvSlots(0, s->slots_->capacity());
   s->housekeeping_ = std::thread([raw] { raw->Housekeeping(); });
-  spdlog::info("serving listen={} port={} metrics_port={} model={} backend={} tp={} "
-               "kv_slots={} max_batch={} max_draft_nodes={} max_context={}",
-               options.listen, s->port_, s->metrics_port_, eng->config().name, eng->backend(),
+  spdlog::info("serving listen={} port={} metrics_port={} health_port={} security={} model={} "
+               "backend={} tp={} kv_slots={} max_batch={} max_draft_nodes={} max_context={}",
+               options.listen, s->port_, s->metrics_port_, s->health_port(),
+               s->security_.Describe(), eng->config().name, eng->backend(),
                eng->tp_size(), eng->kv_capacity(), limits.max_batch, limits.max_draft_nodes,
                limits.max_context);
   return s;
@@ -133,7 +162,7 @@ void Server::Shutdown(absl::Duration grace) {
     return;
   }
   spdlog::info("draining: health NOT_SERVING, waiting for in-flight requests");
-  grpc_server_->GetHealthCheckService()->SetServingStatus(false);
+  SetServing(false);
   // Waits for in-flight calls until the deadline, then cancels the rest. The scheduler is
   // still running, so every handler waiting for its own step gets its result.
   grpc_server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(grace));
@@ -142,8 +171,16 @@ void Server::Shutdown(absl::Duration grace) {
   if (housekeeping_.joinable()) housekeeping_.join();
   grpc_server_->Wait();
   exposer_.reset();  // civetweb's stop takes up to ~2 s (its poll interval)
+  if (health_) health_->Shutdown();
   spdlog::info("stopped: sessions={} kv_slots_used={}", sessions_->active(), slots_->used());
 }
+
+void Server::SetServing(bool serving) {
+  if (grpc_server_) grpc_server_->GetHealthCheckService()->SetServingStatus(serving);
+  if (health_) health_->SetServing(serving);
+}
+
+int Server::health_port() const { return health_ ? health_->port() : 0; }
 
 bool Server::engine_failed() const { return scheduler_->engine_failed(); }
 bool Server::engine_progressing(absl::Duration stall_limit) const {
@@ -157,7 +194,7 @@ int Server::queue_depth() const { return scheduler_->queue_depth(); }
 
 void Server::OnEngineFailure() {
   spdlog::critical("engine failed: health NOT_SERVING, answering UNAVAILABLE");
-  grpc_server_->GetHealthCheckService()->SetServingStatus(false);
+  SetServing(false);
   if (options_.on_engine_failure) options_.on_engine_failure();
 }
 

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "server/security.h"
 #include "tp/engine.h"
 
 namespace grpc {
@@ -47,6 +48,22 @@ struct ServerOptions {
   absl::Duration housekeeping_period = absl::Seconds(1);  // TTL sweep and gauge refresh
   bool reflection = false;       // gRPC server reflection
   int max_message_bytes = 16 << 20;  // larger requests are rejected (RESOURCE_EXHAUSTED)
+  // Security (server/security.h): TLS, mutual TLS, bearer tokens; default plaintext. With
+  // identities (mTLS or tokens) sessions are bound to the client that opened them.
+  SecurityOptions security;
+  std::string health_listen;  // extra plaintext grpc.health.v1 port without auth; "" = none
+  // Calls without a deadline (and each VerifyStream message) get this one; an earlier client
+  // deadline wins. A call past it leaves the queue (DEADLINE_EXCEEDED) and frees its slots.
+  absl::Duration max_call_deadline = absl::Seconds(120);
+  // HTTP/2 streams per connection (bounds one client's concurrency and the cost of a
+  // rapid-reset flood; see docs/RELIABILITY.md).
+  int max_concurrent_streams = 128;
+  // Keepalive: the server pings a connection idle for keepalive_time and drops it when no
+  // answer comes within keepalive_timeout (dead clients); a client pinging more often than
+  // min_client_ping_interval (without data) gets GOAWAY after 2 strikes.
+  absl::Duration keepalive_time = absl::Minutes(2);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
+  absl::Duration min_client_ping_interval = absl::Seconds(10);
   std::string version = "0.1.0";
   std::function<void()> on_engine_failure;  // runs once, on the engine thread
 };
@@ -63,6 +80,7 @@ class Server {
 
   int port() const { return port_; }                  // bound gRPC port
   int metrics_port() const { return metrics_port_; }  // bound metrics port, 0 if disabled
+  int health_port() const;                            // bound health port, 0 if disabled
   bool engine_failed() const;
   // True while the engine works: not failed, and no step has been running longer than
   // `stall_limit` (feeds the systemd watchdog).
@@ -79,6 +97,7 @@ class Server {
   Server() = default;
   void Housekeeping();
   void OnEngineFailure();
+  void SetServing(bool serving);  // health on the API port and the health port
 
   ServerOptions options_;
   std::unique_ptr<tp::Engine> engine_;
@@ -87,6 +106,8 @@ class Server {
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<VerifyServiceImpl> service_;
+  Security security_;
+  std::unique_ptr<HealthServer> health_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::thread housekeeping_;

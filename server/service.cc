@@ -1,5 +1,6 @@
 #include "server/service.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -67,6 +68,29 @@ VerifyServiceImpl::VerifyServiceImpl(tp::Engine* engine, SessionManager* session
       max_sessions_(max_sessions),
       version_(std::move(version)) {}
 
+void VerifyServiceImpl::SetCallPolicy(const Security* security, absl::Duration max_call_deadline) {
+  security_ = security;
+  max_call_deadline_ = max_call_deadline;
+}
+
+std::string VerifyServiceImpl::Owner(const grpc::ServerContext& ctx) const {
+  if (security_ == nullptr || !security_->identities()) return "";
+  return ClientIdentity(ctx, *security_);
+}
+
+absl::Time VerifyServiceImpl::Deadline(const grpc::ServerContext& ctx, absl::Time start) const {
+  return std::min(absl::FromChrono(ctx.deadline()), start + max_call_deadline_);
+}
+
+absl::Status VerifyServiceImpl::MapCancelled(const absl::Status& st, absl::Time deadline) {
+  if (st.code() == absl::StatusCode::kCancelled && absl::Now() >= deadline) {
+    return absl::DeadlineExceededError(
+        "deadline exceeded before the request finished (calls without a deadline get the "
+        "server's maximum)");
+  }
+  return st;
+}
+
 grpc::Status VerifyServiceImpl::Finish(const char* method, uint64_t request_id,
                                        const absl::Status& st, absl::Time start,
                                        const std::string& detail) {
@@ -117,23 +141,28 @@ grpc::Status VerifyServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoR
   return Finish("GetInfo", id, absl::OkStatus(), start, "");
 }
 
-grpc::Status VerifyServiceImpl::OpenSession(grpc::ServerContext*,
+grpc::Status VerifyServiceImpl::OpenSession(grpc::ServerContext* ctx,
                                             const v1::OpenSessionRequest* req,
                                             v1::OpenSessionResponse* resp) {
   const uint64_t id = next_request_id_++;
   const absl::Time start = absl::Now();
+  const absl::Time deadline = Deadline(*ctx, start);
   auto run = [&]() -> absl::Status {
     if (absl::Status st = ValidatePrompt(*req, limits_); !st.ok()) return st;
     if (scheduler_->engine_failed()) return absl::UnavailableError("engine failed");
     std::vector<int32_t> prompt(req->prompt_tokens().begin(), req->prompt_tokens().end());
     std::vector<int32_t> prompt_slots;
-    auto session = sessions_->Create(static_cast<int64_t>(prompt.size()), &prompt_slots);
+    auto session =
+        sessions_->Create(static_cast<int64_t>(prompt.size()), &prompt_slots, Owner(*ctx));
     if (!session.ok()) return session.status();
     JobTiming timing;
-    absl::StatusOr<int32_t> next = scheduler_->Prefill(*session, prompt, prompt_slots, &timing);
+    absl::StatusOr<int32_t> next =
+        scheduler_->Prefill(*session, prompt, prompt_slots, &timing, [ctx, deadline] {
+          return ctx->IsCancelled() || absl::Now() >= deadline;
+        });
     if (!next.ok()) {
       sessions_->Discard(*session, prompt_slots);
-      return next.status();
+      return MapCancelled(next.status(), deadline);
     }
     sessions_->MarkReady(*session);
     resp->set_session_id((*session)->id);
@@ -152,8 +181,10 @@ absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req,
                                          v1::VerifyResponse* resp, uint64_t request_id,
                                          grpc::ServerContext* ctx) {
   const absl::Time start = absl::Now();
+  const absl::Time deadline = Deadline(*ctx, start);
   if (absl::Status st = ValidateVerifyRequest(req, limits_); !st.ok()) return st;
   if (scheduler_->engine_failed()) return absl::UnavailableError("engine failed");
+  const std::string owner = Owner(*ctx);
 
   std::vector<VerifyWork> work(req.items_size());
   // Undo for every early exit: give back tail slots still owned here, release sessions.
@@ -171,7 +202,7 @@ absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req,
   for (int i = 0; i < req.items_size(); ++i) {
     const v1::VerifyItem& item = req.items(i);
     const std::string field = absl::StrCat("items[", i, "]");
-    auto session = sessions_->Acquire(item.session_id());
+    auto session = sessions_->Acquire(item.session_id(), owner);
     if (!session.ok()) {
       release_all();
       return WithField(session.status(), field + ".session_id");
@@ -196,7 +227,10 @@ absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req,
     w.tail_slots = *std::move(tail);
   }
   JobTiming timing;
-  absl::Status st = scheduler_->Verify(&work, &timing, [ctx] { return ctx->IsCancelled(); });
+  absl::Status st = scheduler_->Verify(&work, &timing, [ctx, deadline] {
+    return ctx->IsCancelled() || absl::Now() >= deadline;
+  });
+  st = MapCancelled(st, deadline);
   if (st.ok()) {
     for (const VerifyWork& w : work) {
       v1::VerifyResult* r = resp->add_results();
@@ -252,14 +286,14 @@ grpc::Status VerifyServiceImpl::VerifyStream(
   return grpc::Status::OK;
 }
 
-grpc::Status VerifyServiceImpl::CloseSession(grpc::ServerContext*,
+grpc::Status VerifyServiceImpl::CloseSession(grpc::ServerContext* ctx,
                                              const v1::CloseSessionRequest* req,
                                              v1::CloseSessionResponse*) {
   const uint64_t id = next_request_id_++;
   const absl::Time start = absl::Now();
   absl::Status st = req->session_id().empty()
                         ? absl::InvalidArgumentError("session_id: must not be empty")
-                        : sessions_->Close(req->session_id());
+                        : sessions_->Close(req->session_id(), Owner(*ctx));
   if (!st.ok() && st.code() == absl::StatusCode::kNotFound) st = WithField(st, "session_id");
   return Finish("CloseSession", id, st, start, absl::StrCat("session=", req->session_id()));
 }

@@ -15,6 +15,7 @@
 #include "grpcpp/grpcpp.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
+#include "server/security.h"
 #include "server/session_manager.h"
 #include "server/slot_allocator.h"
 #include "server/validation.h"
@@ -49,7 +50,19 @@ class VerifyServiceImpl final : public verify::v1::VerifyService::Service {
   absl::Status DoVerify(const verify::v1::VerifyRequest& req, verify::v1::VerifyResponse* resp,
                         uint64_t request_id, grpc::ServerContext* ctx);
 
+  // Call policy, set once before serving: `security` (not owned; null = no identities) binds
+  // sessions to the caller's identity; `max_call_deadline` caps the time a call may wait and
+  // run (calls without a deadline get this one; an earlier client deadline wins).
+  void SetCallPolicy(const Security* security, absl::Duration max_call_deadline);
+
  private:
+  // The caller's identity sessions are bound to ("" when the API has none).
+  std::string Owner(const grpc::ServerContext& ctx) const;
+  // The effective deadline of a call (or of one stream message) that started at `start`.
+  absl::Time Deadline(const grpc::ServerContext& ctx, absl::Time start) const;
+  // Cancelled from the scheduler becomes DeadlineExceeded once `deadline` has passed.
+  static absl::Status MapCancelled(const absl::Status& st, absl::Time deadline);
+
   grpc::Status Finish(const char* method, uint64_t request_id, const absl::Status& st,
                       absl::Time start, const std::string& detail);
 
@@ -61,6 +74,8 @@ class VerifyServiceImpl final : public verify::v1::VerifyService::Service {
   const ApiLimits limits_;
   const int max_sessions_;
   const std::string version_;
+  const Security* security_ = nullptr;
+  absl::Duration max_call_deadline_ = absl::InfiniteDuration();
   std::atomic<uint64_t> next_request_id_{1};
 };
 

@@ -21,7 +21,7 @@ SessionManager::SessionManager(SlotAllocator* slots, int max_sessions, absl::Dur
     : slots_(slots), max_sessions_(max_sessions), ttl_(ttl) {}
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
-    int64_t prompt_len, std::vector<int32_t>* prompt_slots) {
+    int64_t prompt_len, std::vector<int32_t>* prompt_slots, const std::string& owner) {
   absl::MutexLock lock(&mu_);
   if (static_cast<int>(table_.size()) >= max_sessions_) {
     return absl::ResourceExhaustedError(
@@ -32,7 +32,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
   *prompt_slots = std::move(*allocated);
   std::string id = NewSessionId();
   while (table_.contains(id)) id = NewSessionId();
-  auto s = std::make_shared<Session>(id);
+  auto s = std::make_shared<Session>(id, owner);
   s->busy = true;
   s->last_used = absl::Now();
   table_[id] = s;
@@ -57,10 +57,11 @@ void SessionManager::Discard(const std::shared_ptr<Session>& s,
   s->busy = false;
 }
 
-absl::StatusOr<std::shared_ptr<Session>> SessionManager::Acquire(const std::string& id) {
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::Acquire(const std::string& id,
+                                                                 const std::string& owner) {
   absl::MutexLock lock(&mu_);
   auto it = table_.find(id);
-  if (it == table_.end() || !it->second->ready) {
+  if (it == table_.end() || !it->second->ready || it->second->owner != owner) {
     return absl::NotFoundError("session not found (unknown, closed or expired)");
   }
   Session& s = *it->second;
@@ -77,10 +78,10 @@ void SessionManager::Release(const std::shared_ptr<Session>& s) {
   if (s->closed) FreeAllLocked(*s);
 }
 
-absl::Status SessionManager::Close(const std::string& id) {
+absl::Status SessionManager::Close(const std::string& id, const std::string& owner) {
   absl::MutexLock lock(&mu_);
   auto it = table_.find(id);
-  if (it == table_.end() || !it->second->ready) {
+  if (it == table_.end() || !it->second->ready || it->second->owner != owner) {
     return absl::NotFoundError("session not found (unknown, closed or expired)");
   }
   std::shared_ptr<Session> s = std::move(it->second);

@@ -8,6 +8,11 @@
 // timestamps are guarded by the manager's mutex. A busy session is never expired; closing a
 // busy session removes it from the table at once and frees its slots at Release().
 //
+// Client binding: a session may carry an owner (the client identity of server/security.h,
+// "" when the API has no identities). Acquire/Close with a different owner answer exactly as
+// for an unknown id (NotFound, same message), so one client cannot use, close, or even learn
+// of another client's session.
+//
 // Thread-safety: all methods are safe from any thread.
 #pragma once
 
@@ -27,8 +32,10 @@
 namespace verifyd::server {
 
 struct Session {
-  explicit Session(std::string session_id) : id(std::move(session_id)) {}
+  Session(std::string session_id, std::string owner_identity)
+      : id(std::move(session_id)), owner(std::move(owner_identity)) {}
   const std::string id;
+  const std::string owner;  // client identity that opened it ("" = none)
   // Owned by the in-flight request while busy (see the header comment).
   std::vector<int32_t> context_slots;  // [committed_len] KV slots, position order
   int32_t pending = -1;                // pending token (valid once prefilled)
@@ -51,20 +58,22 @@ class SessionManager {
   // (returned in *prompt_slots, which the caller moves into context_slots once prefilled).
   // ResourceExhausted when the table or the KV pool is full.
   absl::StatusOr<std::shared_ptr<Session>> Create(int64_t prompt_len,
-                                                  std::vector<int32_t>* prompt_slots);
+                                                  std::vector<int32_t>* prompt_slots,
+                                                  const std::string& owner = "");
   // Prefill done: the session becomes ready (and stays busy until Release()).
   void MarkReady(const std::shared_ptr<Session>& s);
   // Removes a session whose prefill failed and frees `extra_slots` with its context slots.
   void Discard(const std::shared_ptr<Session>& s, const std::vector<int32_t>& extra_slots);
 
-  // Marks a ready session busy for one request. NotFound (unknown, closed, expired),
-  // FailedPrecondition (another request for it is in flight).
-  absl::StatusOr<std::shared_ptr<Session>> Acquire(const std::string& id);
+  // Marks a ready session busy for one request. NotFound (unknown, closed, expired, or
+  // owned by another client), FailedPrecondition (another request for it is in flight).
+  absl::StatusOr<std::shared_ptr<Session>> Acquire(const std::string& id,
+                                                   const std::string& owner = "");
   // Ends the request: not busy, idle clock restarted; frees everything if it was closed.
   void Release(const std::shared_ptr<Session>& s);
 
-  // NotFound for an unknown id.
-  absl::Status Close(const std::string& id);
+  // NotFound for an unknown id (or one owned by another client).
+  absl::Status Close(const std::string& id, const std::string& owner = "");
   // Expires idle sessions; returns how many.
   int ExpireIdle(absl::Time now);
 

@@ -659,7 +659,7 @@ TEST(ServerService, MetricsEndpointServesEveryMetric) {
       "verifyd_accepted_tokens_total", "verifyd_emitted_tokens_total",
       "verifyd_accepted_tokens_by_depth_total", "verifyd_draft_depth_reached_total",
       "verifyd_accept_length", "verifyd_batch_size", "verifyd_active_sessions",
-      "verifyd_kv_slots_used", "verifyd_kv_slots_total", "verifyd_queue_depth",
+      "verifyd_kv_slots_used", "verifyd_kv_slots_capacity", "verifyd_queue_depth",
       "verifyd_tokens_per_second", "verifyd_requests_total", "verifyd_build_info"};
   for (const auto& n : names) {
     EXPECT_THAT(*body, HasSubstr("# HELP " + n + " ")) << n;
@@ -691,7 +691,7 @@ TEST(ServerService, MetricsEndpointServesEveryMetric) {
   EXPECT_EQ(value("verifyd_verify_latency_seconds_count{stage=\"queue\"}"), 1);
   EXPECT_EQ(value("verifyd_engine_rank_step_seconds_count{rank=\"1\"}"), 2);  // open + verify
   EXPECT_EQ(value("verifyd_accept_length_count"), 1);
-  EXPECT_EQ(value("verifyd_kv_slots_total"), static_cast<double>(o.kv_capacity));
+  EXPECT_EQ(value("verifyd_kv_slots_capacity"), static_cast<double>(o.kv_capacity));
   // No per-session label anywhere.
   EXPECT_THAT(*body, ::testing::Not(HasSubstr(s->session_id)));
 }
