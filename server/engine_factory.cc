@@ -6,11 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "server/cuda_engine_module.h"
 #include "server/testing/toy_engine.h"
 #include "tp/cpu_engine.h"
-#if VERIFYD_WITH_CUDA
-#include "tp/cuda_engine.h"
-#endif
 
 namespace verifyd::server {
 namespace {
@@ -52,31 +50,32 @@ absl::StatusOr<std::unique_ptr<tp::Engine>> CreateCpu(const EngineSpec& spec) {
   return tp::CreateCpuEngine(o);
 }
 
+// The CUDA engine lives in a module loaded on demand (server/cuda_engine_module.h says why).
 absl::StatusOr<std::unique_ptr<tp::Engine>> CreateCuda(const EngineSpec& spec) {
-#if VERIFYD_WITH_CUDA
-  if (!tp::CudaDevicesAvailable()) {
+  auto module = LoadCudaEngineModule();
+  if (!module.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("--backend cuda: ", module.status().message(),
+                     "; this build may lack CUDA (configure with the CUDA toolkit)"));
+  }
+  if (!(*module)->devices_available()) {
     return absl::UnavailableError("--backend cuda: no CUDA device is visible");
   }
-  tp::CudaEngineOptions o;
-  o.model = spec.model;
-  o.seed = spec.seed;
-  o.tp = spec.tp;
-  o.kv_capacity = spec.kv_slots;
-  o.max_batch = spec.max_batch;
-  return tp::CreateCudaEngine(o);
-#else
-  (void)spec;
-  return absl::UnavailableError(
-      "--backend cuda: this binary was built without CUDA (not built/available)");
-#endif
+  CudaModuleSpec s;
+  s.model = spec.model;
+  s.seed = spec.seed;
+  s.tp = spec.tp;
+  s.kv_slots = spec.kv_slots;
+  s.max_batch = spec.max_batch;
+  absl::StatusOr<std::unique_ptr<tp::Engine>> engine =
+      absl::UnknownError("the CUDA engine module returned nothing");
+  (*module)->create(&s, &engine);
+  return engine;
 }
 
 bool CudaUsable() {
-#if VERIFYD_WITH_CUDA
-  return tp::CudaDevicesAvailable();
-#else
-  return false;
-#endif
+  auto module = LoadCudaEngineModule();
+  return module.ok() && (*module)->devices_available();
 }
 
 }  // namespace
