@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "tests/process_util.h"
 
 namespace verifyd::rel {
 
@@ -59,13 +60,10 @@ std::shared_ptr<grpc::Channel> TlsChannel(const std::string& target,
                                           const std::string& key_path = "",
                                           const std::string& token = "");
 
-// A free TCP port on 127.0.0.1 (bound and released; racy but fine on a test machine).
-int FreePort();
-
-// Starts `args` (args[0] = executable) with stdout+stderr appended to `log_path`.
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log_path);
-// Waits up to `timeout`; the exit code, or -1 on timeout (then SIGKILLed) or a signal.
-int WaitExit(pid_t pid, absl::Duration timeout);
+// Child processes (tests/process_util.h).
+using ::verifyd::test::FreePort;
+using ::verifyd::test::Spawn;
+using ::verifyd::test::WaitExit;
 
 // VmRSS of `pid` (0 = this process) from /proc/<pid>/status, in KiB; -1 when unreadable.
 int64_t RssKib(pid_t pid = 0);

@@ -11,7 +11,7 @@
 # --- Security (server/security.h, wired into verifyd_server_lib) --------------------------
 add_library(verifyd_rel_testutil STATIC rel_util.cc)
 target_link_libraries(verifyd_rel_testutil PUBLIC gRPC::grpc++ absl::status absl::statusor
-  absl::strings absl::time)
+  absl::strings absl::time verifyd_test_process)
 
 verifyd_add_test(rel_security_test LABEL cpu TIMEOUT 120
   SOURCES rel_security_test.cc

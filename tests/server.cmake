@@ -10,7 +10,7 @@ verifyd_add_test(server_service_test LABEL cpu
 verifyd_add_test(server_lossless_test LABEL cpu
   SOURCES server_lossless_test.cc LIBS verifyd_server_testing verifyd_tp)
 verifyd_add_test(server_main_test LABEL cpu
-  SOURCES server_main_test.cc LIBS verifyd_server_testing)
+  SOURCES server_main_test.cc LIBS verifyd_server_testing verifyd_test_process)
 target_compile_definitions(server_main_test PRIVATE
   VERIFYD_BINARY="$<TARGET_FILE:verifyd>" VERIFYCTL_BINARY="$<TARGET_FILE:verifyctl>")
 add_dependencies(server_main_test verifyd verifyctl)

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/verify_client.h"
+#include "tests/process_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -26,50 +27,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// Starts `argv` with stdout+stderr to `log_path`; returns the pid.
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log_path,
-            const std::vector<std::pair<std::string, std::string>>& env = {}) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-    const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-// Waits up to `timeout` for the child; returns its exit code, or -1 on timeout/signal.
-int WaitExit(pid_t pid, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
-      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
-  return -1;
-}
+using ::verifyd::test::FreePort;
+using ::verifyd::test::Spawn;
+using ::verifyd::test::WaitExit;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
