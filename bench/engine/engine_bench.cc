@@ -1,0 +1,304 @@
+// engine_bench: the end-to-end verify step of the CUDA engine (tp/cuda_engine.h) on one GPU
+// (TP = 1) with the kimi-k2-attn preset: step latency and tokens/s against context length,
+// draft tree size and batch, with the GPU time split into attention, GEMMs, communication
+// and the rest (CUDA events on the rank's stream), plus the host part (validation, plan,
+// copies, synchronisation) as wall time minus GPU time.
+//
+// Set-up: every request of a batch attends to the same committed context (slots
+// [0, context)), so long contexts at batch 32 need one context's worth of KV per layer; the
+// attention still reads the context once per request (the kernel does not share KV between
+// requests). The KV pool is filled with finite pseudo-random values instead of a prefill.
+// Trees: `nodes` draft nodes under the pending token, random parents (a bushy tree).
+//
+// Prints a table (last) and writes JSON (--json). Never asserts on timings.
+//   engine_bench --layers=61 --contexts=4096,16384,65536,185000 --trees=1,8,16,64
+//                --batches=1,8,32 --json=/tmp/engine_bench.json
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
+#include "kernels/cuda/dense/weight_gen.h"
+#include "tp/cpu_forward.h"  // BuildBatchPlan
+#include "tp/cuda_engine.h"
+#include "tp/presets.h"
+#if VERIFYD_ENGINE_HAS_VERIFY_KERNEL
+#include "kernels/cuda/verify_attention_cuda.h"
+#endif
+
+ABSL_FLAG(std::string, model, "kimi-k2-attn", "preset name");
+ABSL_FLAG(int64_t, layers, 61, "decoder layers of the preset (Kimi-K2 has 61)");
+ABSL_FLAG(std::string, contexts, "4096,16384,65536,185000", "committed context lengths");
+ABSL_FLAG(std::string, trees, "1,8,16,64", "draft nodes per tree (rows = nodes + 1)");
+ABSL_FLAG(std::string, batches, "1,8,32", "requests per step");
+ABSL_FLAG(int, warmup, 2, "untimed steps per configuration");
+ABSL_FLAG(int, iters, 5, "timed steps per configuration (median reported)");
+ABSL_FLAG(bool, verify_kernel, true, "use the optimised verify attention kernel");
+ABSL_FLAG(std::string, json, "", "write the results as JSON here");
+ABSL_FLAG(uint64_t, seed, 1, "weight seed");
+ABSL_FLAG(bool, standalone, true,
+          "also time the verify kernel alone on the same batch (L2 flushed before each run)");
+
+namespace {
+
+using verifyd::tp::CudaEngine;
+using verifyd::tp::CudaEngineOptions;
+using verifyd::tp::CudaStepProfile;
+using verifyd::tp::StepRequest;
+
+std::vector<int64_t> ParseList(const std::string& s) {
+  std::vector<int64_t> v;
+  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+    int64_t x = 0;
+    if (absl::SimpleAtoi(part, &x)) v.push_back(x);
+  }
+  return v;
+}
+
+struct Row {
+  int64_t context, nodes, batch;
+  double step_ms, tokens_per_s;
+  CudaStepProfile prof;
+  double host_ms;
+  double standalone_us = 0;  // the verify kernel alone, one layer, same batch
+};
+
+#if VERIFYD_ENGINE_HAS_VERIFY_KERNEL
+// Median time (us) of the verify attention kernel alone (plan once, run many) on the batch's
+// exact index arrays, 64 / tp heads, random bf16 q and latent cache, with a 256 MB write
+// before every run so the cache comes from HBM as it does inside a step. 0 on any error.
+double StandaloneAttentionUs(const std::vector<StepRequest>& reqs,
+                             const verifyd::tp::ModelConfig& c, int64_t kv_capacity) {
+  namespace kc = verifyd::kernels::cuda;
+  verifyd::tp::EngineLimits lim;
+  lim.max_batch = static_cast<int>(reqs.size());
+  lim.max_tail_rows = 128;
+  lim.max_context = c.max_position_embeddings;
+  auto plan = verifyd::tp::BuildBatchPlan(reqs, c, lim, kv_capacity);
+  if (!plan.ok()) return 0;
+  const int64_t R = plan->total_rows, H = c.num_attention_heads, lat = c.latent_dim();
+  void *q = nullptr, *kv = nullptr, *out = nullptr, *flush = nullptr;
+  int32_t *qi = nullptr, *ki = nullptr, *idx = nullptr;
+  uint64_t* mask = nullptr;
+  const size_t flush_bytes = size_t{256} << 20;
+  bool ok = cudaMalloc(&q, R * H * lat * 2) == cudaSuccess &&
+            cudaMalloc(&kv, kv_capacity * lat * 2) == cudaSuccess &&
+            cudaMalloc(&out, R * H * c.kv_lora_rank * 2) == cudaSuccess &&
+            cudaMalloc(&flush, flush_bytes) == cudaSuccess &&
+            cudaMalloc(reinterpret_cast<void**>(&qi), plan->q_indptr.size() * 4) == cudaSuccess &&
+            cudaMalloc(reinterpret_cast<void**>(&ki), plan->kv_indptr.size() * 4) == cudaSuccess &&
+            cudaMalloc(reinterpret_cast<void**>(&idx), plan->kv_indices.size() * 4) == cudaSuccess &&
+            cudaMalloc(reinterpret_cast<void**>(&mask), plan->tree_mask.size() * 8) == cudaSuccess;
+  double result = 0;
+  if (ok) {
+    cudaMemcpy(qi, plan->q_indptr.data(), plan->q_indptr.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(ki, plan->kv_indptr.data(), plan->kv_indptr.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(idx, plan->kv_indices.data(), plan->kv_indices.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(mask, plan->tree_mask.data(), plan->tree_mask.size() * 8, cudaMemcpyHostToDevice);
+    kc::GenerateWeightsParams g;
+    g.tensor_key = 7;
+    g.scale = 1.f;
+    g.rows = R * H;
+    g.cols = lat;
+    g.full_cols = lat;
+    g.out = static_cast<verifyd::kernels::bf16_bits*>(q);
+    g.ld_out = lat;
+    ok = kc::GenerateWeightsCuda(g).ok();
+    g.tensor_key = 8;
+    g.rows = kv_capacity;
+    g.out = static_cast<verifyd::kernels::bf16_bits*>(kv);
+    ok = ok && kc::GenerateWeightsCuda(g).ok();
+    verifyd::kernels::VerifyAttentionParams p;
+    p.batch = plan->batch;
+    p.total_rows = static_cast<int>(R);
+    p.num_heads = static_cast<int>(H);
+    p.qk_dim = static_cast<int>(lat);
+    p.v_dim = static_cast<int>(c.kv_lora_rank);
+    p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
+    p.q = q;
+    p.kv = kv;
+    p.num_slots = kv_capacity;
+    p.q_indptr = qi;
+    p.kv_indptr = ki;
+    p.kv_indices = idx;
+    p.tree_mask = mask;
+    p.mask_words = verifyd::tp::kMaskWords;
+    p.out = out;
+    auto info = kc::VerifyAttentionDeviceInfo::Query();
+    auto ws = kc::VerifyAttentionWorkspace::AllocateDefault();
+    if (ok && info.ok() && ws.ok()) {
+      auto vp = kc::PlanVerifyAttention(p, plan->q_indptr.data(), plan->kv_indptr.data(), *info, *ws);
+      if (vp.ok() && kc::UploadVerifyAttentionPlan(*vp, *ws, nullptr).ok()) {
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        std::vector<double> us;
+        for (int i = 0; i < 12; ++i) {
+          cudaMemsetAsync(flush, i, flush_bytes, nullptr);  // evict the cache from L2
+          cudaEventRecord(e0, nullptr);
+          if (!kc::VerifyAttentionCuda(p, *vp, *ws).ok()) break;
+          cudaEventRecord(e1, nullptr);
+          cudaEventSynchronize(e1);
+          float ms = 0;
+          cudaEventElapsedTime(&ms, e0, e1);
+          if (i >= 2) us.push_back(1e3 * ms);
+        }
+        if (!us.empty()) {
+          std::sort(us.begin(), us.end());
+          result = us[us.size() / 2];
+        }
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+      }
+      (void)ws->Free();
+    }
+  }
+  for (void* ptr : {q, kv, out, flush, static_cast<void*>(qi), static_cast<void*>(ki),
+                    static_cast<void*>(idx), static_cast<void*>(mask)}) {
+    if (ptr) cudaFree(ptr);
+  }
+  cudaGetLastError();
+  return result;
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const std::vector<int64_t> contexts = ParseList(absl::GetFlag(FLAGS_contexts));
+  const std::vector<int64_t> trees = ParseList(absl::GetFlag(FLAGS_trees));
+  const std::vector<int64_t> batches = ParseList(absl::GetFlag(FLAGS_batches));
+  const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end());
+  const int64_t max_nodes = *std::max_element(trees.begin(), trees.end());
+  const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
+
+  CudaEngineOptions o;
+  o.model = absl::GetFlag(FLAGS_model);
+  o.preset_layers = absl::GetFlag(FLAGS_layers);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.max_batch = static_cast<int>(max_batch);
+  o.max_tail_rows = static_cast<int>(max_nodes + 1);
+  o.kv_capacity = max_ctx + max_batch * (max_nodes + 1) + 64;
+  o.use_verify_kernel = absl::GetFlag(FLAGS_verify_kernel);
+  const auto t_create = std::chrono::steady_clock::now();
+  auto created = CudaEngine::Create(o);
+  if (!created.ok()) {
+    std::fprintf(stderr, "engine: %s\n", created.status().ToString().c_str());
+    return 1;
+  }
+  CudaEngine& e = **created;
+  const double create_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_create).count();
+  if (absl::Status s = e.FillLatentCacheRandom(123); !s.ok()) {
+    std::fprintf(stderr, "fill: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  const auto& c = e.config();
+  std::printf("model %s: %lld layers, hidden %lld, heads %lld, kv_lora %lld + rope %lld, "
+              "vocab %lld; kv pool %lld slots; engine created in %.1f s\n",
+              c.name.c_str(), static_cast<long long>(c.num_hidden_layers),
+              static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_attention_heads),
+              static_cast<long long>(c.kv_lora_rank), static_cast<long long>(c.qk_rope_head_dim),
+              static_cast<long long>(c.vocab_size), static_cast<long long>(e.kv_capacity()),
+              create_s);
+
+  std::mt19937 rng(42);
+  std::vector<Row> rows;
+  for (int64_t ctx : contexts) {
+    std::vector<int32_t> context(ctx);
+    for (int64_t i = 0; i < ctx; ++i) context[i] = static_cast<int32_t>(i);
+    for (int64_t nodes : trees) {
+      for (int64_t batch : batches) {
+        std::vector<StepRequest> reqs(batch);
+        for (int64_t b = 0; b < batch; ++b) {
+          StepRequest& q = reqs[b];
+          q.context_slots = context;
+          for (int64_t t = 0; t <= nodes; ++t) {
+            q.tokens.push_back(static_cast<int32_t>(rng() % c.vocab_size));
+            q.parents.push_back(t == 0 ? -1 : static_cast<int32_t>(rng() % t));
+            q.tail_slots.push_back(static_cast<int32_t>(ctx + b * (nodes + 1) + t));
+          }
+        }
+        e.set_profile(false);
+        std::vector<double> ms;
+        for (int i = 0; i < absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_iters); ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          auto r = e.Step(reqs);
+          const double dt =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+          if (!r.ok()) {
+            std::fprintf(stderr, "step (ctx %lld nodes %lld batch %lld): %s\n",
+                         static_cast<long long>(ctx), static_cast<long long>(nodes),
+                         static_cast<long long>(batch), r.status().ToString().c_str());
+            return 1;
+          }
+          if (i >= absl::GetFlag(FLAGS_warmup)) ms.push_back(dt);
+        }
+        std::sort(ms.begin(), ms.end());
+        const double med = ms[ms.size() / 2];
+        // One more step with the event split (events add a little host time).
+        e.set_profile(true);
+        const auto t0 = std::chrono::steady_clock::now();
+        if (auto r = e.Step(reqs); !r.ok()) return 1;
+        const double prof_wall =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        Row row{ctx, nodes, batch, med, batch * (nodes + 1) / (med / 1e3), e.last_profile(), 0};
+        row.host_ms = std::max(0.0, prof_wall - row.prof.total_ms);
+#if VERIFYD_ENGINE_HAS_VERIFY_KERNEL
+        if (absl::GetFlag(FLAGS_standalone) && row.prof.verify_kernel) {
+          row.standalone_us = StandaloneAttentionUs(reqs, c, e.kv_capacity());
+        }
+#endif
+        rows.push_back(row);
+        std::fprintf(stderr, "ctx %6lld nodes %2lld batch %2lld: %8.2f ms\n",
+                     static_cast<long long>(ctx), static_cast<long long>(nodes),
+                     static_cast<long long>(batch), med);
+      }
+    }
+  }
+
+  nlohmann::json j;
+  j["model"] = c.name;
+  j["layers"] = c.num_hidden_layers;
+  j["verify_kernel"] = rows.empty() ? false : rows[0].prof.verify_kernel;
+  for (const Row& r : rows) {
+    j["rows"].push_back({{"context", r.context}, {"nodes", r.nodes}, {"batch", r.batch},
+                         {"step_ms", r.step_ms}, {"tokens_per_s", r.tokens_per_s},
+                         {"attention_ms", r.prof.attention_ms}, {"gemm_ms", r.prof.gemm_ms},
+                         {"comm_ms", r.prof.comm_ms}, {"other_ms", r.prof.other_ms},
+                         {"gpu_ms", r.prof.total_ms}, {"host_ms", r.host_ms},
+                         {"attention_per_layer_us", 1e3 * r.prof.attention_ms / c.num_hidden_layers},
+                         {"standalone_kernel_us", r.standalone_us}});
+  }
+  if (!absl::GetFlag(FLAGS_json).empty()) {
+    std::ofstream(absl::GetFlag(FLAGS_json)) << j.dump(2) << "\n";
+  }
+  std::printf("\n%lld layers, TP=1, attention: %s. step = median wall ms of one Engine::Step;"
+              " split from one profiled step (GPU ms); attn/L = attention per layer\n",
+              static_cast<long long>(c.num_hidden_layers),
+              (!rows.empty() && rows[0].prof.verify_kernel) ? "verify kernel" : "fallback");
+  std::printf("%7s %5s %5s | %9s %10s | %8s %8s %6s %7s %7s | %9s %9s %5s\n", "context",
+              "nodes", "batch", "step ms", "tokens/s", "attn ms", "gemm ms", "comm", "other",
+              "host", "attn/L us", "alone us", "ratio");
+  for (const Row& r : rows) {
+    const double per_layer = 1e3 * r.prof.attention_ms / c.num_hidden_layers;
+    std::printf("%7lld %5lld %5lld | %9.2f %10.0f | %8.2f %8.2f %6.2f %7.2f %7.2f | %9.1f %9.1f %5.2f\n",
+                static_cast<long long>(r.context), static_cast<long long>(r.nodes),
+                static_cast<long long>(r.batch), r.step_ms, r.tokens_per_s, r.prof.attention_ms,
+                r.prof.gemm_ms, r.prof.comm_ms, r.prof.other_ms, r.host_ms, per_layer,
+                r.standalone_us, r.standalone_us > 0 ? per_layer / r.standalone_us : 0.0);
+  }
+  return 0;
+}

@@ -1,0 +1,42 @@
+// Elementwise dense ops of the MLA decoder on the GPU: embedding gather, SwiGLU, residual add,
+// dtype conversion. fp32 math, as the reference ops (kernels/reference/ops.h).
+// Host header (no CUDA code). Thread-safety: launchers are reentrant.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/common.h"
+
+namespace verifyd::kernels::cuda {
+
+// out[r, :] = float(table[tokens[r], :]); tokens are trusted (validated on the host).
+struct EmbeddingGatherParams {
+  int rows = 0;
+  int64_t hidden = 0;
+  const int32_t* tokens = nullptr;    // [rows], device
+  const bf16_bits* table = nullptr;   // [vocab, hidden] bf16, device
+  float* out = nullptr;               // [rows, hidden] fp32, device
+  void* stream = nullptr;
+};
+absl::Status EmbeddingGatherCuda(const EmbeddingGatherParams& p);
+
+// out[r, j] = silu(gate[r, j]) * up[r, j], silu(g) = g / (1 + exp(-g)).
+//   gate_up [rows, ld_in] fp32: gate at columns [0, n), up at columns [up_offset, up_offset+n)
+//   out     [rows, ld_out] bf16
+struct SwiGluParams {
+  int rows = 0;
+  int64_t n = 0;
+  const float* gate_up = nullptr;
+  int64_t ld_in = 0;
+  int64_t up_offset = 0;
+  bf16_bits* out = nullptr;
+  int64_t ld_out = 0;
+  void* stream = nullptr;
+};
+absl::Status SwiGluCuda(const SwiGluParams& p);
+
+// y[i] += x[i], count fp32 elements.
+absl::Status AddInPlaceCuda(float* y, const float* x, int64_t count, void* stream);
+
+}  // namespace verifyd::kernels::cuda

@@ -1,0 +1,162 @@
+// Rope table, query rope and latent KV write kernels (see rope.h).
+#include "kernels/cuda/dense/rope.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/dense/common.cuh"
+#include "kernels/cuda/dense/status.h"
+
+namespace verifyd::kernels::cuda {
+namespace {
+
+using internal::BlockSum;
+using internal::GridFor;
+
+// cos/sin of angle = float(pos) * inv_freq[i] (float product), evaluated in double and rounded
+// to float, as the reference.
+__global__ void RopeTableKernel(const int32_t* __restrict__ positions,
+                                const float* __restrict__ inv_freq, int rows, int half,
+                                float* __restrict__ cos_t, float* __restrict__ sin_t) {
+  const int64_t n = static_cast<int64_t>(rows) * half;
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = idx / half;
+    const int i = static_cast<int>(idx % half);
+    const float angle = __fmul_rn(static_cast<float>(positions[r]), inv_freq[i]);
+    cos_t[idx] = static_cast<float>(cos(static_cast<double>(angle)));
+    sin_t[idx] = static_cast<float>(sin(static_cast<double>(angle)));
+  }
+}
+
+// a, b: the de-interleaved pair (x[2i], x[2i+1]); out[i] = a c - b s, out[half+i] = b c + a s.
+__device__ __forceinline__ void Rotate(float a, float b, float c, float s, float* lo, float* hi) {
+  *lo = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  *hi = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
+__global__ void QRopeKernel(const __nv_bfloat16* __restrict__ in, int64_t in_hs, int64_t in_off,
+                            __nv_bfloat16* __restrict__ out, int64_t out_hs, int64_t out_off,
+                            const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                            int rows, int heads, int half) {
+  const int64_t n = static_cast<int64_t>(rows) * heads * half;
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    const int i = static_cast<int>(idx % half);
+    const int64_t rh = idx / half;  // r * heads + h
+    const int64_t r = rh / heads;
+    const __nv_bfloat16* src = in + rh * in_hs + in_off;
+    __nv_bfloat16* dst = out + rh * out_hs + out_off;
+    float lo, hi;
+    Rotate(__bfloat162float(src[2 * i]), __bfloat162float(src[2 * i + 1]), cos_t[r * half + i],
+           sin_t[r * half + i], &lo, &hi);
+    dst[i] = __float2bfloat16_rn(lo);
+    dst[half + i] = __float2bfloat16_rn(hi);
+  }
+}
+
+constexpr int kLatentThreads = 256;
+
+// One CTA per row: RMSNorm of the kv_lora columns, rope of the next rope_dim, store bf16.
+__global__ void LatentKvWriteKernel(const float* __restrict__ kva, int64_t ld_kva,
+                                    const __nv_bfloat16* __restrict__ w, float eps, int kv_lora,
+                                    int half, const float* __restrict__ cos_t,
+                                    const float* __restrict__ sin_t,
+                                    const int32_t* __restrict__ slots,
+                                    __nv_bfloat16* __restrict__ cache) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  const float* x = kva + r * ld_kva;
+  float ss = 0.f;
+  for (int j = threadIdx.x; j < kv_lora; j += blockDim.x) ss = __fmaf_rn(x[j], x[j], ss);
+  ss = BlockSum(ss, scratch);
+  const float inv_rms =
+      __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)kv_lora), eps)));
+  const int64_t width = kv_lora + 2 * half;
+  __nv_bfloat16* dst = cache + static_cast<int64_t>(slots[r]) * width;
+  for (int j = threadIdx.x; j < kv_lora; j += blockDim.x) {
+    dst[j] = __float2bfloat16_rn(__fmul_rn(__fmul_rn(x[j], inv_rms), __bfloat162float(w[j])));
+  }
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    float lo, hi;
+    Rotate(x[kv_lora + 2 * i], x[kv_lora + 2 * i + 1], cos_t[r * half + i], sin_t[r * half + i],
+           &lo, &hi);
+    dst[kv_lora + i] = __float2bfloat16_rn(lo);
+    dst[kv_lora + half + i] = __float2bfloat16_rn(hi);
+  }
+}
+
+absl::Status CheckRope(int rope_dim) {
+  if (rope_dim <= 0 || rope_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("rope_dim must be even and > 0, got ", rope_dim));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<float> RopeInvFreq(int rope_dim, double theta) {
+  std::vector<float> f(static_cast<size_t>(rope_dim / 2));
+  for (int i = 0; i < rope_dim / 2; ++i) {
+    f[i] = static_cast<float>(1.0 / std::pow(theta, static_cast<double>(2 * i) / rope_dim));
+  }
+  return f;
+}
+
+absl::Status RopeTableCuda(const RopeTableParams& p) {
+  VERIFYD_RETURN_IF_ERROR_STATUS(CheckRope(p.rope_dim));
+  if (p.rows < 0) return absl::InvalidArgumentError("rows < 0");
+  if (p.rows == 0) return absl::OkStatus();
+  if (!p.positions || !p.inv_freq || !p.cos_table || !p.sin_table) {
+    return absl::InvalidArgumentError("positions, inv_freq, cos_table, sin_table must be set");
+  }
+  const int half = p.rope_dim / 2;
+  RopeTableKernel<<<GridFor(static_cast<int64_t>(p.rows) * half, 256), 256, 0,
+                    static_cast<cudaStream_t>(p.stream)>>>(p.positions, p.inv_freq, p.rows, half,
+                                                           p.cos_table, p.sin_table);
+  VERIFYD_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status QRopeCuda(const QRopeParams& p) {
+  VERIFYD_RETURN_IF_ERROR_STATUS(CheckRope(p.rope_dim));
+  if (p.rows < 0 || p.heads <= 0) return absl::InvalidArgumentError("rows < 0 or heads <= 0");
+  if (p.rows == 0) return absl::OkStatus();
+  if (!p.in || !p.out || !p.cos_table || !p.sin_table) {
+    return absl::InvalidArgumentError("in, out, cos_table, sin_table must be set");
+  }
+  if (p.in_offset + p.rope_dim > p.in_head_stride) {
+    return absl::InvalidArgumentError("in_offset + rope_dim exceeds in_head_stride");
+  }
+  if (p.out_offset + p.rope_dim > p.out_head_stride) {
+    return absl::InvalidArgumentError("out_offset + rope_dim exceeds out_head_stride");
+  }
+  const int half = p.rope_dim / 2;
+  QRopeKernel<<<GridFor(static_cast<int64_t>(p.rows) * p.heads * half, 256), 256, 0,
+                static_cast<cudaStream_t>(p.stream)>>>(
+      reinterpret_cast<const __nv_bfloat16*>(p.in), p.in_head_stride, p.in_offset,
+      reinterpret_cast<__nv_bfloat16*>(p.out), p.out_head_stride, p.out_offset, p.cos_table,
+      p.sin_table, p.rows, p.heads, half);
+  VERIFYD_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status LatentKvWriteCuda(const LatentKvWriteParams& p) {
+  VERIFYD_RETURN_IF_ERROR_STATUS(CheckRope(p.rope_dim));
+  if (p.kv_lora <= 0) return absl::InvalidArgumentError("kv_lora must be > 0");
+  if (p.ld_kva < p.kv_lora + p.rope_dim) return absl::InvalidArgumentError("ld_kva too small");
+  if (p.rows < 0) return absl::InvalidArgumentError("rows < 0");
+  if (p.rows == 0) return absl::OkStatus();
+  if (!p.kva || !p.kv_norm_weight || !p.cos_table || !p.sin_table || !p.slots || !p.cache) {
+    return absl::InvalidArgumentError("kva, kv_norm_weight, tables, slots, cache must be set");
+  }
+  LatentKvWriteKernel<<<static_cast<unsigned>(p.rows), kLatentThreads, 0,
+                        static_cast<cudaStream_t>(p.stream)>>>(
+      p.kva, p.ld_kva, reinterpret_cast<const __nv_bfloat16*>(p.kv_norm_weight), p.eps,
+      p.kv_lora, p.rope_dim / 2, p.cos_table, p.sin_table, p.slots,
+      reinterpret_cast<__nv_bfloat16*>(p.cache));
+  VERIFYD_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+}  // namespace verifyd::kernels::cuda
