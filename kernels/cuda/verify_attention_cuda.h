@@ -28,8 +28,9 @@
 //          the whole batch is small (<= 1M row-keys, <= 128 rows per request), where the
 //          16-row path's shorter prologue measured faster.
 //   kM64 / kM16x2  mma.sync alternatives on sm_90, kept for comparison (benchmark --config).
-//   kS64   experimental wgmma "seesaw" schedule (sm_90a; docs/KERNEL_NOTES.md), only when
-//          asked for (plan option or VERIFYD_VA_KERNEL=seesaw); not yet run on a device.
+//   kS64   wgmma "seesaw" schedule (sm_90a; docs/KERNEL_NOTES.md): what kAuto picks where a
+//          64-row wgmma tile pays (1.3-1.46x faster than kW64 on the H200, docs/PERF.md);
+//          VERIFYD_VA_KERNEL=wgmma makes kAuto pick kW64 instead.
 // Tested on an H200 (sm_90a); the sm_120 build compiles but has not run on a device.
 //
 // Plain C++ header (no CUDA types): includable from host code that is not compiled by nvcc.
@@ -63,12 +64,11 @@ enum class VerifyKernelConfig : int {
   kAuto = 0,
   kM16 = 1,   // 16 folded rows per CTA, Q fragments in registers: the memory-bound path
   kM64 = 2,   // 64 folded rows per CTA, mma.sync (sm_90 class shared memory only)
-  kW64 = 3,   // 64 folded rows per CTA, wgmma (sm_90a only): the many-rows default there
+  kW64 = 3,   // 64 folded rows per CTA, wgmma (sm_90a only), serial warpgroups (kept for
+              // comparison; VERIFYD_VA_KERNEL=wgmma)
   kM16x2 = 4, // 16 rows, two CTAs per SM (Q from shared memory), sm_90 class only
   // 64 rows, 64-key tiles, wgmma "seesaw" schedule with a cp.async producer warpgroup
-  // (sm_90a only; experimental, not chosen by kAuto unless the environment variable
-  // VERIFYD_VA_KERNEL=seesaw is set when the first plan is made: then kAuto uses it wherever
-  // it would have used kW64). docs/KERNEL_NOTES.md.
+  // (sm_90a only): kAuto's many-rows choice on sm_90. docs/KERNEL_NOTES.md.
   kS64 = 5,
 };
 

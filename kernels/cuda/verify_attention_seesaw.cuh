@@ -1,6 +1,6 @@
 // The verify attention kernel, "seesaw" wgmma schedule (sm_90a: H100 / H200), 64 folded rows
 // per CTA, 64-key tiles. An additional variant next to verify_attention_wgmma.cuh (kW64),
-// selected by VerifyKernelConfig::kS64 or VERIFYD_VA_KERNEL=seesaw (see
+// kAuto's many-rows choice on sm_90 (VerifyKernelConfig::kS64; see
 // verify_attention_cuda.h); same work items, partial-output and LSE contract, so the planner,
 // the combine kernel and the tests are shared. Design and predicted numbers:
 // docs/KERNEL_NOTES.md.
