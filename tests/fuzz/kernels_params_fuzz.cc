@@ -28,15 +28,6 @@ namespace {
 using verifyd::fuzz::ByteReader;
 namespace k = verifyd::kernels;
 
-#define FUZZ_CHECK(cond)                                                          \
-  do {                                                                            \
-    if (!(cond)) {                                                                \
-      std::fprintf(stderr, "%s:%d: invariant violated: %s\n", __FILE__, __LINE__, \
-                   #cond);                                                        \
-      std::abort();                                                               \
-    }                                                                             \
-  } while (0)
-
 constexpr int32_t kPoison = std::numeric_limits<int32_t>::min();
 
 // Mostly-valid indptr: non-decreasing steps of >= min_step, sometimes broken.

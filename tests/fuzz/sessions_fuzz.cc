@@ -35,15 +35,6 @@ namespace {
 using verifyd::fuzz::ByteReader;
 namespace srv = verifyd::server;
 
-#define FUZZ_CHECK(cond)                                                          \
-  do {                                                                            \
-    if (!(cond)) {                                                                \
-      std::fprintf(stderr, "%s:%d: invariant violated: %s\n", __FILE__, __LINE__, \
-                   #cond);                                                        \
-      std::abort();                                                               \
-    }                                                                             \
-  } while (0)
-
 struct ModelSession {
   std::vector<int32_t> prompt;
   std::vector<int32_t> collected;  // next_token, then accepted tokens + bonus per round

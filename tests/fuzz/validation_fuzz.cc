@@ -28,15 +28,6 @@ namespace v1 = ::verify::v1;
 using verifyd::fuzz::ByteReader;
 using verifyd::server::ApiLimits;
 
-#define FUZZ_CHECK(cond)                                                          \
-  do {                                                                            \
-    if (!(cond)) {                                                                \
-      std::fprintf(stderr, "%s:%d: invariant violated: %s\n", __FILE__, __LINE__, \
-                   #cond);                                                        \
-      std::abort();                                                               \
-    }                                                                             \
-  } while (0)
-
 bool OracleTree(const v1::DraftTree& t, const ApiLimits& l) {
   if (t.tokens_size() != t.parents_size()) return false;
   if (t.tokens_size() > l.max_draft_nodes) return false;
