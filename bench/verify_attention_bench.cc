@@ -24,7 +24,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "bench/gather_ceiling.h"
 #include "kernels/common.h"
 #include "kernels/cuda/verify_attention_cuda.h"
@@ -41,6 +43,9 @@ ABSL_FLAG(double, mma_tflops, 790.0, "bf16 matrix rate (TFLOP/s) for the compute
 ABSL_FLAG(int64_t, rotate_bytes, int64_t{512} << 20,
           "KV bytes the rotating input sets span at least (several times L2)");
 ABSL_FLAG(std::string, only, "", "run only shapes whose label contains this");
+ABSL_FLAG(std::string, shapes, "",
+          "instead of the ANCHORS.md shapes, run these: B:H:q:ctx[,B:H:q:ctx...] (no anchor "
+          "columns)");
 ABSL_FLAG(bool, gather_ceiling, true,
           "first measure the random-row gather ceiling (1152-byte rows, page size 1)");
 ABSL_FLAG(int, split_overhead, -1, "planner per-split overhead in keys (-1: the default)");
@@ -81,6 +86,23 @@ const std::vector<Shape>& Shapes() {
       {64, 128, 1, 4096, 0.1315, 0, 0},
   };
   return shapes;
+}
+
+// --shapes: "B:H:q:ctx,..." -> shapes without anchors; false (and a message) when malformed.
+bool ParseShapes(const std::string& text, std::vector<Shape>* out) {
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::vector<std::string> f = absl::StrSplit(item, ':');
+    Shape s{0, 0, 0, 0, 0, 0, 0};
+    if (f.size() != 4 || !absl::SimpleAtoi(f[0], &s.B) || !absl::SimpleAtoi(f[1], &s.H) ||
+        !absl::SimpleAtoi(f[2], &s.q) || !absl::SimpleAtoi(f[3], &s.ctx) || s.B < 1 ||
+        s.H < 1 || s.q < 1 || s.ctx < 0) {
+      std::fprintf(stderr, "--shapes: '%s' is not B:H:q:ctx with B, H, q >= 1 and ctx >= 0\n",
+                   std::string(item).c_str());
+      return false;
+    }
+    out->push_back(s);
+  }
+  return true;
 }
 
 #define BENCH_CUDA(expr)                                                                   \
@@ -316,7 +338,12 @@ int main(int argc, char** argv) {
   }
   std::vector<Result> results;
   const std::string only = absl::GetFlag(FLAGS_only);
-  for (const Shape& s : Shapes()) {
+  std::vector<Shape> shapes = Shapes();
+  if (!absl::GetFlag(FLAGS_shapes).empty()) {
+    shapes.clear();
+    if (!ParseShapes(absl::GetFlag(FLAGS_shapes), &shapes)) return 2;
+  }
+  for (const Shape& s : shapes) {
     if (!only.empty() && s.Label().find(only) == std::string::npos) continue;
     Result r;
     if (RunShape(s, config, *dev, *ws, &r) != 0) return 1;

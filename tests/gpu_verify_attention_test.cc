@@ -321,10 +321,14 @@ TEST(VerifyAttentionCuda, RandomSweep) {
     c.seed = 1000 + i;
     c.with_lse = (i % 5) != 3;
     c.empty_rows = (i % 7) == 2;
-    // auto (wgmma on sm_90 when a request has > 16 rows), and the mma.sync paths forced.
-    c.config = i % 3 == 1 ? VerifyKernelConfig::kM16
-                          : (i % 3 == 2 && dev_is_sm90 ? VerifyKernelConfig::kM64
-                                                       : VerifyKernelConfig::kAuto);
+    // auto (the seesaw wgmma kernel on sm_90, mma.sync 16-row elsewhere), and the other
+    // paths forced: mma.sync 16-row everywhere, mma.sync 64-row and plain wgmma on sm_90.
+    switch (i % 4) {
+      case 1: c.config = VerifyKernelConfig::kM16; break;
+      case 2: c.config = dev_is_sm90 ? VerifyKernelConfig::kM64 : VerifyKernelConfig::kAuto; break;
+      case 3: c.config = dev_is_sm90 ? VerifyKernelConfig::kW64 : VerifyKernelConfig::kAuto; break;
+      default: c.config = VerifyKernelConfig::kAuto; break;
+    }
     c.max_splits = i % 6 == 5 ? 1 : 0;
     ExpectCase(c);
   }
@@ -461,7 +465,7 @@ TEST(VerifyAttentionCuda, GraphReplayMatchesEager) {
   ASSERT_TRUE(ws->Free().ok());
 }
 
-// The experimental seesaw wgmma schedule (VerifyKernelConfig::kS64, sm_90a only), forced,
+// The seesaw wgmma schedule (VerifyKernelConfig::kS64, sm_90a only; kAuto's choice there), forced,
 // against the same oracle and tolerances as every other path. Shapes chosen for its pair
 // logic (tiles of 64 keys processed two at a time by two warpgroups): one tile, an odd tile
 // count (the second warpgroup idles in the last pair), ranges ending one key into a tile,

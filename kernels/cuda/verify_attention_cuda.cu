@@ -40,9 +40,6 @@ extern template cudaError_t LaunchVerifyAttentionWgmma<32, 3>(const VerifyKernel
 // 128). Split weights go to shared memory first, each split group sums every
 // split_groups-th split, then the groups meet in shared memory.
 __global__ void __launch_bounds__(kCombineThreads) VerifyCombineKernel(const VerifyCombineArgs args) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // PDL: the attention kernel is done
-#endif
   const int col_groups = args.cols_per_cta / 4;            // 16 or 128
   const int split_groups = kCombineThreads / col_groups;   // 16 or 2
   __shared__ float s_w[kMaxCombineSplits];
@@ -55,8 +52,41 @@ __global__ void __launch_bounds__(kCombineThreads) VerifyCombineKernel(const Ver
   const int ns = item.num_splits;
   const float* lse_base = args.part_lse + item.partial_row0 + r;
   const int tid = threadIdx.x;
+  const int sg = tid / col_groups;
+  const int cg = tid % col_groups;
+  const int col = blockIdx.z * args.cols_per_cta + cg * 4;
+  const float* o_base = args.part_o + static_cast<int64_t>(item.partial_row0 + r) * kVDim + col;
+  // The items come from the plan (uploaded before both kernels); the partials from the
+  // attention kernel: wait for it (PDL) only now.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  // Every load is issued before anything waits on one (a single memory round trip for up to
+  // kLsePerThread * 256 splits and kOPerThread split groups' worth of partial outputs; the
+  // loops after them cover the rest): the LSE of splits tid, tid + 256, ... and this
+  // thread's four columns of splits sg, sg + split_groups, ...
+  constexpr int kLsePerThread = 4;
+  constexpr int kOPerThread = 8;
+  float lse[kLsePerThread];
+#pragma unroll
+  for (int k = 0; k < kLsePerThread; ++k) {
+    const int s = tid + k * kCombineThreads;
+    lse[k] = s < ns ? lse_base[s * stride] : -INFINITY;
+  }
+  float4 o_pre[kOPerThread];
+#pragma unroll
+  for (int k = 0; k < kOPerThread; ++k) {
+    const int s = sg + k * split_groups;
+    o_pre[k] = s < ns ? *reinterpret_cast<const float4*>(
+                            o_base + static_cast<int64_t>(s) * stride * kVDim)
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   float mx = -INFINITY;
-  for (int s = tid; s < ns; s += kCombineThreads) mx = fmaxf(mx, lse_base[s * stride]);
+#pragma unroll
+  for (int k = 0; k < kLsePerThread; ++k) mx = fmaxf(mx, lse[k]);
+  for (int s = tid + kLsePerThread * kCombineThreads; s < ns; s += kCombineThreads) {
+    mx = fmaxf(mx, lse_base[s * stride]);
+  }
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   if ((tid & 31) == 0) s_red[tid >> 5] = mx;
   __syncthreads();
@@ -64,7 +94,16 @@ __global__ void __launch_bounds__(kCombineThreads) VerifyCombineKernel(const Ver
   for (int i = 1; i < kCombineThreads / 32; ++i) mx = fmaxf(mx, s_red[i]);
   __syncthreads();
   float wsum = 0.f;
-  for (int s = tid; s < ns; s += kCombineThreads) {
+#pragma unroll
+  for (int k = 0; k < kLsePerThread; ++k) {
+    const int s = tid + k * kCombineThreads;
+    if (s < ns) {
+      const float w = mx == -INFINITY ? 0.f : exp2f(lse[k] - mx);
+      s_w[s] = w;
+      wsum += w;
+    }
+  }
+  for (int s = tid + kLsePerThread * kCombineThreads; s < ns; s += kCombineThreads) {
     const float w = mx == -INFINITY ? 0.f : exp2f(lse_base[s * stride] - mx);
     s_w[s] = w;
     wsum += w;
@@ -75,22 +114,23 @@ __global__ void __launch_bounds__(kCombineThreads) VerifyCombineKernel(const Ver
   float sum_w = 0.f;
   for (int i = 0; i < kCombineThreads / 32; ++i) sum_w += s_red[i];
 
-  const int sg = tid / col_groups;
-  const int cg = tid % col_groups;
-  const int col = blockIdx.z * args.cols_per_cta + cg * 4;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  const float* o_base = args.part_o + static_cast<int64_t>(item.partial_row0 + r) * kVDim + col;
-#pragma unroll 4
-  for (int s = sg; s < ns; s += split_groups) {
-    const float w = s_w[s];
-    const float4 o =
-        *reinterpret_cast<const float4*>(o_base + static_cast<int64_t>(s) * stride * kVDim);
-    if (w != 0.f) {
+  auto add = [&](float w, const float4& o) {
+    if (w != 0.f) {  // splits that carry no weight are skipped
       acc.x += w * o.x;
       acc.y += w * o.y;
       acc.z += w * o.z;
       acc.w += w * o.w;
     }
+  };
+#pragma unroll
+  for (int k = 0; k < kOPerThread; ++k) {
+    const int s = sg + k * split_groups;
+    if (s < ns) add(s_w[s], o_pre[k]);
+  }
+#pragma unroll 4
+  for (int s = sg + kOPerThread * split_groups; s < ns; s += split_groups) {
+    add(s_w[s], *reinterpret_cast<const float4*>(o_base + static_cast<int64_t>(s) * stride * kVDim));
   }
   s_acc[tid] = acc;
   __syncthreads();
@@ -172,16 +212,22 @@ absl::StatusOr<ConfigShape> ResolveConfig(VerifyKernelConfig config,
   return c;
 }
 
-// kAuto picks the seesaw schedule (kS64) where a 64-row wgmma tile pays: on the H200 it ran
-// the compute-bound ANCHORS shapes 1.3-1.45x faster than the plain wgmma kernel (kW64),
-// docs/PERF.md. VERIFYD_VA_KERNEL=wgmma selects kW64 instead (read once per process, at the
-// first plan), for comparison.
-bool PlainWgmmaRequestedByEnv() {
-  static const bool requested = [] {
+// kAuto's kernel on sm_90 is the seesaw schedule (kS64) for every shape but tiny decode
+// batches: since its producer warps copy whole 128-byte rows (no per-chunk shuffles) it ran
+// every ANCHORS shape on the H200 faster than the other paths, the memory-bound one-node
+// decode shapes included (docs/PERF.md). VERIFYD_VA_KERNEL (read once per process, at the first plan) selects an
+// older rule for comparison: "wgmma" = the plain wgmma kernel (kW64) for requests of more
+// than 16 rows outside small batches and the mma.sync 16-row kernel otherwise; "mma" = the
+// mma.sync 16-row kernel everywhere (what other architectures run).
+enum class AutoRule { kSeesaw, kWgmma, kMma };
+AutoRule AutoRuleFromEnv() {
+  static const AutoRule rule = [] {
     const char* v = std::getenv("VERIFYD_VA_KERNEL");
-    return v != nullptr && std::strcmp(v, "wgmma") == 0;
+    if (v != nullptr && std::strcmp(v, "wgmma") == 0) return AutoRule::kWgmma;
+    if (v != nullptr && std::strcmp(v, "mma") == 0) return AutoRule::kMma;
+    return AutoRule::kSeesaw;
   }();
-  return requested;
+  return rule;
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -335,16 +381,32 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(
 
   VerifyKernelConfig config = options.config;
   if (config == VerifyKernelConfig::kAuto) {
-    // sm_90: wgmma 64-row tiles once a request has more than 16 rows, except for small
-    // batches (<= 1M row-keys in all: latency-bound, where the 16-row tiles' shorter
-    // prologue wins; measured crossover on the H200 between 0.5M and 2M, docs/PERF.md).
-    double row_keys = 0.0;
-    for (int b = 0; b < B; ++b) row_keys += static_cast<double>(n[b]) * H * L[b];
-    const bool small = row_keys <= 1.0e6 && max_rows <= 128;
-    config = (device.cc_major == 9 && max_rows > 16 && !small) ? VerifyKernelConfig::kW64
-                                                               : VerifyKernelConfig::kM16;
-    if (config == VerifyKernelConfig::kW64 && !PlainWgmmaRequestedByEnv()) {
-      config = VerifyKernelConfig::kS64;
+    config = VerifyKernelConfig::kM16;
+    if (device.cc_major == 9) {
+      switch (AutoRuleFromEnv()) {
+        case AutoRule::kSeesaw: {
+          // Except tiny decode batches (<= 16 rows per request, <= 16k keys in all), where
+          // the 16-row kernel's shorter prologue won by ~1 us (H200: 1 x 8 heads x 1 node at
+          // 1k / 4k keys 0.0083 / 0.0095 ms vs 0.0095 / 0.0109; even at 16k).
+          int64_t keys = 0;
+          for (int b = 0; b < B; ++b) keys += L[b];
+          const bool tiny = max_rows <= 16 && keys <= 16384;
+          config = tiny ? VerifyKernelConfig::kM16 : VerifyKernelConfig::kS64;
+          break;
+        }
+        case AutoRule::kWgmma: {
+          // wgmma 64-row tiles once a request has more than 16 rows, except for small
+          // batches (<= 1M row-keys in all: latency-bound, where the 16-row tiles' shorter
+          // prologue won).
+          double row_keys = 0.0;
+          for (int b = 0; b < B; ++b) row_keys += static_cast<double>(n[b]) * H * L[b];
+          const bool small = row_keys <= 1.0e6 && max_rows <= 128;
+          if (max_rows > 16 && !small) config = VerifyKernelConfig::kW64;
+          break;
+        }
+        case AutoRule::kMma:
+          break;
+      }
     }
   }
   auto shape = ResolveConfig(config, device);
@@ -382,6 +444,23 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(
   for (double waves : {0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0}) {
     const double target = total_keys / (waves * slots);
     candidates.push_back(std::max<int64_t>(2 * BN, CeilDiv(static_cast<int64_t>(target), BN) * BN));
+  }
+  // When there are fewer row tiles than CTA slots, how many ways the longest request is
+  // split decides how many SMs work: also try every split count of it up to two waves
+  // (the wave targets above can miss the one that fills the SMs, e.g. 16 row tiles x 8
+  // splits = 128 CTAs where they gave 7 x 16 = 112).
+  int64_t all_tiles = 0;
+  int max_len = 0;
+  for (int b = 0; b < B; ++b) {
+    all_tiles += tiles[b];
+    max_len = std::max(max_len, L[b]);
+  }
+  if (all_tiles < slots) {
+    const int64_t max_s = std::min<int64_t>(2 * slots / std::max<int64_t>(1, all_tiles) + 1,
+                                            CeilDiv(max_len, BN));
+    for (int64_t s = 2; s <= max_s; ++s) {
+      candidates.push_back(std::max<int64_t>(2 * BN, CeilDiv(CeilDiv(max_len, s), BN) * BN));
+    }
   }
   double best = std::numeric_limits<double>::infinity();
   std::vector<int> best_splits;

@@ -74,13 +74,6 @@ __device__ __forceinline__ void SeesawWgmmaN128SmemA(float* d, uint64_t desc_a, 
 
 using Tr = SeesawTraits;
 
-// Byte offset of 16-byte chunk `chunk` (of 72 per 576-column row) of row `row` in a tile of
-// 64-row, 128-byte-swizzled atoms.
-__device__ __forceinline__ uint32_t SeesawSwizzle(int row, int chunk) {
-  return static_cast<uint32_t>((chunk >> 3) * Tr::kAtom + row * 128 +
-                               (((chunk & 7) ^ (row & 7)) << 4));
-}
-
 // Scales one 64-key score tile into the log2 domain, masks it when needed and returns the
 // row maxima (quad-reduced) of this thread's two rows. s: the wgmma m64n64 accumulator
 // (element i: row 16*wl + g + 8*((i >> 1) & 1), key (i >> 2)*8 + 2*q4 + (i & 1)).
@@ -167,11 +160,13 @@ __device__ __forceinline__ float RescaleFactor(float m_old, float m_new) {
   return m_new == -INFINITY ? 1.f : exp2f(m_old - m_new);
 }
 
-// S[64 x 64] = Q K^T over the 576 columns (36 k16 steps, both operands K-major in smem),
-// once all three column groups of the tile have landed (full barriers full_a + 16 * grp).
-// Returns with the wgmmas in flight (the caller waits). Issuing group A's k-steps before
-// waiting for B and C would overlap more of the load, but waits between the wgmmas of one
-// accumulator chain make ptxas serialise every wgmma of the kernel (C7512, nvcc 13.0).
+// S[64 x 64] = Q K^T over the 576 columns (36 k16 steps, both operands K-major in smem).
+// Progressive: the 16 k-steps of column group A (atoms 0-3) are issued as soon as that
+// group has landed (full barrier full_a), those of B (atoms 4-7) and C (atom 8) after their
+// own barriers (full_a + 16, + 32), so the tensor pipe starts while the rest of the tile is
+// in flight. Returns with the wgmmas in flight (the caller waits). (With nvcc 13.0 this no
+// longer makes ptxas serialise the wgmmas, as it did with the earlier register budget:
+// ptxas only injects a warpgroup.arrive after each wait, C7519.)
 __device__ __forceinline__ void ComputeS(float* s, uint32_t sQ, uint32_t sK, uint32_t full_a,
                                          uint32_t parity) {
   // Descriptor address fields are addr >> 4 in 14 bits and smem < 256 KB: adding
@@ -179,14 +174,15 @@ __device__ __forceinline__ void ComputeS(float* s, uint32_t sQ, uint32_t sK, uin
   const uint64_t da0 = WgmmaDesc(sQ, 16, 1024);
   const uint64_t db0 = WgmmaDesc(sK, 16, 1024);
   MbarWait(full_a, parity);
-  MbarWait(full_a + 16u, parity);
-  MbarWait(full_a + 32u, parity);
-  // cp.async writes (generic proxy) are read below by wgmma (async proxy).
   FenceProxyAsyncShared();
   WgmmaFence();
   WgmmaM64N64SmemAFirst(s, da0, db0);
 #pragma unroll
   for (int k = 1; k < 36; ++k) {
+    if (k == 16 || k == 32) {
+      MbarWait(full_a + (k == 16 ? 16u : 32u), parity);
+      FenceProxyAsyncShared();
+    }
     const uint32_t off = (k >> 2) * Tr::kAtom + (k & 3) * 32;
     WgmmaM64N64SmemA(s, da0 + (off >> 4), db0 + (off >> 4), 1);
   }
@@ -312,62 +308,72 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
     const int rows_here = min(Tr::kRows, wi.num_nodes * args.num_heads - wi.fold_begin);
     const __nv_bfloat16* q_base =
         args.q + (static_cast<int64_t>(wi.q_row0) * args.num_heads + wi.fold_begin) * kQkDim;
-    // Q (64 rows x 72 chunks), rows past the request zero-filled.
-    for (int c = t128; c < Tr::kRows * kChunksPerRow; c += 128) {
-      const int r = c / kChunksPerRow;
-      const int ch = c - r * kChunksPerRow;
-      const bool valid = r < rows_here;
-      CpAsync16(sQ + SeesawSwizzle(r, ch), valid ? q_base + r * kQkDim + ch * 8 : args.q, valid);
+    // Producer warp pw copies rows 16 pw .. 16 pw + 15 of each 64-row tile (Q, then every KV
+    // tile), four at a time: lane l copies 16-byte chunk (l & 7) of each 128-byte atom row of
+    // row 16 pw + 4 i + (l >> 3), i = 0..3, so one warp instruction moves four whole 128-byte
+    // rows (coalesced) and each lane keeps its own four slot ids (no shuffles). The per-lane
+    // destination offsets are fixed: the swizzle term (chunk ^ (row & 7)) depends only on the
+    // lane and on i & 1 (16 pw is a multiple of 8); atom and i add immediates. The slot ids
+    // of tile t + 1 are loaded while tile t is copied. (An L2 bulk prefetch of tile t + 1
+    // issued after tile t's copies made the compute-bound shapes 5-15 % slower on the H200:
+    // not done.)
+    const int pw = t128 >> 5;
+    const int sub = lane >> 3;   // row within a group of four
+    const int chunk = lane & 7;  // 16-byte chunk within a 128-byte atom row
+    const int key_lane = 16 * pw + sub;
+    const uint32_t off_even = key_lane * 128 + ((chunk ^ sub) << 4);
+    const uint32_t off_odd = key_lane * 128 + ((chunk ^ sub ^ 4) << 4);
+    // Q (64 rows x 576), rows past the request zero-filled.
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const bool valid = key_lane + 4 * i < rows_here;
+      const __nv_bfloat16* src = q_base + (valid ? key_lane + 4 * i : 0) * kQkDim + chunk * 8;
+#pragma unroll
+      for (int a = 0; a < Tr::kAtoms; ++a)
+        CpAsync16(sQ + (i & 1 ? off_odd : off_even) + i * 512 + a * Tr::kAtom, src + a * 64, valid);
     }
     CpAsyncMbarArrive(q_bar);
-    // Producer warp pw gathers keys pw, pw + 4, ..., pw + 60 of each tile; lane j < 16 holds
-    // the slot of key pw + 4 j (-1 past the range), lanes stream the 72 16-byte chunks.
-    const int pw = t128 >> 5;
     const int num_tiles = (wi.kv_end - wi.kv_begin + Tr::kKeys - 1) / Tr::kKeys;
-    const int my_key = pw + 4 * (lane & 15);                  // key of this lane in a tile
-    const int my_left = wi.kv_end - wi.kv_begin - my_key;     // valid while t * 64 < my_left
-    const int32_t* my_idx = args.kv_indices + wi.kv_off + wi.kv_begin + my_key;
-    int32_t slot = (lane < 16 && 0 < my_left) ? __ldg(my_idx) : -1;
+    const int32_t* idx = args.kv_indices + wi.kv_off + wi.kv_begin + key_lane;
+    const int keys = wi.kv_end - wi.kv_begin;
+    const __nv_bfloat16* kv_lane = args.kv + chunk * 8;
+    int32_t slot[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) slot[i] = key_lane + 4 * i < keys ? __ldg(idx + 4 * i) : -1;
     for (int t = 0; t < num_tiles; ++t) {
       const int b = t & 1;
       const uint32_t dst = sKV + b * Tr::kStageBytes;
       const uint32_t parity = ((t >> 1) - 1) & 1;  // buffer b last held tile t - 2
-      // Groups A / B: chunks [32 grp, 32 grp + 32) of each of the warp's 16 keys, one chunk per
-      // lane. Group C (chunks 64..71): 4 keys per iteration, 8 lanes per key. Every lane
-      // runs every shuffle (full mask).
-      auto load_group = [&](int grp) {
-        if (grp < 2) {
-#pragma unroll 2  // 4 spills at the producer's 24 registers
-          for (int j = 0; j < 16; ++j) {
-            const int32_t s = __shfl_sync(0xffffffffu, slot, j);
-            const int k = pw + 4 * j;   // key row in the tile
-            const bool valid = s >= 0;  // invalid keys are zero-filled (and masked)
-            const __nv_bfloat16* src =
-                args.kv + (valid ? static_cast<int64_t>(s) * kQkDim : 0) + grp * 256 + lane * 8;
-            CpAsync16(dst + SeesawSwizzle(k, grp * 32 + lane), src, valid);
-          }
-        } else {
+      int32_t cur[4];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int j = 4 * i + (lane >> 3);
-            const int32_t s = __shfl_sync(0xffffffffu, slot, j);
-            const int k = pw + 4 * j;
-            const bool valid = s >= 0;
-            const __nv_bfloat16* src =
-                args.kv + (valid ? static_cast<int64_t>(s) * kQkDim : 0) + 512 + (lane & 7) * 8;
-            CpAsync16(dst + SeesawSwizzle(k, 64 + (lane & 7)), src, valid);
-          }
+      for (int i = 0; i < 4; ++i) cur[i] = slot[i];
+      // Next tile's slot ids: in flight while this tile is copied.
+      const int next = (t + 1) * Tr::kKeys;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        slot[i] = key_lane + 4 * i + next < keys ? __ldg(idx + next + 4 * i) : -1;
+      // Row addresses are recomputed per column group (one IMAD each) rather than kept:
+      // the producer has 24 registers.
+      auto copy_atoms = [&](int a0, int a1) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const bool valid = cur[i] >= 0;  // keys past the range are zero-filled (and masked)
+          const __nv_bfloat16* src =
+              kv_lane + static_cast<int64_t>(static_cast<uint32_t>(valid ? cur[i] : 0)) * kQkDim;
+#pragma unroll
+          for (int a = a0; a < a1; ++a)
+            CpAsync16(dst + (i & 1 ? off_odd : off_even) + i * 512 + a * Tr::kAtom, src + a * 64,
+                      valid);
         }
-        CpAsyncMbarArrive(full_bar(grp, b));
       };
       if (t >= 2) MbarWait(empty_a_bar(b), parity);
-      load_group(0);
+      copy_atoms(0, 4);
+      CpAsyncMbarArrive(full_bar(0, b));
       if (t >= 2) MbarWait(empty_bc_bar(b), parity);
-      load_group(1);
-      load_group(2);
-      // Next tile's slot: overlaps the next empty wait.
-      const int next = (t + 1) * Tr::kKeys;
-      slot = (lane < 16 && next < my_left) ? __ldg(my_idx + next) : -1;
+      copy_atoms(4, 8);
+      CpAsyncMbarArrive(full_bar(1, b));
+      copy_atoms(8, 9);
+      CpAsyncMbarArrive(full_bar(2, b));
     }
     CpAsyncWait<0>();  // no copies in flight when the warp exits
     return;
