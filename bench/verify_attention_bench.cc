@@ -49,6 +49,7 @@ ABSL_FLAG(std::string, shapes, "",
 ABSL_FLAG(bool, gather_ceiling, true,
           "first measure the random-row gather ceiling (1152-byte rows, page size 1)");
 ABSL_FLAG(int, split_overhead, -1, "planner per-split overhead in keys (-1: the default)");
+ABSL_FLAG(int, min_split_tiles, -1, "planner's shortest split in key tiles (-1: the default)");
 
 namespace {
 
@@ -207,6 +208,9 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   p.stream = stream;
   vc::VerifyPlanOptions opt;
   opt.config = config;
+  if (absl::GetFlag(FLAGS_min_split_tiles) >= 1) {
+    opt.min_split_tiles = absl::GetFlag(FLAGS_min_split_tiles);
+  }
   if (absl::GetFlag(FLAGS_split_overhead) >= 0) {
     opt.split_overhead_keys = absl::GetFlag(FLAGS_split_overhead);
   }

@@ -5,12 +5,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <queue>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -440,10 +442,11 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(
   // waves exactly (the makespan below adds the per-split overhead), plus no split at all.
   double total_keys = 0.0;
   for (int b = 0; b < B; ++b) total_keys += static_cast<double>(tiles[b]) * L[b];
+  const int64_t min_split = static_cast<int64_t>(std::max(1, options.min_split_tiles)) * BN;
   std::vector<int64_t> candidates = {std::numeric_limits<int32_t>::max()};
   for (double waves : {0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0}) {
     const double target = total_keys / (waves * slots);
-    candidates.push_back(std::max<int64_t>(2 * BN, CeilDiv(static_cast<int64_t>(target), BN) * BN));
+    candidates.push_back(std::max<int64_t>(min_split, CeilDiv(static_cast<int64_t>(target), BN) * BN));
   }
   // When there are fewer row tiles than CTA slots, how many ways the longest request is
   // split decides how many SMs work: also try every split count of it up to two waves
@@ -459,7 +462,7 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(
     const int64_t max_s = std::min<int64_t>(2 * slots / std::max<int64_t>(1, all_tiles) + 1,
                                             CeilDiv(max_len, BN));
     for (int64_t s = 2; s <= max_s; ++s) {
-      candidates.push_back(std::max<int64_t>(2 * BN, CeilDiv(CeilDiv(max_len, s), BN) * BN));
+      candidates.push_back(std::max<int64_t>(min_split, CeilDiv(CeilDiv(max_len, s), BN) * BN));
     }
   }
   double best = std::numeric_limits<double>::infinity();
@@ -600,6 +603,15 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
   if (p.tree_mask == nullptr)
     return absl::InvalidArgumentError("verify attention: tree_mask is null");
   if (p.out == nullptr) return absl::InvalidArgumentError("verify attention: out is null");
+  // The kernels move q / kv rows with 16-byte copies and out rows with bulk copies (16-byte
+  // granules): rows are 1152 / 1024 bytes, so the base pointers must be 16-byte aligned.
+  for (const auto& [name, ptr] : {std::pair<const char*, const void*>{"q", p.q},
+                                  {"kv", p.kv}, {"out", p.out}}) {
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("verify attention: ", name, " must be 16-byte aligned"));
+    }
+  }
   if (ws.device == nullptr || static_cast<int64_t>(plan.work.size()) > ws.max_work_items ||
       plan.partial_rows > ws.max_partial_rows ||
       static_cast<int64_t>(plan.combine.size()) > ws.max_combine_items) {
@@ -673,6 +685,17 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     lc.attrs = attr;
     lc.numAttrs = major >= 9 ? 1 : 0;
+    // The attention kernels run with (nearly) all of the SM's shared memory: ask for the same
+    // carveout here so an SM need not be reconfigured between the two kernels (set once per
+    // device).
+    static std::atomic<uint64_t> carveout_set{0};
+    const uint64_t bit = 1ull << (dev & 63);
+    if ((carveout_set.load(std::memory_order_acquire) & bit) == 0) {
+      VERIFYD_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+          detail::VerifyCombineKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+          cudaSharedmemCarveoutMaxShared));
+      carveout_set.fetch_or(bit, std::memory_order_acq_rel);
+    }
     VERIFYD_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&lc, detail::VerifyCombineKernel, c));
   }
   return absl::OkStatus();

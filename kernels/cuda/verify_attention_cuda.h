@@ -136,6 +136,8 @@ struct VerifyPlanOptions {
   int split_overhead_keys = 256;
   // Upper bound on splits of one request (0: no bound other than the workspace).
   int max_splits = 0;
+  // Shortest split in key tiles of the chosen configuration (>= 1).
+  int min_split_tiles = 2;
 };
 
 // Computes the plan from host copies of q_indptr / kv_indptr ([batch + 1] each). Checks the

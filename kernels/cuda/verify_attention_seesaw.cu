@@ -60,6 +60,7 @@ enum SeesawBarrier : int {
   kBarP0Ready = 1,  // WG0 -> WG1: P0, m0, scale0 of this pair are in smem
   kBarP1Ready = 2,  // WG1 -> WG0: P1, m1, scale1 of this pair are in smem
   kBarEpilogue = 3, // both: row-sum partials exchanged
+  kBarStore = 4,    // both: output rows staged in shared memory
 };
 constexpr int kMathThreads = 256;
 
@@ -145,6 +146,14 @@ __device__ __forceinline__ void Exp2Rows(float* s, const float* m, float* sum) {
     s[i] = p;
     sum[h] += p;
   }
+}
+
+// Copies `bytes` (a multiple of 16) from shared memory to global memory with the bulk-copy
+// (TMA) engine; completes asynchronously (commit_group / wait_group).
+__device__ __forceinline__ void BulkStore(void* gdst, uint32_t ssrc, int bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gdst),
+               "r"(ssrc), "r"(bytes)
+               : "memory");
 }
 
 // A 32-bit global load the compiler cannot merge with an earlier one (so the value need not
@@ -557,6 +566,14 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
   const bool direct = partial_row < 0;
   const int64_t out_row0 =
       static_cast<int64_t>(LoadFresh(&args.work[blockIdx.x].q_row0)) * H + wi.fold_begin;
+  // The rows are staged in shared memory (the KV buffers: every wgmma that read them has
+  // completed, each warpgroup waited for its own before the barrier above) and stored with
+  // one bulk copy per row: a store from registers would be 64 scattered 8-byte (or 4-byte)
+  // stores per thread, which stalled the split CTAs of short contexts on the LSU. Row
+  // strides of 2080 (fp32) and 1040 (bf16) bytes keep the register -> smem writes free of
+  // bank conflicts and every row 16-byte aligned.
+  const int stride = direct ? 1040 : 2080;
+  unsigned char* stage = smem + Tr::kKvOff;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = row0 + 8 * h;
@@ -568,17 +585,17 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
     for (int hf = 0; hf < 2; ++hf) {
       const int col0 = wg * 256 + hf * 128 + q4 * 2;
       if (direct) {
-        __nv_bfloat16* orow = args.out + (out_row0 + r) * kVDim + col0;
+        __nv_bfloat16* srow = reinterpret_cast<__nv_bfloat16*>(stage + r * stride) + col0;
 #pragma unroll
         for (int nb = 0; nb < 16; ++nb) {
-          *reinterpret_cast<__nv_bfloat162*>(orow + nb * 8) = __floats2bfloat162_rn(
+          *reinterpret_cast<__nv_bfloat162*>(srow + nb * 8) = __floats2bfloat162_rn(
               o[hf][nb * 4 + 2 * h] * inv, o[hf][nb * 4 + 2 * h + 1] * inv);
         }
       } else {
-        float* prow = args.part_o + static_cast<int64_t>(partial_row + r) * kVDim + col0;
+        float* srow = reinterpret_cast<float*>(stage + r * stride) + col0;
 #pragma unroll
         for (int nb = 0; nb < 16; ++nb) {
-          *reinterpret_cast<float2*>(prow + nb * 8) =
+          *reinterpret_cast<float2*>(srow + nb * 8) =
               make_float2(o[hf][nb * 4 + 2 * h] * inv, o[hf][nb * 4 + 2 * h + 1] * inv);
         }
       }
@@ -591,6 +608,19 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
         args.part_lse[partial_row + r] = lse2;
       }
     }
+  }
+  FenceProxyAsyncShared();  // the staged rows are read by the bulk copies (async proxy)
+  NamedBarSync(kBarStore, kMathThreads);
+  if (tid < rows_here) {
+    const uint32_t src = sKV + tid * stride;
+    if (direct) {
+      BulkStore(args.out + (out_row0 + tid) * kVDim, src, kVDim * 2);
+    } else {
+      BulkStore(args.part_o + static_cast<int64_t>(partial_row + tid) * kVDim, src, kVDim * 4);
+    }
+    // The copies must have read shared memory before the CTA exits and frees it.
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
   }
 #endif  // VERIFYD_SEESAW_BODY
 }
