@@ -638,6 +638,44 @@ TEST(VerifyAttentionCuda, SupportsNamesTheField) {
   EXPECT_EQ(SupportsVerifyAttentionCuda(p, old).code(), absl::StatusCode::kUnimplemented);
 }
 
+// Unaligned q / kv / out are refused before anything is launched (the kernels move rows
+// with 16-byte and bulk copies), naming the field. Host only: the check precedes every CUDA
+// call, so the fake device pointers are never touched.
+TEST(VerifyAttentionCuda, RejectsUnalignedPointers) {
+  VerifyAttentionDeviceInfo dev{132, 9, 0, 232448, 233472};
+  VerifyAttentionWorkspace ws;  // capacity only
+  ws.max_work_items = 1024;
+  ws.max_combine_items = 1024;
+  ws.max_partial_rows = 65536;
+  const std::vector<int32_t> qi = {0, 4}, ki = {0, 1000};
+  VerifyAttentionParams p;
+  p.batch = 1;
+  p.total_rows = 4;
+  p.num_heads = 8;
+  p.num_slots = 1000;
+  auto plan = PlanVerifyAttention(p, qi.data(), ki.data(), dev, ws);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_FALSE(plan->work.empty());
+  alignas(16) static unsigned char fake[64];
+  const std::vector<int32_t> slots(1000, 0);
+  const std::vector<uint64_t> mask(8, ~0ull);
+  p.kv_indices = slots.data();
+  p.tree_mask = mask.data();
+  for (const char* field : {"q", "kv", "out"}) {
+    p.q = fake;
+    p.kv = fake;
+    p.out = fake;
+    if (std::string(field) == "q") p.q = fake + 2;
+    if (std::string(field) == "kv") p.kv = fake + 8;
+    if (std::string(field) == "out") p.out = fake + 4;
+    const absl::Status s = VerifyAttentionCuda(p, *plan, ws);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field << ": " << s;
+    EXPECT_NE(s.message().find(std::string(field) + " must be 16-byte aligned"),
+              std::string::npos)
+        << s;
+  }
+}
+
 // The planner (host only): splits a long single request over the SMs, leaves a batch that
 // already fills the device unsplit, and keeps every key covered exactly once.
 TEST(VerifyAttentionPlan, CoversEveryKeyOnce) {
