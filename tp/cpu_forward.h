@@ -59,9 +59,12 @@ struct BatchPlan {
 // parents/tail_slots sizes; parents[0] = -1 and parents[t] in [0, t); tokens in [0, vocab);
 // context and tail slots in [0, kv_capacity); context + rows <= limits.max_context; tail
 // slots distinct across the batch and not a context slot of any request.
+// with_kv_indices = false leaves plan.kv_indices empty (kv_indptr is still filled): the CUDA
+// engine writes the slot lists straight into its pinned upload buffer instead (one copy of
+// what can be 24 MB per step, into memory that is already mapped).
 absl::StatusOr<BatchPlan> BuildBatchPlan(const std::vector<StepRequest>& batch,
                                          const ModelConfig& config, const EngineLimits& limits,
-                                         int64_t kv_capacity);
+                                         int64_t kv_capacity, bool with_kv_indices = true);
 
 // One rank's slice of the weights, laid out for the forward.
 struct RankWeights {

@@ -965,7 +965,8 @@ absl::StatusOr<std::vector<StepResult>> CudaEngine::Impl::RunStep(
   std::lock_guard<std::mutex> step_lock(step_mu);
   const auto t0 = Clock::now();
   if (failed.load()) return absl::UnavailableError("cuda engine: a rank failed earlier");
-  absl::StatusOr<BatchPlan> planned = BuildBatchPlan(batch, config, limits, kv_capacity);
+  absl::StatusOr<BatchPlan> planned =
+      BuildBatchPlan(batch, config, limits, kv_capacity, /*with_kv_indices=*/false);
   if (!planned.ok()) return planned.status();
   // Shared with the rank jobs by value: a rank that outlives a timed-out step still reads a
   // live plan.
@@ -977,7 +978,7 @@ absl::StatusOr<std::vector<StepResult>> CudaEngine::Impl::RunStep(
   }
   const int64_t R = plan.total_rows, B = plan.batch;
   const PlanLayout lay =
-      PlanLayout::For(R, B, static_cast<int64_t>(plan.kv_indices.size()));
+      PlanLayout::For(R, B, static_cast<int64_t>(plan.kv_indptr.back()));
   if (plan_host_bytes < lay.total) {
     if (plan_host != nullptr) cudaFreeHost(plan_host);
     plan_host = nullptr;
@@ -997,7 +998,17 @@ absl::StatusOr<std::vector<StepResult>> CudaEngine::Impl::RunStep(
   put(lay.parents, plan.parents.data(), R * 4);
   put(lay.q_indptr, plan.q_indptr.data(), (B + 1) * 4);
   put(lay.kv_indptr, plan.kv_indptr.data(), (B + 1) * 4);
-  put(lay.kv_indices, plan.kv_indices.data(), plan.kv_indices.size() * 4);
+  // Slot lists straight from the requests into the pinned buffer (the plan holds only their
+  // offsets): context slots then tail slots, per request.
+  {
+    size_t off = lay.kv_indices;
+    for (const StepRequest& q : batch) {
+      put(off, q.context_slots.data(), q.context_slots.size() * 4);
+      off += q.context_slots.size() * 4;
+      put(off, q.tail_slots.data(), q.tail_slots.size() * 4);
+      off += q.tail_slots.size() * 4;
+    }
+  }
 
   const int64_t step_no = step_index++;
   const bool want_logits = logits != nullptr;
