@@ -7,3 +7,4 @@ verifyd_add_test(tp_sharding_test LABEL cpu SOURCES tp_sharding_test.cc LIBS ${V
 verifyd_add_test(tp_communicator_test LABEL cpu SOURCES tp_communicator_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})
 verifyd_add_test(tp_mla_test LABEL cpu SOURCES tp_mla_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})
 verifyd_add_test(tp_engine_test LABEL cpu SOURCES tp_engine_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})
+verifyd_add_test(tp_batch_plan_test LABEL cpu SOURCES tp_batch_plan_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})
