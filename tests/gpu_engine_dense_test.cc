@@ -27,30 +27,13 @@
 #include "kernels/cuda/dense/rope.h"
 #include "kernels/cuda/dense/weight_gen.h"
 #include "kernels/reference/ops.h"
+#include "tests/gpu_test_util.h"
 #include "tp/weight_init.h"
 
 namespace verifyd::kernels::cuda {
 namespace {
 
 using bf16 = bf16_bits;
-
-bool HaveGpu() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device visible: GPU test skipped"
-
-#define CUDA_OK(expr)                                                        \
-  do {                                                                       \
-    const cudaError_t e_ = (expr);                                           \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);   \
-  } while (0)
 
 // A device buffer of T, filled from / read back to host vectors.
 template <typename T>

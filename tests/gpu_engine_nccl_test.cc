@@ -16,22 +16,11 @@
 
 #include "gtest/gtest.h"
 #include "kernels/common.h"
+#include "tests/gpu_test_util.h"
 #include "tp/nccl_communicator.h"
 
 namespace verifyd::tp {
 namespace {
-
-int DeviceCount() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible: GPU test skipped"
 
 class NcclTest : public ::testing::Test {
  protected:
@@ -40,7 +29,7 @@ class NcclTest : public ::testing::Test {
 
 TEST_F(NcclTest, CollectivesGiveExactResults) {
   SKIP_WITHOUT_GPU();
-  const int world = DeviceCount();
+  const int world = test_util::CudaDeviceCount();
   std::vector<int> devices;
   for (int d = 0; d < world; ++d) devices.push_back(d);
   auto group = CreateNcclGroup(devices, 30000);

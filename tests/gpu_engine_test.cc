@@ -24,15 +24,13 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/gpu_test_util.h"
 #include "tp/cpu_engine.h"
 #include "tp/cuda_engine.h"
 #include "tp/presets.h"
 
 namespace verifyd::tp {
 namespace {
-
-#define SKIP_WITHOUT_GPU() \
-  if (!CudaDevicesAvailable()) GTEST_SKIP() << "no CUDA device visible: GPU test skipped"
 
 constexpr double kLogitRelTol = 3e-2;
 

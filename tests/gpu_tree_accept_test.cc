@@ -12,20 +12,10 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/tree_accept_cuda.h"
 #include "kernels/tree_accept.h"
+#include "tests/gpu_test_util.h"
 
 namespace verifyd::kernels::cuda {
 namespace {
-
-#define CUDA_ASSERT(expr)                                                  \
-  do {                                                                     \
-    const cudaError_t e_ = (expr);                                         \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
-  } while (0)
-
-bool HaveGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 constexpr int32_t kPoison = -777;
 
@@ -36,7 +26,7 @@ struct Dev {
 };
 
 TEST(TreeAcceptCuda, MatchesReference) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device visible: GPU test skipped";
+  SKIP_WITHOUT_GPU();
   std::mt19937 rng(4242);
   for (int trial = 0; trial < 30; ++trial) {
     const int batch = trial < 10 ? 1 + trial : 1 + static_cast<int>(rng() % 256);

@@ -16,28 +16,15 @@
 #include <tuple>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/common.h"
 #include "kernels/cuda/verify_attention_cuda.h"
 #include "kernels/verify_attention.h"
+#include "tests/gpu_test_util.h"
 
 namespace verifyd::kernels::cuda {
 namespace {
-
-#define CUDA_ASSERT(expr)                                                           \
-  do {                                                                              \
-    const cudaError_t e_ = (expr);                                                  \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);          \
-  } while (0)
-
-bool HaveGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device visible: GPU test skipped"
 
 // Owning device allocation.
 struct DevBuf {

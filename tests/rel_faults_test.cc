@@ -30,6 +30,7 @@ namespace {
 using client::DraftTree;
 using client::HealthStatus;
 using client::VerifyClient;
+using rel::Metric;
 
 template <typename Pred>
 bool WaitFor(Pred pred, absl::Duration timeout) {
@@ -46,16 +47,6 @@ bool WaitServing(VerifyClient& c, absl::Duration timeout) {
     auto h = c.Health();
     return h.ok() && *h == HealthStatus::kServing;
   }, timeout);
-}
-
-// The value of an unlabelled metric line "name value" in a Prometheus text page; -1 if absent.
-double Metric(const std::string& page, const std::string& name) {
-  for (absl::string_view line : absl::StrSplit(page, '\n')) {
-    std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
-    double v = 0;
-    if (f.size() == 2 && f[0] == name && absl::SimpleAtod(f[1], &v)) return v;
-  }
-  return -1;
 }
 
 std::string Log(const std::string& path) { return rel::ReadFile(path).value_or("(no log)"); }

@@ -36,6 +36,7 @@ namespace {
 
 using client::DraftTree;
 using client::VerifyClient;
+using rel::Metric;
 
 // Under AddressSanitizer (quarantine of freed memory) or ThreadSanitizer (shadow memory) the
 // resident size is not the program's: the figure is printed but not bounded there.
@@ -54,15 +55,6 @@ constexpr bool kSanitized = false;
 constexpr int kClients = 24;            // concurrent client threads (sessions in flight)
 constexpr int kTp = 2;
 constexpr int64_t kMaxRssGrowthKib = 32 * 1024;
-
-double Metric(const std::string& page, const std::string& name) {
-  for (absl::string_view line : absl::StrSplit(page, '\n')) {
-    std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
-    double v = 0;
-    if (f.size() == 2 && f[0] == name && absl::SimpleAtod(f[1], &v)) return v;
-  }
-  return -1;
-}
 
 struct Finished {
   std::vector<int32_t> prompt;

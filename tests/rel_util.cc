@@ -12,9 +12,11 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "grpcpp/security/credentials.h"
@@ -168,6 +170,15 @@ int64_t RssKib(pid_t pid) {
       int64_t kib = 0;
       if (absl::SimpleAtoi(absl::StripAsciiWhitespace(v), &kib)) return kib;
     }
+  }
+  return -1;
+}
+
+double Metric(const std::string& page, const std::string& name) {
+  for (absl::string_view line : absl::StrSplit(page, '\n')) {
+    std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
+    double v = 0;
+    if (f.size() == 2 && f[0] == name && absl::SimpleAtod(f[1], &v)) return v;
   }
   return -1;
 }

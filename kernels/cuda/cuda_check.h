@@ -6,6 +6,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -28,6 +31,21 @@ inline absl::Status CudaErrorToStatus(cudaError_t err, const char* expr, const c
     default:
       return absl::InternalError(msg);
   }
+}
+
+// Runs `configure` (a callable returning cudaError_t, e.g. a cudaFuncSetAttribute) once per
+// device of this process; `done` (a function-local static of the caller) keeps one bit per
+// device id. Launchers use it so that kernel set-up costs no host call on every launch.
+template <typename Configure>
+cudaError_t ConfigureOncePerDevice(std::atomic<uint64_t>& done, Configure&& configure) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = 1ull << (dev & 63);
+  if ((done.load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
+  err = configure();
+  if (err == cudaSuccess) done.fetch_or(bit, std::memory_order_acq_rel);
+  return err;
 }
 
 }  // namespace verifyd::kernels::cuda

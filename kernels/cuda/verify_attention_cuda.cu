@@ -5,15 +5,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <queue>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -217,8 +216,8 @@ absl::StatusOr<ConfigShape> ResolveConfig(VerifyKernelConfig config,
 // kAuto's kernel on sm_90 is the seesaw schedule (kS64) for every shape but tiny decode
 // batches: since its producer warps copy whole 128-byte rows (no per-chunk shuffles) it ran
 // every ANCHORS shape on the H200 faster than the other paths, the memory-bound one-node
-// decode shapes included (docs/PERF.md). VERIFYD_VA_KERNEL (read once per process, at the first plan) selects an
-// older rule for comparison: "wgmma" = the plain wgmma kernel (kW64) for requests of more
+// decode shapes included (docs/PERF.md). VERIFYD_VA_KERNEL (read once per process, at the
+// first plan) selects an older rule for comparison: "wgmma" = the plain wgmma kernel (kW64) for requests of more
 // than 16 rows outside small batches and the mma.sync 16-row kernel otherwise; "mma" = the
 // mma.sync 16-row kernel everywhere (what other architectures run).
 enum class AutoRule { kSeesaw, kWgmma, kMma };
@@ -685,17 +684,6 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     lc.attrs = attr;
     lc.numAttrs = major >= 9 ? 1 : 0;
-    // The attention kernels run with (nearly) all of the SM's shared memory: ask for the same
-    // carveout here so an SM need not be reconfigured between the two kernels (set once per
-    // device).
-    static std::atomic<uint64_t> carveout_set{0};
-    const uint64_t bit = 1ull << (dev & 63);
-    if ((carveout_set.load(std::memory_order_acquire) & bit) == 0) {
-      VERIFYD_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-          detail::VerifyCombineKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-          cudaSharedmemCarveoutMaxShared));
-      carveout_set.fetch_or(bit, std::memory_order_acq_rel);
-    }
     VERIFYD_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&lc, detail::VerifyCombineKernel, c));
   }
   return absl::OkStatus();

@@ -332,15 +332,24 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
     const int key_lane = 16 * pw + sub;
     const uint32_t off_even = key_lane * 128 + ((chunk ^ sub) << 4);
     const uint32_t off_odd = key_lane * 128 + ((chunk ^ sub ^ 4) << 4);
+    // Copies atoms [a0, a1) of this lane's four rows into the 64-row tile at `tile`; row i's
+    // source is row_src(i) (an address inside the tensor even for invalid rows), zero-filled
+    // where row_valid(i) is false.
+    auto copy_rows = [&](uint32_t tile, int a0, int a1, auto row_valid, auto row_src) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const bool valid = row_valid(i);
+        const __nv_bfloat16* src = row_src(i);
+#pragma unroll
+        for (int a = a0; a < a1; ++a)
+          CpAsync16(tile + (i & 1 ? off_odd : off_even) + i * 512 + a * Tr::kAtom, src + a * 64,
+                    valid);
+      }
+    };
     // Q (64 rows x 576), rows past the request zero-filled.
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const bool valid = key_lane + 4 * i < rows_here;
-      const __nv_bfloat16* src = q_base + (valid ? key_lane + 4 * i : 0) * kQkDim + chunk * 8;
-#pragma unroll
-      for (int a = 0; a < Tr::kAtoms; ++a)
-        CpAsync16(sQ + (i & 1 ? off_odd : off_even) + i * 512 + a * Tr::kAtom, src + a * 64, valid);
-    }
+    copy_rows(
+        sQ, 0, Tr::kAtoms, [&](int i) { return key_lane + 4 * i < rows_here; },
+        [&](int i) { return q_base + min(key_lane + 4 * i, rows_here - 1) * kQkDim + chunk * 8; });
     CpAsyncMbarArrive(q_bar);
     const int num_tiles = (wi.kv_end - wi.kv_begin + Tr::kKeys - 1) / Tr::kKeys;
     const int32_t* idx = args.kv_indices + wi.kv_off + wi.kv_begin + key_lane;
@@ -364,16 +373,12 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
       // Row addresses are recomputed per column group (one IMAD each) rather than kept:
       // the producer has 24 registers.
       auto copy_atoms = [&](int a0, int a1) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const bool valid = cur[i] >= 0;  // keys past the range are zero-filled (and masked)
-          const __nv_bfloat16* src =
-              kv_lane + static_cast<int64_t>(static_cast<uint32_t>(valid ? cur[i] : 0)) * kQkDim;
-#pragma unroll
-          for (int a = a0; a < a1; ++a)
-            CpAsync16(dst + (i & 1 ? off_odd : off_even) + i * 512 + a * Tr::kAtom, src + a * 64,
-                      valid);
-        }
+        // Keys past the range (slot -1) are zero-filled (and masked).
+        copy_rows(
+            dst, a0, a1, [&](int i) { return cur[i] >= 0; },
+            [&](int i) {
+              return kv_lane + static_cast<int64_t>(static_cast<uint32_t>(max(cur[i], 0))) * kQkDim;
+            });
       };
       if (t >= 2) MbarWait(empty_a_bar(b), parity);
       copy_atoms(0, 4);
@@ -630,23 +635,18 @@ cudaError_t LaunchVerifyAttentionSeesaw(const VerifyKernelArgs& args, int grid,
   auto* kernel = &VerifyAttentionSeesawKernel;
   // The opt-in shared-memory size is set once per device.
   static std::atomic<uint64_t> configured_devices{0};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  const uint64_t bit = 1ull << (dev & 63);
-  if ((configured_devices.load(std::memory_order_acquire) & bit) == 0) {
+  const cudaError_t err = ConfigureOncePerDevice(configured_devices, [&]() -> cudaError_t {
     // The body exists only in the sm_90a build: an image without it (e.g. built for plain
     // sm_90) would run an empty kernel and leave the output unwritten. Its register count
     // tells (the body needs the whole register file).
     cudaFuncAttributes attr{};
-    err = cudaFuncGetAttributes(&attr, kernel);
-    if (err != cudaSuccess) return err;
+    const cudaError_t e = cudaFuncGetAttributes(&attr, kernel);
+    if (e != cudaSuccess) return e;
     if (attr.numRegs < 64) return cudaErrorInvalidDeviceFunction;
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(SeesawTraits::kSmemBytes));
-    if (err != cudaSuccess) return err;
-    configured_devices.fetch_or(bit, std::memory_order_acq_rel);
-  }
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(SeesawTraits::kSmemBytes));
+  });
+  if (err != cudaSuccess) return err;
   kernel<<<grid, SeesawTraits::kThreads, SeesawTraits::kSmemBytes, stream>>>(args);
   return cudaGetLastError();
 }

@@ -342,16 +342,11 @@ cudaError_t LaunchVerifyAttentionWgmma(const VerifyKernelArgs& args, int grid,
   // The opt-in shared-memory size is set once per device (a host call per launch would add
   // latency to every layer).
   static std::atomic<uint64_t> configured_devices{0};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
+  const cudaError_t err = ConfigureOncePerDevice(configured_devices, [&] {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(Tr::kSmemBytes));
+  });
   if (err != cudaSuccess) return err;
-  const uint64_t bit = 1ull << (dev & 63);
-  if ((configured_devices.load(std::memory_order_acquire) & bit) == 0) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(Tr::kSmemBytes));
-    if (err != cudaSuccess) return err;
-    configured_devices.fetch_or(bit, std::memory_order_acq_rel);
-  }
   kernel<<<grid, kThreads, Tr::kSmemBytes, stream>>>(args);
   return cudaGetLastError();
 }
