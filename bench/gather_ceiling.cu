@@ -1,19 +1,19 @@
 // Gather ceiling for verify_attention_bench: how fast the GPU reads latent rows (576 bf16 =
 // 1152 B) listed in a slot array, in that order, with 16-byte loads and nothing else — the
 // memory ceiling for page size 1 (random order) against the same rows read in pool order.
-#include "bench/gather_ceiling.h"
-
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <vector>
 
+#include "bench/gather_ceiling.h"
+
 namespace verifyd::bench {
 namespace {
 
 // A warp per row: lanes read the row's 72 16-byte chunks; XOR-reduce so the loads stay live.
-__global__ void __launch_bounds__(256) GatherRowsKernel(const uint4* pool, const int32_t* idx,
-                                                        int64_t rows, uint32_t* sink) {
+__global__ void __launch_bounds__(256)
+    GatherRowsKernel(const uint4* pool, const int32_t* idx, int64_t rows, uint32_t* sink) {
   const int lane = threadIdx.x & 31;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
@@ -30,8 +30,8 @@ __global__ void __launch_bounds__(256) GatherRowsKernel(const uint4* pool, const
 
 }  // namespace
 
-cudaError_t MeasureGatherGBps(const void* pool, const int32_t* idx, int64_t rows,
-                              int num_sms, int iters, double* gbps) {
+cudaError_t MeasureGatherGBps(const void* pool, const int32_t* idx, int64_t rows, int num_sms,
+                              int iters, double* gbps) {
   uint32_t* sink = nullptr;
   cudaError_t err = cudaMalloc(&sink, 4);
   if (err != cudaSuccess) return err;

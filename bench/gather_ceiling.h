@@ -9,7 +9,7 @@
 
 namespace verifyd::bench {
 
-cudaError_t MeasureGatherGBps(const void* pool, const int32_t* idx, int64_t rows,
-                              int num_sms, int iters, double* gbps);
+cudaError_t MeasureGatherGBps(const void* pool, const int32_t* idx, int64_t rows, int num_sms,
+                              int iters, double* gbps);
 
 }  // namespace verifyd::bench

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plain PyTorch gather + matmul verify attention: the baseline for verify_attention_bench.
 
-The same computation and shapes as bench/verify_attention_bench.cc (ANCHORS.md tables):
+The same computation and shapes as bench/verify_attention_bench.cc (docs/PERF.md):
 latent cache [slots, 576] bf16 with each request's slots scattered at random (page size 1),
 queries [B*q, H, 576], one chain tree per request (node t sees context + nodes 0..t),
 V = first 512 latent columns. Per shape, batched over requests (all requests of a shape have

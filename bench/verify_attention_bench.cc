@@ -1,15 +1,16 @@
-// verify_attention_bench: times the CUDA verify attention on the shapes of
-// /work/shared/ANCHORS.md (both tables) and prints, per shape, the median time (CUDA events,
-// after warm-up, rotating over several input sets so that L2 does not hold the KV; "ms" is
-// the per-call time of a captured CUDA graph that runs every input set once, "eager ms" the
-// median of single eager calls, which includes host launch latency when the GPU idles), the
-// effective KV bandwidth, TFLOP/s, the memory and compute floors, the % of the larger floor
-// reached, and the ratio to the FlashMLA / Triton / torch times recorded in ANCHORS.md.
-// Writes the same numbers as JSON (--json). A program, not a test: it asserts nothing about
-// speed; it exits non-zero only when a CUDA call or the op fails.
+// verify_attention_bench: times the CUDA verify attention (kernels/cuda/verify_attention/api.h)
+// on the 16 reference shapes listed in docs/PERF.md (or --shapes) and prints, per shape, the
+// per-call time, the effective KV bandwidth, TFLOP/s, the memory and compute floors and the %
+// of the larger floor reached. Timing: each shape rotates over several input sets spanning
+// >= --rotate_bytes of KV (so L2 does not hold the KV); one captured CUDA graph runs every
+// input set once, per-call time = graph time / sets, median over the replays ("ms"); "eager
+// ms" is the median of single eager calls (includes host launch latency when the GPU idles).
+// Peer kernels are measured in the same GPU run by a separate script. Writes the numbers as
+// JSON (--json). A program, not a test: it asserts nothing about speed; it exits non-zero
+// only when a CUDA call or the op fails.
 //
 // Inputs: bf16 random values, slots scattered at random over a pool (page size 1), one chain
-// tree per request (node t sees nodes 0..t), as in ANCHORS.md.
+// tree per request (node t sees nodes 0..t).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -27,25 +28,26 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "bench/gather_ceiling.h"
 #include "kernels/common.h"
-#include "kernels/cuda/verify_attention_cuda.h"
+#include "kernels/cuda/verify_attention/api.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, json, "verify_attention_bench.json", "where to write the JSON results");
 ABSL_FLAG(int, iters, 50, "timed iterations per shape (median reported)");
 ABSL_FLAG(int, warmup, 10, "untimed iterations per shape");
 ABSL_FLAG(std::string, config, "auto",
-          "kernel configuration: auto, m16, m16x2, m64 (mma.sync), w64 (wgmma) or s64 (wgmma "
-          "seesaw schedule, experimental)");
-ABSL_FLAG(double, copy_gbps, 4242.0, "copy ceiling (GB/s) for the memory floor (ANCHORS.md)");
+          "kernel configuration: auto, m16 (mma.sync 16-row) or s64 (seesaw wgmma, sm_90a)");
+ABSL_FLAG(std::string, commit, "unknown", "source revision recorded in the JSON meta");
+ABSL_FLAG(double, copy_gbps, 4242.0, "copy ceiling (GB/s) for the memory floor (H200)");
 ABSL_FLAG(double, mma_tflops, 790.0, "bf16 matrix rate (TFLOP/s) for the compute floor");
 ABSL_FLAG(int64_t, rotate_bytes, int64_t{512} << 20,
           "KV bytes the rotating input sets span at least (several times L2)");
 ABSL_FLAG(std::string, only, "", "run only shapes whose label contains this");
 ABSL_FLAG(std::string, shapes, "",
-          "instead of the ANCHORS.md shapes, run these: B:H:q:ctx[,B:H:q:ctx...] (no anchor "
-          "columns)");
+          "instead of the 16 reference shapes, run these: B:H:q:ctx[,B:H:q:ctx...]");
 ABSL_FLAG(bool, gather_ceiling, true,
           "first measure the random-row gather ceiling (1152-byte rows, page size 1)");
 ABSL_FLAG(int, split_overhead, -1, "planner per-split overhead in keys (-1: the default)");
@@ -59,44 +61,41 @@ namespace vc = verifyd::kernels::cuda;
 
 struct Shape {
   int B, H, q, ctx;
-  double flashmla_ms;  // ANCHORS.md
-  double triton_ms;    // ANCHORS.md (0: not measured)
-  double torch_ms;     // ANCHORS.md (0: not measured)
   std::string Label() const { return absl::StrCat("B", B, "_H", H, "_q", q, "_ctx", ctx); }
 };
 
 const std::vector<Shape>& Shapes() {
   static const std::vector<Shape> shapes = {
       // Table 1: verify shapes (q nodes per request).
-      {1, 8, 16, 4096, 0.0251, 0.493, 0.260},
-      {1, 8, 16, 16384, 0.0434, 1.937, 0.281},
-      {1, 8, 16, 65536, 0.0588, 7.737, 0.318},
-      {1, 8, 16, 185000, 0.1087, 21.670, 0.842},
-      {1, 16, 16, 65536, 0.0873, 7.494, 0.484},
-      {1, 16, 16, 185000, 0.1740, 21.103, 1.273},
-      {8, 16, 16, 16384, 0.1281, 1.869, 3.614},
-      {8, 16, 16, 65536, 0.4730, 7.432, 4.108},
-      {1, 16, 64, 65536, 0.2402, 7.465, 1.464},
-      {32, 16, 16, 8192, 0.2420, 3.756, 14.406},
+      {1, 8, 16, 4096},
+      {1, 8, 16, 16384},
+      {1, 8, 16, 65536},
+      {1, 8, 16, 185000},
+      {1, 16, 16, 65536},
+      {1, 16, 16, 185000},
+      {8, 16, 16, 16384},
+      {8, 16, 16, 65536},
+      {1, 16, 64, 65536},
+      {32, 16, 16, 8192},
       // Table 2: memory-bound decode (one node per request).
-      {1, 8, 1, 65536, 0.0598, 0, 0},
-      {1, 8, 1, 185000, 0.0963, 0, 0},
-      {1, 16, 1, 185000, 0.0972, 0, 0},
-      {8, 16, 1, 65536, 0.1738, 0, 0},
-      {32, 16, 1, 16384, 0.1725, 0, 0},
-      {64, 128, 1, 4096, 0.1315, 0, 0},
+      {1, 8, 1, 65536},
+      {1, 8, 1, 185000},
+      {1, 16, 1, 185000},
+      {8, 16, 1, 65536},
+      {32, 16, 1, 16384},
+      {64, 128, 1, 4096},
   };
   return shapes;
 }
 
-// --shapes: "B:H:q:ctx,..." -> shapes without anchors; false (and a message) when malformed.
+// --shapes: "B:H:q:ctx,..." -> shapes; false (and a message) when malformed.
 bool ParseShapes(const std::string& text, std::vector<Shape>* out) {
   for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     std::vector<std::string> f = absl::StrSplit(item, ':');
-    Shape s{0, 0, 0, 0, 0, 0, 0};
+    Shape s{0, 0, 0, 0};
     if (f.size() != 4 || !absl::SimpleAtoi(f[0], &s.B) || !absl::SimpleAtoi(f[1], &s.H) ||
-        !absl::SimpleAtoi(f[2], &s.q) || !absl::SimpleAtoi(f[3], &s.ctx) || s.B < 1 ||
-        s.H < 1 || s.q < 1 || s.ctx < 0) {
+        !absl::SimpleAtoi(f[2], &s.q) || !absl::SimpleAtoi(f[3], &s.ctx) || s.B < 1 || s.H < 1 ||
+        s.q < 1 || s.ctx < 0) {
       std::fprintf(stderr, "--shapes: '%s' is not B:H:q:ctx with B, H, q >= 1 and ctx >= 0\n",
                    std::string(item).c_str());
       return false;
@@ -106,29 +105,31 @@ bool ParseShapes(const std::string& text, std::vector<Shape>* out) {
   return true;
 }
 
-#define BENCH_CUDA(expr)                                                                   \
-  do {                                                                                     \
-    const cudaError_t e_ = (expr);                                                         \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s failed: %s at %s:%d\n", #expr, cudaGetErrorString(e_),      \
-                   __FILE__, __LINE__);                                                    \
-      return 1;                                                                            \
-    }                                                                                      \
+#define BENCH_CUDA(expr)                                                                        \
+  do {                                                                                          \
+    const cudaError_t e_ = (expr);                                                              \
+    if (e_ != cudaSuccess) {                                                                    \
+      std::fprintf(stderr, "%s failed: %s at %s:%d\n", #expr, cudaGetErrorString(e_), __FILE__, \
+                   __LINE__);                                                                   \
+      return 1;                                                                                 \
+    }                                                                                           \
   } while (0)
 
-#define BENCH_OK(expr)                                                                     \
-  do {                                                                                     \
-    const absl::Status s_ = (expr);                                                        \
-    if (!s_.ok()) {                                                                        \
-      std::fprintf(stderr, "%s: %s\n", #expr, s_.ToString().c_str());                      \
-      return 1;                                                                            \
-    }                                                                                      \
+#define BENCH_OK(expr)                                                \
+  do {                                                                \
+    const absl::Status s_ = (expr);                                   \
+    if (!s_.ok()) {                                                   \
+      std::fprintf(stderr, "%s: %s\n", #expr, s_.ToString().c_str()); \
+      return 1;                                                       \
+    }                                                                 \
   } while (0)
 
 struct Result {
   Shape shape;
-  double ms = 0, eager_ms = 0, gbps = 0, tflops = 0, mem_floor_ms = 0, compute_floor_ms = 0, pct = 0;
+  double ms = 0, eager_ms = 0, gbps = 0, tflops = 0, mem_floor_ms = 0, compute_floor_ms = 0,
+         pct = 0;
   int ctas = 0, max_splits = 0, rows_per_cta = 0, sets = 0;
+  std::string config;  // the configuration the planner chose: "m16" or "s64"
 };
 
 int RunShape(const Shape& s, vc::VerifyKernelConfig config,
@@ -139,18 +140,18 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   const int sets = static_cast<int>(std::clamp<int64_t>(
       (absl::GetFlag(FLAGS_rotate_bytes) + set_kv_bytes - 1) / set_kv_bytes, 2, 64));
   const int64_t slots_per_set = int64_t{s.B} * L;
-  const int64_t num_slots = slots_per_set * sets;
+  const int64_t kv_slots = slots_per_set * sets;
   const int rows = s.B * s.q;
 
   std::mt19937_64 rng(12345);
   // KV pool: random bf16, filled on the device from a host block repeated with an offset.
   void* kv = nullptr;
-  BENCH_CUDA(cudaMalloc(&kv, num_slots * 576 * 2));
+  BENCH_CUDA(cudaMalloc(&kv, kv_slots * 576 * 2));
   {
     std::vector<uint16_t> block(size_t{1} << 22);
     std::uniform_real_distribution<float> u(-1.f, 1.f);
     for (auto& v : block) v = FloatToBf16(u(rng));
-    const int64_t total = num_slots * 576;
+    const int64_t total = kv_slots * 576;
     const int64_t chunk = static_cast<int64_t>(block.size()) - 1024;
     for (int64_t off = 0; off < total; off += chunk) {
       const int64_t n = std::min<int64_t>(chunk, total - off);
@@ -160,12 +161,12 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
     }
   }
   // Per set: a random disjoint subset of slots, q, a chain mask.
-  std::vector<int32_t> perm(num_slots);
+  std::vector<int32_t> perm(kv_slots);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
   int32_t* idx = nullptr;
-  BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&idx), num_slots * 4));
-  BENCH_CUDA(cudaMemcpy(idx, perm.data(), num_slots * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&idx), kv_slots * 4));
+  BENCH_CUDA(cudaMemcpy(idx, perm.data(), kv_slots * 4, cudaMemcpyHostToDevice));
   const size_t q_elems = static_cast<size_t>(rows) * s.H * 576;
   void* q = nullptr;
   BENCH_CUDA(cudaMalloc(&q, q_elems * 2 * sets));
@@ -199,7 +200,7 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   p.total_rows = rows;
   p.num_heads = s.H;
   p.softmax_scale = 1.0f / std::sqrt(192.0f);
-  p.num_slots = num_slots;
+  p.kv_slots = kv_slots;
   p.kv = kv;
   p.tree_mask = mask;
   p.mask_words = 2;
@@ -236,7 +237,8 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   }
   BENCH_CUDA(cudaStreamSynchronize(stream));
   std::vector<float> ms(iters);
-  for (int i = 0; i < iters; ++i) BENCH_CUDA(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (int i = 0; i < iters; ++i)
+    BENCH_CUDA(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
   std::sort(ms.begin(), ms.end());
   for (auto& e : ev) cudaEventDestroy(e);
 
@@ -285,6 +287,7 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   res->ctas = static_cast<int>(plan->work.size());
   res->max_splits = plan->max_splits;
   res->rows_per_cta = plan->rows_per_cta;
+  res->config = plan->config == vc::VerifyKernelConfig::kS64 ? "s64" : "m16";
 
   cudaStreamDestroy(stream);
   cudaFree(kv);
@@ -306,18 +309,21 @@ int main(int argc, char** argv) {
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   const std::string cfg = absl::GetFlag(FLAGS_config);
   vc::VerifyKernelConfig config = vc::VerifyKernelConfig::kAuto;
-  if (cfg == "m16") config = vc::VerifyKernelConfig::kM16;
-  if (cfg == "m64") config = vc::VerifyKernelConfig::kM64;
-  if (cfg == "w64") config = vc::VerifyKernelConfig::kW64;
-  if (cfg == "m16x2") config = vc::VerifyKernelConfig::kM16x2;
-  if (cfg == "s64") config = vc::VerifyKernelConfig::kS64;
+  if (cfg == "m16") {
+    config = vc::VerifyKernelConfig::kM16;
+  } else if (cfg == "s64") {
+    config = vc::VerifyKernelConfig::kS64;
+  } else if (cfg != "auto") {
+    std::fprintf(stderr, "--config: '%s' is not auto, m16 or s64\n", cfg.c_str());
+    return 2;
+  }
   auto ws = vc::VerifyAttentionWorkspace::AllocateDefault();
   BENCH_OK(ws.status());
 
   std::printf("device: %s, %d SMs, sm_%d%d; config %s; floors: copy %.0f GB/s, bf16 %.0f TFLOP/s\n",
               prop.name, dev->num_sms, dev->cc_major, dev->cc_minor, cfg.c_str(),
               absl::GetFlag(FLAGS_copy_gbps), absl::GetFlag(FLAGS_mma_tflops));
-  nlohmann::json j;
+  nlohmann::json gather_gbps = nullptr;  // random-order gather ceiling, when measured
   if (absl::GetFlag(FLAGS_gather_ceiling)) {
     // ~1.1 GB pool (many times L2): random slot order vs pool order.
     const int64_t rows = 1'000'000;
@@ -334,9 +340,11 @@ int main(int argc, char** argv) {
     std::shuffle(order.begin(), order.end(), std::mt19937_64(99));
     BENCH_CUDA(cudaMemcpy(idx, order.data(), rows * 4, cudaMemcpyHostToDevice));
     BENCH_CUDA(verifyd::bench::MeasureGatherGBps(pool, idx, rows, dev->num_sms, 10, &rnd));
-    std::printf("gather ceiling (1152-byte rows, 16-byte loads): pool order %.0f GB/s, "
-                "random order %.0f GB/s\n", seq, rnd);
-    j["gather_ceiling_gbps"] = {{"pool_order", seq}, {"random_order", rnd}};
+    std::printf(
+        "gather ceiling (1152-byte rows, 16-byte loads): pool order %.0f GB/s, "
+        "random order %.0f GB/s\n",
+        seq, rnd);
+    gather_gbps = rnd;
     cudaFree(pool);
     cudaFree(idx);
   }
@@ -353,44 +361,61 @@ int main(int argc, char** argv) {
     if (RunShape(s, config, *dev, *ws, &r) != 0) return 1;
     results.push_back(r);
   }
+  int driver = 0, runtime = 0, sm_khz = 0, mem_khz = 0, dev_id = 0;
+  BENCH_CUDA(cudaGetDevice(&dev_id));
+  BENCH_CUDA(cudaDriverGetVersion(&driver));
+  BENCH_CUDA(cudaRuntimeGetVersion(&runtime));
+  BENCH_CUDA(cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, dev_id));
+  BENCH_CUDA(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, dev_id));
+  nlohmann::json j;
+  j["bench"] = "verify_attention";
+  j["impl"] = "verifyd";
+  j["meta"] = {
+      {"commit", absl::GetFlag(FLAGS_commit)},
+      {"date", absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())},
+      {"device", prop.name},
+      {"cc", absl::StrCat(dev->cc_major, ".", dev->cc_minor)},
+      {"num_sms", dev->num_sms},
+      {"driver_version", driver},
+      {"runtime_version", runtime},
+      {"sm_clock_mhz", sm_khz / 1000},
+      {"mem_clock_mhz", mem_khz / 1000},
+      {"timing",
+       "per-call time = median over replays of one CUDA graph that runs every rotated input "
+       "set (>= 512 MB of KV in all) once, divided by the number of sets"},
+      {"copy_gbps", absl::GetFlag(FLAGS_copy_gbps)},
+      {"mma_tflops", absl::GetFlag(FLAGS_mma_tflops)},
+      {"gather_ceiling_gbps", gather_gbps},
+  };
+  j["results"] = nlohmann::json::array();
   std::printf(
-      "\n| B | H | q | ctx | ms | eager ms | KV GB/s | TFLOP/s | mem floor ms | compute floor ms | %% of "
-      "larger floor | FlashMLA ms | vs FlashMLA | vs Triton | vs torch(anchor) | CTAs | "
-      "splits | rows/CTA |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  j["device"] = prop.name;
-  j["num_sms"] = dev->num_sms;
-  j["config"] = cfg;
-  j["iters"] = absl::GetFlag(FLAGS_iters);
+      "\n| B | H | q | ctx | ms | eager ms | KV GB/s | TFLOP/s | mem floor ms | compute floor "
+      "ms | %% of larger floor | CTAs | splits | rows/CTA |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Result& r : results) {
     const Shape& s = r.shape;
-    auto ratio = [&](double anchor) {
-      return anchor > 0 ? absl::StrCat(absl::SixDigits(anchor / r.ms), "x") : std::string("-");
-    };
-    std::printf("| %d | %d | %d | %d | %.4f | %.4f | %.0f | %.1f | %.4f | %.4f | %.0f %% | %.4f | %s | "
-                "%s | %s | %d | %d | %d |\n",
-                s.B, s.H, s.q, s.ctx, r.ms, r.eager_ms, r.gbps, r.tflops, r.mem_floor_ms,
-                r.compute_floor_ms, r.pct, s.flashmla_ms, ratio(s.flashmla_ms).c_str(),
-                ratio(s.triton_ms).c_str(), ratio(s.torch_ms).c_str(), r.ctas, r.max_splits,
-                r.rows_per_cta);
-    j["shapes"].push_back({{"label", s.Label()},
-                           {"B", s.B},
-                           {"H", s.H},
-                           {"q", s.q},
-                           {"ctx", s.ctx},
-                           {"ms", r.ms},
-                           {"eager_ms", r.eager_ms},
-                           {"input_sets", r.sets},
-                           {"kv_gbps", r.gbps},
-                           {"tflops", r.tflops},
-                           {"mem_floor_ms", r.mem_floor_ms},
-                           {"compute_floor_ms", r.compute_floor_ms},
-                           {"pct_of_larger_floor", r.pct},
-                           {"flashmla_ms", s.flashmla_ms},
-                           {"triton_ms", s.triton_ms},
-                           {"torch_anchor_ms", s.torch_ms},
-                           {"ctas", r.ctas},
-                           {"max_splits", r.max_splits},
-                           {"rows_per_cta", r.rows_per_cta}});
+    std::printf(
+        "| %d | %d | %d | %d | %.4f | %.4f | %.0f | %.1f | %.4f | %.4f | %.0f %% | %d | "
+        "%d | %d |\n",
+        s.B, s.H, s.q, s.ctx, r.ms, r.eager_ms, r.gbps, r.tflops, r.mem_floor_ms,
+        r.compute_floor_ms, r.pct, r.ctas, r.max_splits, r.rows_per_cta);
+    j["results"].push_back({{"B", s.B},
+                            {"H", s.H},
+                            {"q", s.q},
+                            {"ctx", s.ctx},
+                            {"mask", "tree-chain"},
+                            {"page_size", 1},
+                            {"config", r.config},
+                            {"ms", r.ms},
+                            {"eager_ms", r.eager_ms},
+                            {"sets", r.sets},
+                            {"ctas", r.ctas},
+                            {"max_splits", r.max_splits},
+                            {"gbps", r.gbps},
+                            {"tflops", r.tflops},
+                            {"mem_floor_ms", r.mem_floor_ms},
+                            {"compute_floor_ms", r.compute_floor_ms},
+                            {"pct_floor", r.pct}});
   }
   std::ofstream(absl::GetFlag(FLAGS_json)) << j.dump(2) << "\n";
   BENCH_OK(ws->Free());

@@ -29,7 +29,8 @@ DraftTree BuildDraftTree(const std::vector<int32_t>& guess, int depth, int branc
   int parent = -1;  // chain node of the previous depth
   for (int d = 0; d < depth; ++d) {
     if (static_cast<int>(tree.tokens.size()) >= max_nodes) break;
-    const int32_t main = d < static_cast<int>(guess.size()) ? guess[d] : RandomToken(vocab_size, rng);
+    const int32_t main =
+        d < static_cast<int>(guess.size()) ? guess[d] : RandomToken(vocab_size, rng);
     const int chain_index = static_cast<int>(tree.tokens.size());
     tree.tokens.push_back(main);
     tree.parents.push_back(parent);
@@ -49,8 +50,7 @@ std::vector<int32_t> NgramGuess(const std::vector<int32_t>& history, int depth) 
   for (int n = std::min(3, h - 1); n >= 1; --n) {
     // Latest earlier occurrence of the last n tokens.
     for (int start = h - n - 1; start >= 0; --start) {
-      if (std::equal(history.begin() + start, history.begin() + start + n,
-                     history.end() - n)) {
+      if (std::equal(history.begin() + start, history.begin() + start + n, history.end() - n)) {
         std::vector<int32_t> out;
         for (int k = start + n; k < h && static_cast<int>(out.size()) < depth; ++k) {
           out.push_back(history[k]);
@@ -62,6 +62,77 @@ std::vector<int32_t> NgramGuess(const std::vector<int32_t>& history, int depth) 
   return {};
 }
 
+namespace {
+
+// One session's drafter: the oracle (a shadow session on the same server supplies the true
+// greedy continuation; each chain token is true with probability `accuracy`) or the n-gram
+// prompt lookup. Used by RunDemo and by every RunLoad session.
+class SessionDrafter {
+ public:
+  SessionDrafter(VerifyClient& client, const DemoOptions& o, int64_t vocab)
+      : client_(client), o_(o), vocab_(vocab) {}
+  SessionDrafter(const SessionDrafter&) = delete;
+  SessionDrafter& operator=(const SessionDrafter&) = delete;
+  ~SessionDrafter() {
+    if (!shadow_id_.empty()) (void)client_.Close(shadow_id_);
+  }
+
+  // Oracle only: opens the shadow session on the same prompt.
+  absl::Status Start(const std::vector<int32_t>& prompt) {
+    if (!o_.oracle) return absl::OkStatus();
+    auto shadow = client_.Open(prompt);
+    if (!shadow.ok()) return shadow.status();
+    shadow_id_ = shadow->session_id;
+    truth_.push_back(shadow->next_token);
+    return absl::OkStatus();
+  }
+
+  // The guessed chain after the pending token. `collected`: next_token, then the accepted
+  // and bonus tokens so far; `history`: the prompt followed by `collected`.
+  absl::StatusOr<std::vector<int32_t>> Guess(const std::vector<int32_t>& collected,
+                                             const std::vector<int32_t>& history,
+                                             std::mt19937_64& rng) {
+    if (!o_.oracle) return NgramGuess(history, o_.depth);
+    const size_t from = collected.size();
+    if (auto st = ExtendTruth(from + o_.depth); !st.ok()) return st;
+    std::vector<int32_t> guess;
+    bool correct = true;
+    for (int d = 0; d < o_.depth; ++d) {
+      correct = correct && std::uniform_real_distribution<double>(0, 1)(rng) < o_.accuracy;
+      guess.push_back(correct ? truth_[from + d] : RandomToken(vocab_, rng));
+    }
+    return guess;
+  }
+
+  // Oracle only: whether `collected` equals plain greedy decoding (the shadow's tokens).
+  absl::StatusOr<bool> Lossless(const std::vector<int32_t>& collected) {
+    if (auto st = ExtendTruth(collected.size()); !st.ok()) return st;
+    return std::equal(collected.begin(), collected.end(), truth_.begin());
+  }
+
+  int64_t shadow_calls() const { return shadow_calls_; }
+
+ private:
+  absl::Status ExtendTruth(size_t n) {
+    while (truth_.size() < n) {
+      auto r = client_.Verify(shadow_id_, DraftTree{});
+      if (!r.ok()) return r.status();
+      ++shadow_calls_;
+      truth_.push_back(r->bonus_token);
+    }
+    return absl::OkStatus();
+  }
+
+  VerifyClient& client_;
+  const DemoOptions& o_;
+  const int64_t vocab_;
+  std::string shadow_id_;
+  std::vector<int32_t> truth_;  // greedy tokens after the prompt, from the shadow session
+  int64_t shadow_calls_ = 0;
+};
+
+}  // namespace
+
 absl::StatusOr<DemoReport> RunDemo(VerifyClient& client, const DemoOptions& o) {
   auto info = client.GetInfo();
   if (!info.ok()) return info.status();
@@ -72,47 +143,21 @@ absl::StatusOr<DemoReport> RunDemo(VerifyClient& client, const DemoOptions& o) {
 
   auto main = client.Open(prompt);
   if (!main.ok()) return main.status();
-  std::string shadow_id;
-  std::vector<int32_t> truth;  // greedy tokens after the prompt, from the shadow session
-  if (o.oracle) {
-    auto shadow = client.Open(prompt);
-    if (!shadow.ok()) {
-      (void)client.Close(main->session_id);
-      return shadow.status();
-    }
-    shadow_id = shadow->session_id;
-    truth.push_back(shadow->next_token);
-  }
-  auto extend_truth = [&](size_t n) -> absl::Status {
-    while (truth.size() < n) {
-      auto r = client.Verify(shadow_id, DraftTree{});
-      if (!r.ok()) return r.status();
-      truth.push_back(r->bonus_token);
-    }
-    return absl::OkStatus();
-  };
+  SessionDrafter drafter(client, o, vocab);
+  absl::Status status = drafter.Start(prompt);
 
   DemoReport rep;
   rep.collected.push_back(main->next_token);
   std::vector<int32_t> history = prompt;
   history.push_back(main->next_token);
   int64_t accepted_total = 0;
-  absl::Status status;
-  for (int round = 0; round < o.rounds; ++round) {
-    std::vector<int32_t> guess;
-    if (o.oracle) {
-      // The draft continues after the pending token: truth[emitted .. emitted + depth).
-      const size_t from = rep.collected.size();
-      if (status = extend_truth(from + o.depth); !status.ok()) break;
-      bool correct = true;
-      for (int d = 0; d < o.depth; ++d) {
-        correct = correct && std::uniform_real_distribution<double>(0, 1)(rng) < o.accuracy;
-        guess.push_back(correct ? truth[from + d] : RandomToken(vocab, rng));
-      }
-    } else {
-      guess = NgramGuess(history, o.depth);
+  for (int round = 0; status.ok() && round < o.rounds; ++round) {
+    auto guess = drafter.Guess(rep.collected, history, rng);
+    if (!guess.ok()) {
+      status = guess.status();
+      break;
     }
-    DraftTree tree = BuildDraftTree(guess, o.depth, o.branches, vocab, max_nodes, rng);
+    DraftTree tree = BuildDraftTree(*guess, o.depth, o.branches, vocab, max_nodes, rng);
     const absl::Time t0 = absl::Now();
     auto r = client.Verify(main->session_id, tree);
     const double dt = absl::ToDoubleSeconds(absl::Now() - t0);
@@ -141,13 +186,11 @@ absl::StatusOr<DemoReport> RunDemo(VerifyClient& client, const DemoOptions& o) {
     }
   }
   if (status.ok() && o.oracle) {
-    status = extend_truth(rep.collected.size());
-    if (status.ok()) {
-      rep.lossless = std::equal(rep.collected.begin(), rep.collected.end(), truth.begin());
-    }
+    auto lossless = drafter.Lossless(rep.collected);
+    if (lossless.ok()) rep.lossless = *lossless;
+    status = lossless.status();
   }
   (void)client.Close(main->session_id);
-  if (o.oracle) (void)client.Close(shadow_id);
   if (!status.ok()) return status;
   rep.mean_accepted = rep.rounds ? static_cast<double>(accepted_total) / rep.rounds : 0;
   rep.tokens_per_round = rep.rounds ? static_cast<double>(rep.tokens) / rep.rounds : 0;
@@ -175,20 +218,37 @@ absl::StatusOr<LoadReport> RunLoad(VerifyClient& client, const DemoOptions& o, i
   for (int s = 0; s < sessions; ++s) {
     threads.emplace_back([&, s] {
       std::mt19937_64 rng(o.seed * 1000003 + s);
-      std::vector<int32_t> history = RandomPrompt(o.prompt_len, vocab, rng);
-      auto open = client.Open(history);
+      const std::vector<int32_t> prompt = RandomPrompt(o.prompt_len, vocab, rng);
+      auto open = client.Open(prompt);
       if (!open.ok()) return record_error(open.status());
+      SessionDrafter drafter(client, o, vocab);
+      if (auto st = drafter.Start(prompt); !st.ok()) {
+        record_error(st);
+        if (auto cst = client.Close(open->session_id); !cst.ok()) record_error(cst);
+        return;
+      }
+      std::vector<int32_t> collected = {open->next_token};
+      std::vector<int32_t> history = prompt;
       history.push_back(open->next_token);
+      bool broken = false;  // a failed round leaves the collected tokens incomplete
       for (int round = 0; round < o.rounds; ++round) {
-        DraftTree tree = BuildDraftTree(NgramGuess(history, o.depth), o.depth, o.branches,
-                                        vocab, max_nodes, rng);
+        auto guess = drafter.Guess(collected, history, rng);
+        if (!guess.ok()) {
+          record_error(guess.status());
+          broken = true;
+          break;
+        }
+        DraftTree tree = BuildDraftTree(*guess, o.depth, o.branches, vocab, max_nodes, rng);
         const absl::Time t0 = absl::Now();
         auto r = client.Verify(open->session_id, tree);
         const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
         if (!r.ok()) {
           record_error(r.status());
+          broken = true;
           continue;
         }
+        collected.insert(collected.end(), r->accepted_tokens.begin(), r->accepted_tokens.end());
+        collected.push_back(r->bonus_token);
         history.insert(history.end(), r->accepted_tokens.begin(), r->accepted_tokens.end());
         history.push_back(r->bonus_token);
         std::lock_guard<std::mutex> lock(mu);
@@ -196,6 +256,20 @@ absl::StatusOr<LoadReport> RunLoad(VerifyClient& client, const DemoOptions& o, i
         latencies_ms.push_back(ms);
         accepted_total += static_cast<int64_t>(r->accepted_tokens.size());
         rep.tokens += static_cast<int64_t>(r->accepted_tokens.size()) + 1;
+      }
+      if (o.oracle && !broken) {
+        auto lossless = drafter.Lossless(collected);
+        std::lock_guard<std::mutex> lock(mu);
+        if (!lossless.ok()) {
+          rep.errors++;
+          rep.errors_by_code[absl::StatusCodeToString(lossless.status().code())]++;
+        } else if (!*lossless) {
+          rep.lossless_mismatches++;
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        rep.shadow_calls += drafter.shadow_calls();
       }
       if (auto st = client.Close(open->session_id); !st.ok()) record_error(st);
     });

@@ -7,8 +7,9 @@
 //     probability `accuracy` (once wrong, the chain continues randomly);
 //   - ngram:  prompt lookup: the tokens that followed the latest earlier occurrence of the
 //     last 1..3 tokens so far (random models often fall into loops, which this catches).
-// At every depth `branches - 1` random siblings are added. The oracle demo also checks
-// losslessness: the collected tokens must equal the shadow session's greedy tokens.
+// At every depth `branches - 1` random siblings are added. With the oracle, the demo and each
+// load session also check losslessness: the collected tokens must equal the shadow session's
+// greedy tokens.
 //
 // Thread-safety: RunDemo/RunLoad use their own sessions; BuildDraftTree is a pure function.
 #pragma once
@@ -48,12 +49,12 @@ struct DemoOptions {
 
 struct DemoReport {
   int rounds = 0;
-  int64_t tokens = 0;          // tokens emitted by Verify rounds (accepted + bonus)
-  double mean_accepted = 0;    // accepted draft tokens per round
+  int64_t tokens = 0;        // tokens emitted by Verify rounds (accepted + bonus)
+  double mean_accepted = 0;  // accepted draft tokens per round
   double tokens_per_round = 0;
-  double verify_seconds = 0;   // time spent in the main session's Verify calls
-  double tokens_per_second = 0;  // tokens / verify_seconds (shadow calls excluded)
-  bool lossless = false;       // oracle only: collected tokens == shadow greedy tokens
+  double verify_seconds = 0;       // time spent in the main session's Verify calls
+  double tokens_per_second = 0;    // tokens / verify_seconds (shadow calls excluded)
+  bool lossless = false;           // oracle only: collected tokens == shadow greedy tokens
   std::vector<int32_t> collected;  // next_token, then accepted + bonus of every round
 };
 
@@ -67,6 +68,11 @@ struct LoadReport {
   double calls_per_second = 0;
   double mean_accepted = 0;
   double p50_ms = 0, p90_ms = 0, p99_ms = 0, max_ms = 0;
+  // Oracle drafter only: the shadow sessions' plain decode calls (not counted in calls,
+  // tokens or latencies above, but load on the server), and the sessions whose collected
+  // tokens differed from plain greedy decoding (must be 0: the output is lossless).
+  int64_t shadow_calls = 0;
+  int64_t lossless_mismatches = 0;
 };
 
 // Builds one draft tree. `guess`: the proposed chain (true continuation or n-gram), at most
@@ -79,8 +85,9 @@ DraftTree BuildDraftTree(const std::vector<int32_t>& guess, int depth, int branc
 std::vector<int32_t> NgramGuess(const std::vector<int32_t>& history, int depth);
 
 absl::StatusOr<DemoReport> RunDemo(VerifyClient& client, const DemoOptions& options);
-// `sessions` concurrent sessions, each `options.rounds` rounds with the ngram drafter.
-absl::StatusOr<LoadReport> RunLoad(VerifyClient& client, const DemoOptions& options,
-                                   int sessions);
+// `sessions` concurrent sessions, each `options.rounds` rounds with the drafter of
+// `options.oracle` (oracle: every session has a shadow session and is checked for
+// losslessness; ngram: prompt lookup).
+absl::StatusOr<LoadReport> RunLoad(VerifyClient& client, const DemoOptions& options, int sessions);
 
 }  // namespace verifyd::client

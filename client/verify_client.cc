@@ -18,8 +18,7 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
                       s.error_message());
 }
 
-VerifyClient::VerifyClient(const std::string& target, absl::Duration timeout,
-                           int max_message_bytes)
+VerifyClient::VerifyClient(const std::string& target, absl::Duration timeout, int max_message_bytes)
     : timeout_(timeout) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(max_message_bytes);
@@ -29,7 +28,8 @@ VerifyClient::VerifyClient(const std::string& target, absl::Duration timeout,
 }
 
 VerifyClient::VerifyClient(std::shared_ptr<grpc::Channel> channel, absl::Duration timeout)
-    : channel_(std::move(channel)), stub_(v1::VerifyService::NewStub(channel_)),
+    : channel_(std::move(channel)),
+      stub_(v1::VerifyService::NewStub(channel_)),
       timeout_(timeout) {}
 
 void VerifyClient::SetDeadline(grpc::ClientContext* ctx) const {

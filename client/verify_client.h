@@ -56,8 +56,8 @@ class VerifyClient {
   // One session, one tree.
   absl::StatusOr<VerifyOutcome> Verify(const std::string& session_id, const DraftTree& tree);
   // Several sessions in one call (results in item order).
-  absl::StatusOr<std::vector<VerifyOutcome>> VerifyMany(
-      const std::vector<std::string>& session_ids, const std::vector<DraftTree>& trees);
+  absl::StatusOr<std::vector<VerifyOutcome>> VerifyMany(const std::vector<std::string>& session_ids,
+                                                        const std::vector<DraftTree>& trees);
   absl::Status Close(const std::string& session_id);
   // grpc.health.v1.Health/Check for `service` ("" = the whole server).
   absl::StatusOr<HealthStatus> Health(const std::string& service = "");

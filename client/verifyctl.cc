@@ -4,7 +4,7 @@
 //   verifyctl verify --session S --tokens 5,6,7 --parents -1,0,-1
 //   verifyctl close --session S
 //   verifyctl demo [--drafter oracle|ngram] [--rounds R] [--depth D] [--branches B]
-//   verifyctl load --sessions N --rounds R
+//   verifyctl load [--drafter oracle|ngram] --sessions N --rounds R
 // TLS: --tls_ca (server CA), + --tls_cert/--tls_key (mutual TLS), + --auth_token_file.
 // Exit status: 0 on success, 1 on an RPC error (printed as CODE: message), 2 on bad usage.
 #include <algorithm>
@@ -22,10 +22,10 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/ascii.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/demo_drafter.h"
@@ -78,22 +78,23 @@ int CmdInfo(VerifyClient& c) {
   auto info = c.GetInfo();
   if (!info.ok()) return Fail(info.status());
   const auto& m = info->model();
-  std::printf("model: %s\n  vocab_size=%lld hidden_size=%lld layers=%lld heads=%lld "
-              "q_lora_rank=%lld kv_lora_rank=%lld qk_nope=%lld qk_rope=%lld v_head=%lld "
-              "intermediate=%lld max_position=%lld\n",
-              m.name().c_str(), (long long)m.vocab_size(), (long long)m.hidden_size(),
-              (long long)m.num_hidden_layers(), (long long)m.num_attention_heads(),
-              (long long)m.q_lora_rank(), (long long)m.kv_lora_rank(),
-              (long long)m.qk_nope_head_dim(), (long long)m.qk_rope_head_dim(),
-              (long long)m.v_head_dim(), (long long)m.intermediate_size(),
-              (long long)m.max_position_embeddings());
+  std::printf(
+      "model: %s\n  vocab_size=%lld hidden_size=%lld layers=%lld heads=%lld "
+      "q_lora_rank=%lld kv_lora_rank=%lld qk_nope=%lld qk_rope=%lld v_head=%lld "
+      "intermediate=%lld max_position=%lld\n",
+      m.name().c_str(), (long long)m.vocab_size(), (long long)m.hidden_size(),
+      (long long)m.num_hidden_layers(), (long long)m.num_attention_heads(),
+      (long long)m.q_lora_rank(), (long long)m.kv_lora_rank(), (long long)m.qk_nope_head_dim(),
+      (long long)m.qk_rope_head_dim(), (long long)m.v_head_dim(), (long long)m.intermediate_size(),
+      (long long)m.max_position_embeddings());
   const auto& l = info->limits();
   std::printf("backend: %s  tp: %d  version: %s\n", info->backend().c_str(), info->tp_size(),
               info->version().c_str());
-  std::printf("limits: max_draft_nodes=%d max_context=%lld max_batch=%d kv_slots_total=%lld "
-              "max_sessions=%d max_prompt_tokens=%d\n",
-              l.max_draft_nodes(), (long long)l.max_context(), l.max_batch(),
-              (long long)l.kv_slots_total(), l.max_sessions(), l.max_prompt_tokens());
+  std::printf(
+      "limits: max_draft_nodes=%d max_context=%lld max_batch=%d kv_slots=%lld "
+      "max_sessions=%d max_prompt_tokens=%d\n",
+      l.max_draft_nodes(), (long long)l.max_context(), l.max_batch(), (long long)l.kv_slots(),
+      l.max_sessions(), l.max_prompt_tokens());
   return 0;
 }
 
@@ -125,11 +126,11 @@ int CmdVerify(VerifyClient& c) {
   tree.parents = *parents;
   auto r = c.Verify(absl::GetFlag(FLAGS_session), tree);
   if (!r.ok()) return Fail(r.status());
-  std::printf("accepted_nodes: [%s]\naccepted_tokens: [%s]\nbonus_token: %d\n"
-              "committed_len: %lld\n",
-              absl::StrJoin(r->accepted_nodes, ",").c_str(),
-              absl::StrJoin(r->accepted_tokens, ",").c_str(), r->bonus_token,
-              (long long)r->committed_len);
+  std::printf(
+      "accepted_nodes: [%s]\naccepted_tokens: [%s]\nbonus_token: %d\n"
+      "committed_len: %lld\n",
+      absl::StrJoin(r->accepted_nodes, ",").c_str(), absl::StrJoin(r->accepted_tokens, ",").c_str(),
+      r->bonus_token, (long long)r->committed_len);
   return 0;
 }
 
@@ -158,39 +159,50 @@ int CmdDemo(VerifyClient& c) {
   const bool quiet = absl::GetFlag(FLAGS_quiet);
   o.on_round = [quiet](const verifyd::client::RoundReport& r) {
     if (quiet) return;
-    std::printf("round %3d: drafted %2d nodes (depth %d), accepted %d [%s] + bonus %d, "
-                "%.2f ms\n",
-                r.round, r.nodes, r.depth, r.accepted, absl::StrJoin(r.accepted_tokens, ",").c_str(),
-                r.bonus, r.latency_ms);
+    std::printf(
+        "round %3d: drafted %2d nodes (depth %d), accepted %d [%s] + bonus %d, "
+        "%.2f ms\n",
+        r.round, r.nodes, r.depth, r.accepted, absl::StrJoin(r.accepted_tokens, ",").c_str(),
+        r.bonus, r.latency_ms);
   };
   auto report = verifyd::client::RunDemo(c, o);
   if (!report.ok()) return Fail(report.status());
-  std::printf("demo: drafter=%s rounds=%d tokens=%lld mean_accepted_length=%.3f "
-              "tokens_per_round=%.3f tokens_per_second=%.1f verify_seconds=%.3f%s\n",
-              drafter.c_str(), report->rounds, (long long)report->tokens,
-              report->mean_accepted, report->tokens_per_round, report->tokens_per_second,
-              report->verify_seconds,
-              o.oracle ? (report->lossless ? " lossless=yes" : " lossless=NO") : "");
+  std::printf(
+      "demo: drafter=%s rounds=%d tokens=%lld mean_accepted_length=%.3f "
+      "tokens_per_round=%.3f tokens_per_second=%.1f verify_seconds=%.3f%s\n",
+      drafter.c_str(), report->rounds, (long long)report->tokens, report->mean_accepted,
+      report->tokens_per_round, report->tokens_per_second, report->verify_seconds,
+      o.oracle ? (report->lossless ? " lossless=yes" : " lossless=NO") : "");
   return o.oracle && !report->lossless ? 1 : 0;
 }
 
 int CmdLoad(VerifyClient& c) {
+  const std::string drafter = absl::GetFlag(FLAGS_drafter);
+  if (drafter != "oracle" && drafter != "ngram") return Usage("--drafter: oracle or ngram");
   DemoOptions o = DemoOptionsFromFlags();
   const int n = absl::GetFlag(FLAGS_sessions);
   if (n < 1) return Usage("--sessions: must be >= 1");
   auto report = verifyd::client::RunLoad(c, o, n);
   if (!report.ok()) return Fail(report.status());
-  std::printf("load: sessions=%d rounds=%d calls=%lld errors=%lld tokens=%lld wall_s=%.3f "
-              "tokens_per_second=%.1f calls_per_second=%.1f mean_accepted_length=%.3f "
-              "latency_ms p50=%.2f p90=%.2f p99=%.2f max=%.2f\n",
-              n, o.rounds, (long long)report->calls, (long long)report->errors,
-              (long long)report->tokens, report->wall_s, report->tokens_per_second,
-              report->calls_per_second, report->mean_accepted, report->p50_ms, report->p90_ms,
-              report->p99_ms, report->max_ms);
+  std::printf(
+      "load: drafter=%s sessions=%d rounds=%d calls=%lld errors=%lld tokens=%lld "
+      "wall_s=%.3f tokens_per_second=%.1f calls_per_second=%.1f "
+      "mean_accepted_length=%.3f latency_ms p50=%.2f p90=%.2f p99=%.2f max=%.2f\n",
+      drafter.c_str(), n, o.rounds, (long long)report->calls, (long long)report->errors,
+      (long long)report->tokens, report->wall_s, report->tokens_per_second,
+      report->calls_per_second, report->mean_accepted, report->p50_ms, report->p90_ms,
+      report->p99_ms, report->max_ms);
+  if (o.oracle) {
+    std::printf(
+        "  oracle: shadow_calls=%lld (plain decode steps, not counted above) "
+        "lossless_mismatches=%lld%s\n",
+        (long long)report->shadow_calls, (long long)report->lossless_mismatches,
+        report->lossless_mismatches == 0 ? " lossless=yes" : " lossless=NO");
+  }
   for (const auto& [code, count] : report->errors_by_code) {
     std::printf("  errors %s: %lld\n", code.c_str(), (long long)count);
   }
-  return report->errors == 0 ? 0 : 1;
+  return report->errors == 0 && report->lossless_mismatches == 0 ? 0 : 1;
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string& flag) {

@@ -4,7 +4,7 @@
 // One params struct, two implementations behind it:
 //   - VerifyAttentionReference (kernels/reference/): plain C++, float32 accumulation, the
 //     oracle for tests and the CPU backend's op. Host pointers.
-//   - the CUDA launchers (kernels/cuda/verify_attention_cuda.h): device pointers, a split
+//   - the CUDA launchers (kernels/cuda/verify_attention/api.h): device pointers, a split
 //     plan computed once per batch.
 //
 // Semantics (both implementations). For request b:
@@ -45,9 +45,9 @@ struct VerifyAttentionParams {
   float softmax_scale = 1.0f;
   DType dtype = DType::kBFloat16;  // of q, kv and out
 
-  const void* q = nullptr;  // [total_rows, num_heads, qk_dim], contiguous
-  const void* kv = nullptr;  // [num_slots, qk_dim], contiguous: the latent cache
-  int64_t num_slots = 0;     // rows in the cache; every slot index must be < num_slots
+  const void* q = nullptr;   // [total_rows, num_heads, qk_dim], contiguous
+  const void* kv = nullptr;  // [kv_slots, qk_dim], contiguous: the latent cache
+  int64_t kv_slots = 0;      // rows in the cache; every slot index must be < kv_slots
 
   const int32_t* q_indptr = nullptr;    // [batch + 1]
   const int32_t* kv_indptr = nullptr;   // [batch + 1]
@@ -55,8 +55,8 @@ struct VerifyAttentionParams {
   const uint64_t* tree_mask = nullptr;  // [total_rows, mask_words]
   int mask_words = 2;                   // 64-bit words per mask row
 
-  void* out = nullptr;    // [total_rows, num_heads, v_dim]
-  float* lse = nullptr;   // optional [total_rows, num_heads], natural log
+  void* out = nullptr;   // [total_rows, num_heads, v_dim]
+  float* lse = nullptr;  // optional [total_rows, num_heads], natural log
 
   void* stream = nullptr;  // cudaStream_t for the CUDA path; ignored by the reference
 };

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Runs the CUDA kernel tests and benchmarks on a GPU machine and leaves logs/JSON in $OUT.
-#   scripts/gpu-kernels-run.sh [tests] [sanitize] [bench] [torch] [profile]
-#   (default: tests bench torch). Logs and JSON go to a work folder, packed into
-#   $OUT/results.tgz (the device tool returns at most 8 files); bench_auto.json is copied too.
+#   scripts/gpu-kernels-run.sh [tests] [sanitize] [bench] [flashinfer] [torch] [tune] [profile]
+#   (default: tests bench flashinfer). Logs and JSON go to a work folder, packed into
+#   $OUT/results.tgz (the device tool returns at most 8 files); verifyd.json and
+#   flashinfer.json (the same run's peer, bench/peers/flashinfer_mla.py) are copied too.
 # Expects the binaries on PATH (gpu_verify_attention_test, gpu_tree_accept_test,
 # verify_attention_bench), e.g. from a device bundle: source .device/env.sh first.
+# Env: VERIFYD_COMMIT (recorded in the JSON), FLASHINFER_PATH (a folder holding the
+# flashinfer package laid out for JIT use, put on PYTHONPATH; see docs/PERF.md).
 # Prints a short summary last. Never changes clocks, power or MIG settings.
 set -uo pipefail
 OUT=${OUT:-/tmp/verifyd-gpu-out}
@@ -13,7 +16,8 @@ FINAL_OUT=$OUT
 OUT=$(mktemp -d /tmp/verifyd-gpu.XXXXXX)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests bench torch)
+[ ${#steps[@]} -eq 0 ] && steps=(tests bench flashinfer)
+commit=${VERIFYD_COMMIT:-unknown}
 rc=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv > "$OUT/gpu.txt" 2>&1
@@ -31,14 +35,22 @@ for step in "${steps[@]}"; do
       echo "compute-sanitizer memcheck rc=$?"; tail -5 "$OUT/sanitize.log"
       ;;
     bench)
-      for cfg in ${BENCH_CONFIGS:-auto m16 m64}; do
-        verify_attention_bench --config=$cfg --json "$OUT/bench_$cfg.json" > "$OUT/bench_$cfg.log" 2>&1 || rc=1
+      for cfg in ${BENCH_CONFIGS:-auto}; do
+        verify_attention_bench --config=$cfg --commit="$commit" --json "$OUT/bench_$cfg.json" \
+          > "$OUT/bench_$cfg.log" 2>&1 || rc=1
       done
+      ;;
+    flashinfer)
+      # Same shapes, inputs and timing method as verify_attention_bench, in the same run.
+      PYTHONPATH="${FLASHINFER_PATH:-}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+        FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a} \
+        timeout "${FLASHINFER_TIMEOUT:-420}" python3 "$here/bench/peers/flashinfer_mla.py" \
+        --commit="$commit" --json "$OUT/flashinfer.json" > "$OUT/flashinfer.log" 2>&1 || rc=1
       ;;
     tune)
       # Planner / configuration sweep: one bench run per (config, split overhead), then a
       # compact matrix of median times per shape.
-      for spec in ${TUNE_SPEC:-auto:256 m16:256 m16x2:256 w64:256}; do
+      for spec in ${TUNE_SPEC:-auto:256 m16:256 s64:256}; do
         cfg=${spec%%:*}; ov=${spec##*:}
         verify_attention_bench --config=$cfg --split_overhead=$ov --iters=30 \
           --json "$OUT/tune_${cfg}_ov${ov}.json" > "$OUT/tune_${cfg}_ov${ov}.log" 2>&1 || rc=1
@@ -47,12 +59,13 @@ for step in "${steps[@]}"; do
 import glob, json, os, sys
 runs = {}
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "tune_*.json"))):
-    runs[os.path.basename(f)[5:-5]] = {s["label"]: s for s in json.load(open(f))["shapes"]}
+    runs[os.path.basename(f)[5:-5]] = {
+        (r["B"], r["H"], r["q"], r["ctx"]): r for r in json.load(open(f))["results"]}
 names = list(runs)
-print("| shape | FlashMLA | " + " | ".join(names) + " |")
-for label in next(iter(runs.values())):
-    row = [f"{runs[n][label]['ms']:.4f}" for n in names]
-    print(f"| {label} | {next(iter(runs.values()))[label]['flashmla_ms']:.4f} | " + " | ".join(row) + " |")
+print("| B/H/q/ctx | " + " | ".join(names) + " |")
+for shape in next(iter(runs.values())):
+    row = [f"{runs[n][shape]['ms']:.4f}" for n in names]
+    print("| " + "/".join(map(str, shape)) + " | " + " | ".join(row) + " |")
 PY
       ;;
     profile)
@@ -72,9 +85,10 @@ PY
       ;;
   esac
 done
-for f in "$OUT"/bench_*.log "$OUT/torch.log"; do
-  [ -f "$f" ] && { echo "== $(basename "$f")"; grep -E "^\||device|sanity|rror" "$f"; }
+for f in "$OUT"/bench_*.log "$OUT/flashinfer.log" "$OUT/torch.log"; do
+  [ -f "$f" ] && { echo "== $(basename "$f")"; grep -E "^\||^ *[0-9]|device|sanity|rror" "$f" | tail -40; }
 done
 tar czf "$FINAL_OUT/results.tgz" -C "$OUT" .
-[ -f "$OUT/bench_auto.json" ] && cp "$OUT/bench_auto.json" "$FINAL_OUT/"
+[ -f "$OUT/bench_auto.json" ] && cp "$OUT/bench_auto.json" "$FINAL_OUT/verifyd.json"
+[ -f "$OUT/flashinfer.json" ] && cp "$OUT/flashinfer.json" "$FINAL_OUT/flashinfer.json"
 exit $rc

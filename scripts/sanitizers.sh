@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sanitizer stage (issue 6): builds and runs
+# Sanitizer stage: builds and runs
 #   1. the CPU tests with AddressSanitizer + UndefinedBehaviorSanitizer (clang), including the
 #      libFuzzer harnesses (rel_fuzz_*, VERIFYD_FUZZ_SECONDS each, under ASan+UBSan);
 #   2. the server/client/reliability tests with ThreadSanitizer (clang).

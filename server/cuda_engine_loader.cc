@@ -47,8 +47,8 @@ absl::StatusOr<const CudaEngineModule*> Load() {
     auto* module = new CudaEngineModule;  // lives as long as the process (never dlclosed)
     module->devices_available =
         reinterpret_cast<bool (*)()>(::dlsym(handle, "verifyd_cuda_devices_available"));
-    module->create = reinterpret_cast<decltype(module->create)>(
-        ::dlsym(handle, "verifyd_create_cuda_engine"));
+    module->create =
+        reinterpret_cast<decltype(module->create)>(::dlsym(handle, "verifyd_create_cuda_engine"));
     if (abi == nullptr || module->devices_available == nullptr || module->create == nullptr ||
         abi() != kCudaEngineModuleAbi) {
       delete module;

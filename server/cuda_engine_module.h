@@ -18,24 +18,18 @@
 
 #include "absl/status/statusor.h"
 #include "tp/engine.h"
+#include "tp/engine_options.h"
 
 namespace verifyd::server {
 
-inline constexpr int kCudaEngineModuleAbi = 1;
+// Bumped whenever what crosses the boundary changes (2: the create call takes
+// tp::EngineOptions).
+inline constexpr int kCudaEngineModuleAbi = 2;
 inline constexpr char kCudaEngineModuleFile[] = "libverifyd_cuda_engine.so";
-
-// What verifyd asks of the CUDA engine (the subset of tp::CudaEngineOptions it sets).
-struct CudaModuleSpec {
-  std::string model;
-  uint64_t seed = 0;
-  int tp = 1;
-  int64_t kv_slots = 0;
-  int max_batch = 64;
-};
 
 struct CudaEngineModule {
   bool (*devices_available)() = nullptr;
-  void (*create)(const CudaModuleSpec* spec,
+  void (*create)(const tp::EngineOptions* options,
                  absl::StatusOr<std::unique_ptr<tp::Engine>>* out) = nullptr;
 };
 
@@ -49,6 +43,6 @@ absl::StatusOr<const CudaEngineModule*> LoadCudaEngineModule();
 extern "C" {
 int verifyd_cuda_engine_module_abi();
 bool verifyd_cuda_devices_available();
-void verifyd_create_cuda_engine(const verifyd::server::CudaModuleSpec* spec,
+void verifyd_create_cuda_engine(const verifyd::tp::EngineOptions* options,
                                 absl::StatusOr<std::unique_ptr<verifyd::tp::Engine>>* out);
 }

@@ -8,7 +8,7 @@
 #include "absl/time/clock.h"
 #include "server/cuda_engine_module.h"
 #include "server/testing/toy_engine.h"
-#include "tp/cpu_engine.h"
+#include "tp/cpu/cpu_engine.h"
 
 namespace verifyd::server {
 namespace {
@@ -26,8 +26,7 @@ absl::StatusOr<tp::RankFaultHook> FaultHook(const std::string& spec) {
       return absl::OkStatus();
     });
   }
-  if (parts.size() == 2 && parts[0] == "slow" && absl::SimpleAtoi(parts[1], &value) &&
-      value >= 0) {
+  if (parts.size() == 2 && parts[0] == "slow" && absl::SimpleAtoi(parts[1], &value) && value >= 0) {
     return tp::RankFaultHook([value](int r, int64_t) -> absl::Status {
       if (r == 0) absl::SleepFor(absl::Milliseconds(value));
       return absl::OkStatus();
@@ -40,13 +39,8 @@ absl::StatusOr<tp::RankFaultHook> FaultHook(const std::string& spec) {
 absl::StatusOr<std::unique_ptr<tp::Engine>> CreateCpu(const EngineSpec& spec) {
   auto hook = FaultHook(spec.testing_fault);
   if (!hook.ok()) return hook.status();
-  tp::CpuEngineOptions o;
-  o.fault_hook = *std::move(hook);
-  o.model = spec.model;
-  o.seed = spec.seed;
-  o.tp = spec.tp;
-  o.kv_capacity = spec.kv_slots;
-  o.max_batch = spec.max_batch;
+  tp::EngineOptions o = spec.engine;
+  if (*hook) o.fault_hook = *std::move(hook);
   return tp::CreateCpuEngine(o);
 }
 
@@ -61,15 +55,9 @@ absl::StatusOr<std::unique_ptr<tp::Engine>> CreateCuda(const EngineSpec& spec) {
   if (!(*module)->devices_available()) {
     return absl::UnavailableError("--backend cuda: no CUDA device is visible");
   }
-  CudaModuleSpec s;
-  s.model = spec.model;
-  s.seed = spec.seed;
-  s.tp = spec.tp;
-  s.kv_slots = spec.kv_slots;
-  s.max_batch = spec.max_batch;
   absl::StatusOr<std::unique_ptr<tp::Engine>> engine =
       absl::UnknownError("the CUDA engine module returned nothing");
-  (*module)->create(&s, &engine);
+  (*module)->create(&spec.engine, &engine);
   return engine;
 }
 
@@ -81,11 +69,12 @@ bool CudaUsable() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<tp::Engine>> CreateEngine(const EngineSpec& spec) {
-  if (spec.tp < 1) return absl::InvalidArgumentError("--tp: must be >= 1");
-  if (spec.kv_slots < 2 || spec.kv_slots > (int64_t{1} << 31) - 1) {
+  const tp::EngineOptions& e = spec.engine;
+  if (e.tp < 1) return absl::InvalidArgumentError("--tp: must be >= 1");
+  if (e.kv_slots < 2 || e.kv_slots > (int64_t{1} << 31) - 1) {
     return absl::InvalidArgumentError("--kv_slots: must be in [2, 2^31)");
   }
-  if (spec.max_batch < 1) return absl::InvalidArgumentError("--max_batch: must be >= 1");
+  if (e.limits.max_batch < 1) return absl::InvalidArgumentError("--max_batch: must be >= 1");
   if (!spec.testing_fault.empty() && spec.backend != "cpu") {
     return absl::InvalidArgumentError("--testing_fault: needs --backend cpu");
   }
@@ -94,10 +83,10 @@ absl::StatusOr<std::unique_ptr<tp::Engine>> CreateEngine(const EngineSpec& spec)
   if (spec.backend == "cpu") return CreateCpu(spec);
   if (spec.backend == "toy") {
     testing::ToyEngineOptions o;
-    o.kv_capacity = spec.kv_slots;
-    o.max_batch = spec.max_batch;
-    o.tp_size = spec.tp;
-    o.seed = spec.seed;
+    o.kv_slots = e.kv_slots;
+    o.max_batch = e.limits.max_batch;
+    o.tp_size = e.tp;
+    o.seed = e.seed;
     return std::unique_ptr<tp::Engine>(new testing::ToyEngine(o));
   }
   return absl::InvalidArgumentError(

@@ -8,18 +8,22 @@
 
 #include "absl/status/statusor.h"
 #include "tp/engine.h"
+#include "tp/engine_options.h"
 
 namespace verifyd::server {
 
 struct EngineSpec {
   std::string backend = "auto";  // cpu | cuda | auto (cuda when built and a GPU is present,
                                  // else cpu) | toy (test stand-in, no model)
-  std::string model = "tiny";    // preset name or checkpoint directory
-  uint64_t seed = 0;             // weight seed for presets
-  int tp = 1;                    // tensor-parallel ranks
-  int64_t kv_slots = 65536;      // latent KV pool capacity in tokens
-  int max_batch = 64;            // requests per step
-  // Fault injection for the reliability tests (cpu backend only; "" = none):
+  // What the engine is built from (model, seed, tp, kv_slots, limits.max_batch, ...), handed
+  // unchanged to the backend. The server's default pool is larger than the engine's.
+  tp::EngineOptions engine = [] {
+    tp::EngineOptions o;
+    o.kv_slots = 65536;
+    return o;
+  }();
+  // Fault injection for the reliability tests (cpu backend only; "" = none), installed as
+  // engine.fault_hook:
   //   "fail:<rank>@<step>"  rank fails at engine step <step> (0-based): engine failed
   //   "slow:<ms>"           every step, rank 0 first sleeps <ms> ms (calls stay in flight)
   std::string testing_fault;

@@ -69,7 +69,6 @@ void RequestStop(StopState* s, int code, const std::string& reason) {
   s->reason = reason;
 }
 
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -93,14 +92,14 @@ int main(int argc, char** argv) {
 
   verifyd::server::EngineSpec spec;
   spec.backend = absl::GetFlag(FLAGS_backend);
-  spec.model = absl::GetFlag(FLAGS_model);
-  spec.seed = absl::GetFlag(FLAGS_seed);
-  spec.tp = absl::GetFlag(FLAGS_tp);
-  spec.kv_slots = absl::GetFlag(FLAGS_kv_slots);
-  spec.max_batch = absl::GetFlag(FLAGS_max_batch);
+  spec.engine.model = absl::GetFlag(FLAGS_model);
+  spec.engine.seed = absl::GetFlag(FLAGS_seed);
+  spec.engine.tp = absl::GetFlag(FLAGS_tp);
+  spec.engine.kv_slots = absl::GetFlag(FLAGS_kv_slots);
+  spec.engine.limits.max_batch = absl::GetFlag(FLAGS_max_batch);
   spec.testing_fault = absl::GetFlag(FLAGS_testing_fault);
-  spdlog::info("loading model={} backend={} tp={} kv_slots={}", spec.model, spec.backend,
-               spec.tp, spec.kv_slots);
+  spdlog::info("loading model={} backend={} tp={} kv_slots={}", spec.engine.model, spec.backend,
+               spec.engine.tp, spec.engine.kv_slots);
   auto engine = verifyd::server::CreateEngine(spec);
   if (!engine.ok()) {
     spdlog::critical("engine: {}", engine.status().ToString());

@@ -9,8 +9,8 @@ using prometheus::Histogram;
 
 // Latency buckets: 100 us .. ~10 s, roughly x2.5 per step.
 Histogram::BucketBoundaries LatencyBuckets() {
-  return {1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2,
-          0.1,  0.25,   0.5,  1.0,  2.5,    5.0,  10.0};
+  return {1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+          5e-2, 0.1,    0.25, 0.5,  1.0,    2.5,  5.0,  10.0};
 }
 
 Histogram::BucketBoundaries CountBuckets(int max) {
@@ -26,8 +26,9 @@ Metrics::Metrics(int tp_size, const std::string& version, const std::string& bac
   auto& reg = *registry_;
   auto& latency = prometheus::BuildHistogram()
                       .Name("verifyd_verify_latency_seconds")
-                      .Help("Verify request latency in seconds by stage: queue (waiting for an "
-                            "engine step), engine (the step that ran it), total (handler)")
+                      .Help(
+                          "Verify request latency in seconds by stage: queue (waiting for an "
+                          "engine step), engine (the step that ran it), total (handler)")
                       .Register(reg);
   latency_queue_ = &latency.Add({{"stage", "queue"}}, LatencyBuckets());
   latency_engine_ = &latency.Add({{"stage", "engine"}}, LatencyBuckets());
@@ -63,9 +64,10 @@ Metrics::Metrics(int tp_size, const std::string& version, const std::string& bac
                          .Add({});
   auto& by_depth = prometheus::BuildCounter()
                        .Name("verifyd_accepted_tokens_by_depth_total")
-                       .Help("Accepted draft tokens by tree depth (1 = child of the pending "
-                             "token); divide by verifyd_draft_depth_reached_total for the "
-                             "acceptance rate per depth")
+                       .Help(
+                           "Accepted draft tokens by tree depth (1 = child of the pending "
+                           "token); divide by verifyd_draft_depth_reached_total for the "
+                           "acceptance rate per depth")
                        .Register(reg);
   auto& reached = prometheus::BuildCounter()
                       .Name("verifyd_draft_depth_reached_total")

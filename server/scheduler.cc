@@ -16,8 +16,8 @@ struct Scheduler::Job {
   std::shared_ptr<Session> session;
   const std::vector<int32_t>* prompt = nullptr;
   const std::vector<int32_t>* prompt_slots = nullptr;
-  int64_t offset = 0;        // rows of the prompt already prefilled
-  int32_t next_token = -1;   // prediction after the last prompt row
+  int64_t offset = 0;       // rows of the prompt already prefilled
+  int32_t next_token = -1;  // prediction after the last prompt row
   // Verify.
   std::vector<VerifyWork>* items = nullptr;
   std::function<bool()> cancelled;  // optional: the caller went away
@@ -43,7 +43,9 @@ Scheduler::Scheduler(tp::Engine* engine, SessionManager* sessions, SlotAllocator
 
 Scheduler::~Scheduler() { Stop(); }
 
-void Scheduler::Start() { thread_ = std::thread([this] { Loop(); }); }
+void Scheduler::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
 
 void Scheduler::Stop() {
   {
@@ -72,8 +74,7 @@ absl::Duration Scheduler::current_step_age() const {
 absl::StatusOr<int32_t> Scheduler::Prefill(const std::shared_ptr<Session>& session,
                                            const std::vector<int32_t>& prompt,
                                            const std::vector<int32_t>& prompt_slots,
-                                           JobTiming* timing,
-                                           std::function<bool()> cancelled) {
+                                           JobTiming* timing, std::function<bool()> cancelled) {
   Job job;
   job.kind = Job::Kind::kPrefill;
   job.cancelled = std::move(cancelled);
@@ -87,7 +88,7 @@ absl::StatusOr<int32_t> Scheduler::Prefill(const std::shared_ptr<Session>& sessi
 }
 
 absl::Status Scheduler::Verify(std::vector<VerifyWork>* items, JobTiming* timing,
-                             std::function<bool()> cancelled) {
+                               std::function<bool()> cancelled) {
   if (items->empty() || static_cast<int>(items->size()) > options_.max_batch) {
     return absl::InvalidArgumentError(
         absl::StrCat("items: between 1 and ", options_.max_batch, " per call"));
@@ -141,9 +142,8 @@ void Scheduler::Loop() {
     {
       absl::MutexLock lock(&mu_);
       if (active_.empty()) {
-        auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-          return !queue_.empty() || stopping_;
-        };
+        auto ready = [this]()
+                         ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !queue_.empty() || stopping_; };
         mu_.Await(absl::Condition(&ready));
         if (queue_.empty() && stopping_) return;
       }
@@ -230,8 +230,8 @@ void Scheduler::RunBatch(std::vector<Job*>& batch) {
   for (Job* job : batch) job->timing.engine_s += step_s;
 
   if (results.ok() && results->size() != reqs.size()) {
-    results = absl::InternalError(absl::StrCat("engine returned ", results->size(),
-                                               " results for ", reqs.size(), " requests"));
+    results = absl::InternalError(absl::StrCat("engine returned ", results->size(), " results for ",
+                                               reqs.size(), " requests"));
   }
 
   std::vector<Job*> finished;
@@ -241,9 +241,9 @@ void Scheduler::RunBatch(std::vector<Job*>& batch) {
     spdlog::error("engine step failed (batch={} engine_failed={}): {}", reqs.size(), failed,
                   results.status().ToString());
     const absl::Status job_status =
-        failed ? absl::UnavailableError("engine failed")
-               : absl::InternalError(absl::StrCat("engine step failed: ",
-                                                  results.status().message()));
+        failed
+            ? absl::UnavailableError("engine failed")
+            : absl::InternalError(absl::StrCat("engine step failed: ", results.status().message()));
     for (Job* job : batch) job->status = job_status;
     finished = batch;
     if (failed) {
@@ -290,7 +290,7 @@ void Scheduler::RunBatch(std::vector<Job*>& batch) {
     }
   }
   active_ = std::move(still_active);
-  metrics_->SetKvSlots(slots_->used(), slots_->capacity());
+  metrics_->SetKvSlots(slots_->used(), slots_->kv_slots());
   metrics_->SetActiveSessions(sessions_->active());
   metrics_->UpdateTokensPerSecond(absl::Now());
   for (Job* job : finished) job->done.Notify();  // the handler may destroy the job now
@@ -303,8 +303,8 @@ absl::Status Scheduler::ApplyVerify(const tp::StepRequest& req, const tp::StepRe
   // not corrupt the KV bookkeeping.
   if (static_cast<int>(res.predictions.size()) != n ||
       res.kept_slots.size() != res.accepted_rows.size() + 1 ||
-      res.kept_slots.size() + res.freed_slots.size() != req.tail_slots.size() ||
-      res.bonus < 0 || res.bonus >= engine_->config().vocab_size) {
+      res.kept_slots.size() + res.freed_slots.size() != req.tail_slots.size() || res.bonus < 0 ||
+      res.bonus >= engine_->config().vocab_size) {
     return absl::InternalError("engine returned an inconsistent verify result");
   }
   int prev = 0;

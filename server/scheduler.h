@@ -59,15 +59,15 @@ struct JobTiming {
 };
 
 struct SchedulerOptions {
-  int max_batch = 64;       // requests per Engine::Step (<= the engine's limit)
-  int max_queue = 1024;     // queued jobs; more is ResourceExhausted
-  int prefill_chunk = 64;   // rows per prefill request (<= the engine's max_tail_rows)
+  int max_batch = 64;      // requests per Engine::Step (<= the engine's limit)
+  int max_queue = 1024;    // queued jobs; more is ResourceExhausted
+  int prefill_chunk = 64;  // rows per prefill request (<= the engine's max_tail_rows)
 };
 
 class Scheduler {
  public:
-  Scheduler(tp::Engine* engine, SessionManager* sessions, SlotAllocator* slots,
-            Metrics* metrics, SchedulerOptions options, std::function<void()> on_engine_failure);
+  Scheduler(tp::Engine* engine, SessionManager* sessions, SlotAllocator* slots, Metrics* metrics,
+            SchedulerOptions options, std::function<void()> on_engine_failure);
   ~Scheduler();  // Stop()s
 
   void Start();
@@ -102,8 +102,7 @@ class Scheduler {
   void Loop();
   void RunBatch(std::vector<Job*>& batch);
   // Checks an engine result against its request and applies it to the item's session.
-  absl::Status ApplyVerify(const tp::StepRequest& req, const tp::StepResult& res,
-                           VerifyWork& item);
+  absl::Status ApplyVerify(const tp::StepRequest& req, const tp::StepResult& res, VerifyWork& item);
 
   tp::Engine* const engine_;
   SessionManager* const sessions_;
@@ -118,7 +117,7 @@ class Scheduler {
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
   std::atomic<int64_t> step_start_ns_{0};  // absl::GetCurrentTimeNanos() at step start; 0 idle
-  std::vector<Job*> active_;  // engine thread only: prefills with chunks left
+  std::vector<Job*> active_;               // engine thread only: prefills with chunks left
 };
 
 }  // namespace verifyd::server

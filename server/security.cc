@@ -64,8 +64,8 @@ absl::StatusOr<std::shared_ptr<TokenAuthenticator>> TokenAuthenticator::FromFile
       name = std::string(fields[0]);
       token = std::string(fields[1]);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "auth_token_file: line ", line_no, ": expected '<name> <token>' or '<token>'"));
+      return absl::InvalidArgumentError(absl::StrCat("auth_token_file: line ", line_no,
+                                                     ": expected '<name> <token>' or '<token>'"));
     }
     if (token.size() < kMinTokenLength) {
       return absl::InvalidArgumentError(absl::StrCat("auth_token_file: line ", line_no,
@@ -100,8 +100,7 @@ grpc::Status TokenAuthMetadataProcessor::Process(const InputMetadata& auth_metad
                                                  OutputMetadata*) {
   auto it = auth_metadata.find("authorization");
   if (it != auth_metadata.end() &&
-      !auth_->IdentityForAuthorization(std::string(it->second.data(), it->second.size()))
-           .empty()) {
+      !auth_->IdentityForAuthorization(std::string(it->second.data(), it->second.size())).empty()) {
     return grpc::Status::OK;
   }
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
@@ -181,7 +180,8 @@ std::string ClientIdentity(const grpc::ServerContext& ctx, const Security& secur
   if (security.mutual_tls) {
     std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
     if (!auth) return "";
-    std::vector<grpc::string_ref> subject = auth->FindPropertyValues(GRPC_X509_SUBJECT_PROPERTY_NAME);
+    std::vector<grpc::string_ref> subject =
+        auth->FindPropertyValues(GRPC_X509_SUBJECT_PROPERTY_NAME);
     if (!subject.empty()) {
       return absl::StrCat("x509:", std::string(subject[0].data(), subject[0].size()));
     }

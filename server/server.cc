@@ -38,8 +38,8 @@ class WithoutReflection : public grpc::ServerBuilderOption {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
-    ServerOptions options, std::unique_ptr<tp::Engine> engine) {
+absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions options,
+                                                              std::unique_ptr<tp::Engine> engine) {
   if (!engine) return absl::InvalidArgumentError("engine: must not be null");
   if (options.max_batch < 1) return absl::InvalidArgumentError("max_batch: must be >= 1");
   if (options.max_queue < 1) return absl::InvalidArgumentError("max_queue: must be >= 1");
@@ -57,8 +57,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
   if (!security.ok()) return security.status();
   const tp::EngineLimits elimits = engine->limits();
   if (elimits.max_tail_rows < 2 || elimits.max_batch < 1 || elimits.max_context < 2) {
-    return absl::InvalidArgumentError("engine limits: need max_tail_rows >= 2, max_batch >= 1, "
-                                      "max_context >= 2");
+    return absl::InvalidArgumentError(
+        "engine limits: need max_tail_rows >= 2, max_batch >= 1, "
+        "max_context >= 2");
   }
 
   std::unique_ptr<Server> s(new Server());
@@ -74,20 +75,20 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
   limits.max_batch = std::min(options.max_batch, elimits.max_batch);
 
   s->metrics_ = std::make_unique<Metrics>(eng->tp_size(), options.version, eng->backend());
-  s->slots_ = std::make_unique<SlotAllocator>(eng->kv_capacity());
-  s->sessions_ = std::make_unique<SessionManager>(s->slots_.get(), options.max_sessions,
-                                                  options.session_ttl);
+  s->slots_ = std::make_unique<SlotAllocator>(eng->kv_slots());
+  s->sessions_ =
+      std::make_unique<SessionManager>(s->slots_.get(), options.max_sessions, options.session_ttl);
   SchedulerOptions sched;
   sched.max_batch = limits.max_batch;
   sched.max_queue = options.max_queue;
   sched.prefill_chunk = std::min(64, elimits.max_tail_rows);
   Server* raw = s.get();
-  s->scheduler_ = std::make_unique<Scheduler>(eng, s->sessions_.get(), s->slots_.get(),
-                                              s->metrics_.get(), sched,
-                                              [raw] { raw->OnEngineFailure(); });
-  s->service_ = std::make_unique<VerifyServiceImpl>(
-      eng, s->sessions_.get(), s->slots_.get(), s->scheduler_.get(), s->metrics_.get(), limits,
-      options.max_sessions, options.version);
+  s->scheduler_ =
+      std::make_unique<Scheduler>(eng, s->sessions_.get(), s->slots_.get(), s->metrics_.get(),
+                                  sched, [raw] { raw->OnEngineFailure(); });
+  s->service_ = std::make_unique<VerifyServiceImpl>(eng, s->sessions_.get(), s->slots_.get(),
+                                                    s->scheduler_.get(), s->metrics_.get(), limits,
+                                                    options.max_sessions, options.version);
   s->service_->SetCallPolicy(&s->security_, options.max_call_deadline);
 
   if (!options.metrics_listen.empty()) {
@@ -138,14 +139,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
     return absl::UnavailableError(absl::StrCat("listen: cannot listen on ", options.listen));
   }
   s->SetServing(true);
-  s->metrics_->SetKvSlots(0, s->slots_->capacity());
+  s->metrics_->SetKvSlots(0, s->slots_->kv_slots());
   s->housekeeping_ = std::thread([raw] { raw->Housekeeping(); });
-  spdlog::info("serving listen={} port={} metrics_port={} health_port={} security={} model={} "
-               "backend={} tp={} kv_slots={} max_batch={} max_draft_nodes={} max_context={}",
-               options.listen, s->port_, s->metrics_port_, s->health_port(),
-               s->security_.Describe(), eng->config().name, eng->backend(),
-               eng->tp_size(), eng->kv_capacity(), limits.max_batch, limits.max_draft_nodes,
-               limits.max_context);
+  spdlog::info(
+      "serving listen={} port={} metrics_port={} health_port={} security={} model={} "
+      "backend={} tp={} kv_slots={} max_batch={} max_draft_nodes={} max_context={}",
+      options.listen, s->port_, s->metrics_port_, s->health_port(), s->security_.Describe(),
+      eng->config().name, eng->backend(), eng->tp_size(), eng->kv_slots(), limits.max_batch,
+      limits.max_draft_nodes, limits.max_context);
   return s;
 }
 
@@ -188,7 +189,7 @@ bool Server::engine_progressing(absl::Duration stall_limit) const {
          scheduler_->current_step_age() <= stall_limit;
 }
 int64_t Server::kv_slots_used() const { return slots_->used(); }
-int64_t Server::kv_slots_total() const { return slots_->capacity(); }
+int64_t Server::kv_slots() const { return slots_->kv_slots(); }
 int Server::active_sessions() const { return sessions_->active(); }
 int Server::queue_depth() const { return scheduler_->queue_depth(); }
 
@@ -204,7 +205,7 @@ void Server::Housekeeping() {
     const int expired = sessions_->ExpireIdle(now);
     if (expired > 0) spdlog::info("expired {} idle sessions", expired);
     metrics_->SetActiveSessions(sessions_->active());
-    metrics_->SetKvSlots(slots_->used(), slots_->capacity());
+    metrics_->SetKvSlots(slots_->used(), slots_->kv_slots());
     metrics_->UpdateTokensPerSecond(now);
     if (stop_housekeeping_.WaitForNotificationWithTimeout(options_.housekeeping_period)) return;
   }

@@ -39,14 +39,14 @@ class SlotAllocator;
 class VerifyServiceImpl;
 
 struct ServerOptions {
-  std::string listen = "0.0.0.0:50051";        // gRPC address; port 0 picks a free port
+  std::string listen = "0.0.0.0:50051";         // gRPC address; port 0 picks a free port
   std::string metrics_listen = "0.0.0.0:9400";  // Prometheus /metrics; "" disables; port 0 ok
-  int max_batch = 64;            // requests per engine step (capped by the engine's limit)
-  int max_queue = 1024;          // jobs waiting for the engine; more -> RESOURCE_EXHAUSTED
-  int max_sessions = 4096;       // open sessions; more -> RESOURCE_EXHAUSTED
-  absl::Duration session_ttl = absl::Minutes(10);  // idle expiry; <= 0 disables
+  int max_batch = 64;       // requests per engine step (capped by the engine's limit)
+  int max_queue = 1024;     // jobs waiting for the engine; more -> RESOURCE_EXHAUSTED
+  int max_sessions = 4096;  // open sessions; more -> RESOURCE_EXHAUSTED
+  absl::Duration session_ttl = absl::Minutes(10);         // idle expiry; <= 0 disables
   absl::Duration housekeeping_period = absl::Seconds(1);  // TTL sweep and gauge refresh
-  bool reflection = false;       // gRPC server reflection
+  bool reflection = false;                                // gRPC server reflection
   int max_message_bytes = 16 << 20;  // larger requests are rejected (RESOURCE_EXHAUSTED)
   // Security (server/security.h): TLS, mutual TLS, bearer tokens; default plaintext. With
   // identities (mTLS or tokens) sessions are bound to the client that opened them.
@@ -88,7 +88,7 @@ class Server {
 
   // Introspection (tests, logs).
   int64_t kv_slots_used() const;
-  int64_t kv_slots_total() const;
+  int64_t kv_slots() const;
   int active_sessions() const;
   int queue_depth() const;  // jobs waiting for the engine
   tp::Engine* engine() const { return engine_.get(); }

@@ -14,24 +14,42 @@ namespace v1 = ::verify::v1;
 
 std::string CodeName(grpc::StatusCode code) {
   switch (code) {
-    case grpc::OK: return "OK";
-    case grpc::CANCELLED: return "CANCELLED";
-    case grpc::UNKNOWN: return "UNKNOWN";
-    case grpc::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::NOT_FOUND: return "NOT_FOUND";
-    case grpc::ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case grpc::PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case grpc::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case grpc::ABORTED: return "ABORTED";
-    case grpc::OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case grpc::UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case grpc::INTERNAL: return "INTERNAL";
-    case grpc::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::DATA_LOSS: return "DATA_LOSS";
-    case grpc::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    default: return "UNKNOWN";
+    case grpc::OK:
+      return "OK";
+    case grpc::CANCELLED:
+      return "CANCELLED";
+    case grpc::UNKNOWN:
+      return "UNKNOWN";
+    case grpc::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::NOT_FOUND:
+      return "NOT_FOUND";
+    case grpc::ALREADY_EXISTS:
+      return "ALREADY_EXISTS";
+    case grpc::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case grpc::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::ABORTED:
+      return "ABORTED";
+    case grpc::OUT_OF_RANGE:
+      return "OUT_OF_RANGE";
+    case grpc::UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case grpc::INTERNAL:
+      return "INTERNAL";
+    case grpc::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::DATA_LOSS:
+      return "DATA_LOSS";
+    case grpc::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    default:
+      return "UNKNOWN";
   }
 }
 
@@ -56,9 +74,8 @@ grpc::Status ToGrpcStatus(const absl::Status& st, uint64_t request_id) {
 }
 
 VerifyServiceImpl::VerifyServiceImpl(tp::Engine* engine, SessionManager* sessions,
-                                     SlotAllocator* slots, Scheduler* scheduler,
-                                     Metrics* metrics, ApiLimits limits, int max_sessions,
-                                     std::string version)
+                                     SlotAllocator* slots, Scheduler* scheduler, Metrics* metrics,
+                                     ApiLimits limits, int max_sessions, std::string version)
     : engine_(engine),
       sessions_(sessions),
       slots_(slots),
@@ -101,8 +118,8 @@ grpc::Status VerifyServiceImpl::Finish(const char* method, uint64_t request_id,
   if (st.ok()) {
     spdlog::debug("rpc={} req={} code={} ms={:.3f} {}", method, request_id, code, ms, detail);
   } else if (g.error_code() == grpc::INTERNAL || g.error_code() == grpc::UNKNOWN) {
-    spdlog::error("rpc={} req={} code={} ms={:.3f} error=\"{}\" {}", method, request_id, code,
-                  ms, std::string(st.message()), detail);
+    spdlog::error("rpc={} req={} code={} ms={:.3f} error=\"{}\" {}", method, request_id, code, ms,
+                  std::string(st.message()), detail);
   } else {
     spdlog::info("rpc={} req={} code={} ms={:.3f} error=\"{}\" {}", method, request_id, code, ms,
                  std::string(st.message()), detail);
@@ -135,7 +152,7 @@ grpc::Status VerifyServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoR
   l->set_max_draft_nodes(limits_.max_draft_nodes);
   l->set_max_context(limits_.max_context);
   l->set_max_batch(limits_.max_batch);
-  l->set_kv_slots_total(slots_->capacity());
+  l->set_kv_slots(slots_->kv_slots());
   l->set_max_sessions(max_sessions_);
   l->set_max_prompt_tokens(static_cast<int32_t>(limits_.max_context - 1));
   return Finish("GetInfo", id, absl::OkStatus(), start, "");
@@ -156,10 +173,9 @@ grpc::Status VerifyServiceImpl::OpenSession(grpc::ServerContext* ctx,
         sessions_->Create(static_cast<int64_t>(prompt.size()), &prompt_slots, Owner(*ctx));
     if (!session.ok()) return session.status();
     JobTiming timing;
-    absl::StatusOr<int32_t> next =
-        scheduler_->Prefill(*session, prompt, prompt_slots, &timing, [ctx, deadline] {
-          return ctx->IsCancelled() || absl::Now() >= deadline;
-        });
+    absl::StatusOr<int32_t> next = scheduler_->Prefill(
+        *session, prompt, prompt_slots, &timing,
+        [ctx, deadline] { return ctx->IsCancelled() || absl::Now() >= deadline; });
     if (!next.ok()) {
       sessions_->Discard(*session, prompt_slots);
       return MapCancelled(next.status(), deadline);
@@ -172,14 +188,13 @@ grpc::Status VerifyServiceImpl::OpenSession(grpc::ServerContext* ctx,
     return absl::OkStatus();
   };
   absl::Status st = run();
-  return Finish("OpenSession", id, st, start,
-                absl::StrCat("prompt_len=", req->prompt_tokens_size(), " session=",
-                             resp->session_id()));
+  return Finish(
+      "OpenSession", id, st, start,
+      absl::StrCat("prompt_len=", req->prompt_tokens_size(), " session=", resp->session_id()));
 }
 
-absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req,
-                                         v1::VerifyResponse* resp, uint64_t request_id,
-                                         grpc::ServerContext* ctx) {
+absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
+                                         uint64_t request_id, grpc::ServerContext* ctx) {
   const absl::Time start = absl::Now();
   const absl::Time deadline = Deadline(*ctx, start);
   if (absl::Status st = ValidateVerifyRequest(req, limits_); !st.ok()) return st;
@@ -227,9 +242,8 @@ absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req,
     w.tail_slots = *std::move(tail);
   }
   JobTiming timing;
-  absl::Status st = scheduler_->Verify(&work, &timing, [ctx, deadline] {
-    return ctx->IsCancelled() || absl::Now() >= deadline;
-  });
+  absl::Status st = scheduler_->Verify(
+      &work, &timing, [ctx, deadline] { return ctx->IsCancelled() || absl::Now() >= deadline; });
   st = MapCancelled(st, deadline);
   if (st.ok()) {
     for (const VerifyWork& w : work) {
@@ -275,8 +289,9 @@ grpc::Status VerifyServiceImpl::VerifyStream(
     grpc::Status g = Finish("VerifyStream", id, st, start,
                             absl::StrCat("stream=", stream_id, " items=", req.items_size()));
     if (!st.ok()) {
-      spdlog::info("stream={} ended code={} messages={} s={:.3f}", stream_id, CodeName(g.error_code()),
-                   messages, absl::ToDoubleSeconds(absl::Now() - stream_start));
+      spdlog::info("stream={} ended code={} messages={} s={:.3f}", stream_id,
+                   CodeName(g.error_code()), messages,
+                   absl::ToDoubleSeconds(absl::Now() - stream_start));
       return g;
     }
     if (!stream->Write(resp)) break;  // client went away

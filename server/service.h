@@ -39,10 +39,9 @@ class VerifyServiceImpl final : public verify::v1::VerifyService::Service {
                            verify::v1::OpenSessionResponse* resp) override;
   grpc::Status Verify(grpc::ServerContext* ctx, const verify::v1::VerifyRequest* req,
                       verify::v1::VerifyResponse* resp) override;
-  grpc::Status VerifyStream(
-      grpc::ServerContext* ctx,
-      grpc::ServerReaderWriter<verify::v1::VerifyResponse, verify::v1::VerifyRequest>* stream)
-      override;
+  grpc::Status VerifyStream(grpc::ServerContext* ctx,
+                            grpc::ServerReaderWriter<verify::v1::VerifyResponse,
+                                                     verify::v1::VerifyRequest>* stream) override;
   grpc::Status CloseSession(grpc::ServerContext* ctx, const verify::v1::CloseSessionRequest* req,
                             verify::v1::CloseSessionResponse* resp) override;
 

@@ -11,8 +11,7 @@ namespace {
 // 128 random bits as hex: unguessable, so one client cannot address another's session.
 std::string NewSessionId() {
   thread_local absl::BitGen gen;
-  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen),
-                         absl::Uniform<uint64_t>(gen));
+  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
 }
 
 }  // namespace
@@ -20,8 +19,9 @@ std::string NewSessionId() {
 SessionManager::SessionManager(SlotAllocator* slots, int max_sessions, absl::Duration ttl)
     : slots_(slots), max_sessions_(max_sessions), ttl_(ttl) {}
 
-absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
-    int64_t prompt_len, std::vector<int32_t>* prompt_slots, const std::string& owner) {
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(int64_t prompt_len,
+                                                                std::vector<int32_t>* prompt_slots,
+                                                                const std::string& owner) {
   absl::MutexLock lock(&mu_);
   if (static_cast<int>(table_.size()) >= max_sessions_) {
     return absl::ResourceExhaustedError(

@@ -33,9 +33,8 @@ absl::Status SystemdNotifier::Send(const std::string& message) {
   const int r = sd_notify(/*unset_environment=*/0, message.c_str());
   if (r < 0) {
     const std::string first_line = message.substr(0, message.find('\n'));
-    return absl::UnavailableError(
-        absl::StrCat("sd_notify(\"", first_line, "\") to $NOTIFY_SOCKET failed: ",
-                     std::strerror(-r)));
+    return absl::UnavailableError(absl::StrCat(
+        "sd_notify(\"", first_line, "\") to $NOTIFY_SOCKET failed: ", std::strerror(-r)));
   }
   return absl::OkStatus();
 }
@@ -80,9 +79,8 @@ absl::Status SystemdNotifier::StartWatchdog(ProgressProbe probe, WatchdogOptions
     bool primed = false;
   };
   auto state = std::make_shared<State>();
-  const absl::Duration stall_after = options.stall_after > absl::ZeroDuration()
-                                         ? options.stall_after
-                                         : watchdog_timeout_;
+  const absl::Duration stall_after =
+      options.stall_after > absl::ZeroDuration() ? options.stall_after : watchdog_timeout_;
   StallCheck check = [probe = std::move(probe), state,
                       stall_after](absl::Time now) -> std::optional<std::string> {
     const EngineProgress p = probe();
@@ -98,8 +96,7 @@ absl::Status SystemdNotifier::StartWatchdog(ProgressProbe probe, WatchdogOptions
   return Start(std::move(check), std::move(options));
 }
 
-absl::Status SystemdNotifier::StartWatchdogOnHealth(HealthCheck healthy,
-                                                    WatchdogOptions options) {
+absl::Status SystemdNotifier::StartWatchdogOnHealth(HealthCheck healthy, WatchdogOptions options) {
   if (!healthy) return absl::InvalidArgumentError("StartWatchdogOnHealth: check is empty");
   StallCheck check = [healthy = std::move(healthy)](absl::Time) -> std::optional<std::string> {
     if (healthy()) return std::nullopt;
@@ -109,8 +106,7 @@ absl::Status SystemdNotifier::StartWatchdogOnHealth(HealthCheck healthy,
 }
 
 absl::Status SystemdNotifier::Start(StallCheck check, WatchdogOptions options) {
-  if (options.stall_after < absl::ZeroDuration() ||
-      options.ping_interval < absl::ZeroDuration()) {
+  if (options.stall_after < absl::ZeroDuration() || options.ping_interval < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "StartWatchdog: stall_after and ping_interval must not be negative");
   }
@@ -126,13 +122,11 @@ absl::Status SystemdNotifier::Start(StallCheck check, WatchdogOptions options) {
   if (started_) return absl::FailedPreconditionError("StartWatchdog: already started");
   if (!ping && !options.on_stall_change) return absl::OkStatus();  // nothing to do
   started_ = true;
-  const absl::Duration interval = options.ping_interval > absl::ZeroDuration()
-                                      ? options.ping_interval
-                                      : watchdog_timeout_ / 3;
+  const absl::Duration interval =
+      options.ping_interval > absl::ZeroDuration() ? options.ping_interval : watchdog_timeout_ / 3;
   thread_ = std::thread([this, check = std::move(check), interval,
-                         cb = std::move(options.on_stall_change), ping] {
-    WatchdogLoop(check, interval, cb, ping);
-  });
+                         cb = std::move(options.on_stall_change),
+                         ping] { WatchdogLoop(check, interval, cb, ping); });
   return absl::OkStatus();
 }
 
@@ -152,8 +146,7 @@ uint64_t SystemdNotifier::pings_sent() const {
 }
 
 void SystemdNotifier::WatchdogLoop(const StallCheck& check, absl::Duration interval,
-                                   const std::function<void(bool)>& on_stall_change,
-                                   bool ping) {
+                                   const std::function<void(bool)>& on_stall_change, bool ping) {
   (void)check(absl::Now());  // prime the check's state
   bool stalled = false;
   for (;;) {

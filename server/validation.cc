@@ -27,13 +27,12 @@ absl::Status ValidateTree(const verify::v1::DraftTree& tree, const ApiLimits& li
                           const std::string& field) {
   const int n = tree.tokens_size();
   if (tree.parents_size() != n) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".parents: size ", tree.parents_size(),
-                                                   " != tokens size ", n));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".parents: size ", tree.parents_size(), " != tokens size ", n));
   }
   if (n > limits.max_draft_nodes) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".tokens: ", n,
-                                                   " nodes exceed the limit ",
-                                                   limits.max_draft_nodes));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".tokens: ", n, " nodes exceed the limit ", limits.max_draft_nodes));
   }
   for (int i = 0; i < n; ++i) {
     const int32_t t = tree.tokens(i);
@@ -43,17 +42,15 @@ absl::Status ValidateTree(const verify::v1::DraftTree& tree, const ApiLimits& li
     }
     const int32_t p = tree.parents(i);
     if (p < -1 || p >= i) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ".parents[", i, "]: ", p,
-                       " must be -1 (child of the pending token) or an earlier node in [0, ", i,
-                       ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".parents[", i, "]: ", p,
+          " must be -1 (child of the pending token) or an earlier node in [0, ", i, ")"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status ValidateVerifyRequest(const verify::v1::VerifyRequest& req,
-                                   const ApiLimits& limits) {
+absl::Status ValidateVerifyRequest(const verify::v1::VerifyRequest& req, const ApiLimits& limits) {
   const int n = req.items_size();
   if (n == 0) return absl::InvalidArgumentError("items: must not be empty");
   if (n > limits.max_batch) {
@@ -79,9 +76,9 @@ absl::Status ValidateVerifyRequest(const verify::v1::VerifyRequest& req,
 absl::Status CheckContext(int64_t committed_len, int nodes, const ApiLimits& limits,
                           const std::string& field) {
   if (committed_len + 1 + nodes > limits.max_context) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": context ", committed_len, " + 1 pending + ", nodes,
-        " nodes exceeds max_context ", limits.max_context));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": context ", committed_len, " + 1 pending + ", nodes,
+                     " nodes exceeds max_context ", limits.max_context));
   }
   return absl::OkStatus();
 }

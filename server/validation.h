@@ -29,8 +29,7 @@ absl::Status ValidateTree(const verify::v1::DraftTree& tree, const ApiLimits& li
 
 // The whole request: 1..max_batch items, session ids present and distinct, every tree valid.
 // Context length needs the session and is checked by the caller (CheckContext).
-absl::Status ValidateVerifyRequest(const verify::v1::VerifyRequest& req,
-                                   const ApiLimits& limits);
+absl::Status ValidateVerifyRequest(const verify::v1::VerifyRequest& req, const ApiLimits& limits);
 
 // committed_len + 1 (pending row) + nodes must not exceed max_context.
 absl::Status CheckContext(int64_t committed_len, int nodes, const ApiLimits& limits,

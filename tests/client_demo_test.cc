@@ -1,10 +1,9 @@
 // The demo drafter: trees are well formed and bounded, the n-gram guess follows the latest
 // earlier occurrence, and RunDemo / RunLoad against an in-process server report lossless
 // output and consistent counts.
-#include "client/demo_drafter.h"
-
 #include <random>
 
+#include "client/demo_drafter.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "server/testing/test_server.h"
@@ -68,11 +67,25 @@ TEST(DemoDrafter, DemoAndLoadAgainstInProcessServer) {
   EXPECT_GT(rep->mean_accepted, 0.5);  // 90 % accurate chains are mostly accepted
   EXPECT_EQ(rep->tokens_per_round, static_cast<double>(rep->tokens) / rep->rounds);
 
+  // Load with the oracle drafter (the default, as the demo): every session is checked
+  // against its shadow session, and 90 % accurate chains are mostly accepted.
   auto load = RunLoad(*t->client, d, 4);
   ASSERT_TRUE(load.ok()) << load.status();
   EXPECT_EQ(load->calls, 80);
   EXPECT_EQ(load->errors, 0);
+  EXPECT_EQ(load->lossless_mismatches, 0);
+  EXPECT_GT(load->shadow_calls, 80);  // at least one plain step per emitted token
+  EXPECT_GT(load->mean_accepted, 0.5);
   EXPECT_LE(load->p50_ms, load->p99_ms);
+  EXPECT_EQ(t->server->kv_slots_used(), 0);
+
+  // The n-gram drafter: no shadow sessions.
+  d.oracle = false;
+  auto ngram = RunLoad(*t->client, d, 2);
+  ASSERT_TRUE(ngram.ok()) << ngram.status();
+  EXPECT_EQ(ngram->calls, 40);
+  EXPECT_EQ(ngram->errors, 0);
+  EXPECT_EQ(ngram->shadow_calls, 0);
   EXPECT_EQ(t->server->kv_slots_used(), 0);
 }
 

@@ -1,5 +1,5 @@
 // The CUDA engine's dense ops (kernels/cuda/dense) against the C++ reference ops on fresh
-// seeded random inputs: on-device weight generation (bit-exact with tp/weight_init.h),
+// seeded random inputs: on-device weight generation (bit-exact with kernels/weight_init.h),
 // RMSNorm, RoPE table + query rope + latent KV write, SwiGLU, residual add, embedding gather,
 // vocab-parallel argmax (ties, NaN), and the cuBLAS bf16 GEMMs (plain and batched, both
 // weight layouts). Outputs are pre-filled with NaN so a missed write fails.
@@ -9,8 +9,8 @@
 //   bf16 outputs:                                          8e-3 (one bf16 rounding, 2^-8)
 //   GEMM fp32 out (fp32 accumulation, another order):      1e-5
 // Label gpu; skipped with a message when no CUDA device is visible.
-#include <cuda_runtime_api.h>
 #include <cublas_v2.h>
+#include <cuda_runtime_api.h>
 
 #include <cmath>
 #include <limits>
@@ -27,8 +27,8 @@
 #include "kernels/cuda/dense/rope.h"
 #include "kernels/cuda/dense/weight_gen.h"
 #include "kernels/reference/ops.h"
+#include "kernels/weight_init.h"
 #include "tests/gpu_test_util.h"
-#include "tp/weight_init.h"
 
 namespace verifyd::kernels::cuda {
 namespace {
@@ -40,10 +40,14 @@ template <typename T>
 struct Dev {
   T* p = nullptr;
   size_t n = 0;
-  explicit Dev(size_t count) : n(count) { cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(n, 1) * sizeof(T)); }
+  explicit Dev(size_t count) : n(count) {
+    cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(n, 1) * sizeof(T));
+  }
   explicit Dev(const std::vector<T>& h) : Dev(h.size()) { Put(h); }
   ~Dev() { cudaFree(p); }
-  void Put(const std::vector<T>& h) { cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice); }
+  void Put(const std::vector<T>& h) {
+    cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
   std::vector<T> Get() const {
     std::vector<T> h(n);
     cudaDeviceSynchronize();
@@ -92,7 +96,7 @@ TEST(GpuDense, WeightGenerationIsBitExact) {
     const int64_t rows = full_rows - row0 - rng() % 5, cols = full_cols - col0 - rng() % 7;
     const float scale = 1.0f / std::sqrt(static_cast<float>(full_cols)) * (1 + trial);
     const float offset = trial % 2 ? 1.0f : 0.0f;
-    const uint64_t key = tp::WeightTensorKey(seed, tp::WeightNameHash(name));
+    const uint64_t key = kernels::WeightTensorKey(seed, kernels::WeightNameHash(name));
     Dev<bf16> out(rows * cols);
     out.Put(std::vector<bf16>(rows * cols, kBf16NaN));
     GenerateWeightsParams p;
@@ -111,7 +115,8 @@ TEST(GpuDense, WeightGenerationIsBitExact) {
     int64_t mismatches = 0;
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t c = 0; c < cols; ++c) {
-        const float want = tp::WeightValue(key, (row0 + r) * full_cols + col0 + c, scale, offset);
+        const float want =
+            kernels::WeightValue(key, (row0 + r) * full_cols + col0 + c, scale, offset);
         if (FloatToBf16(want) != got[r * cols + c]) ++mismatches;
       }
     }
@@ -164,7 +169,9 @@ TEST(GpuDense, RmsNormMatchesReference) {
 TEST(GpuDense, RopeAndLatentWriteMatchReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(13);
-  struct Shape { int heads, nope, rope, kv_lora; };
+  struct Shape {
+    int heads, nope, rope, kv_lora;
+  };
   for (const Shape s : {Shape{8, 32, 16, 64}, Shape{16, 128, 64, 512}}) {
     const int rows = 1 + rng() % 100, qk = s.nope + s.rope, lat = s.kv_lora + s.rope;
     const double theta = 10000.0;
@@ -213,19 +220,20 @@ TEST(GpuDense, RopeAndLatentWriteMatchReference) {
     EXPECT_TRUE(std::isnan(got[0])) << "query rope wrote outside its columns";
 
     // Latent write: kva [rows, lat] fp32 -> norm + rope -> cache[slots[r]].
-    std::vector<float> kva = RandomBf16Values(rng, rows * lat, 2.f), w = RandomBf16Values(rng, s.kv_lora);
+    std::vector<float> kva = RandomBf16Values(rng, rows * lat, 2.f),
+                       w = RandomBf16Values(rng, s.kv_lora);
     for (auto& v : w) v = RoundToBf16(1.f + 0.1f * v);
     std::vector<float> kref = kva;
     ref::RmsNorm(kref.data(), rows, s.kv_lora, lat, w.data(), 1e-6f, kref.data());
     ref::ApplyRope(kref.data(), rows, 1, lat, s.kv_lora, s.rope, pos.data(), (float)theta);
-    const int num_slots = rows * 3;
-    std::vector<int32_t> slots(num_slots);
-    for (int i = 0; i < num_slots; ++i) slots[i] = i;
+    const int kv_slots = rows * 3;
+    std::vector<int32_t> slots(kv_slots);
+    for (int i = 0; i < kv_slots; ++i) slots[i] = i;
     std::shuffle(slots.begin(), slots.end(), rng);
     slots.resize(rows);
     Dev<float> dkva(kva);
-    Dev<bf16> dw(ToBf16(w)), cache(static_cast<size_t>(num_slots) * lat);
-    cache.Put(std::vector<bf16>(static_cast<size_t>(num_slots) * lat, kBf16NaN));
+    Dev<bf16> dw(ToBf16(w)), cache(static_cast<size_t>(kv_slots) * lat);
+    cache.Put(std::vector<bf16>(static_cast<size_t>(kv_slots) * lat, kBf16NaN));
     Dev<int32_t> dslots(slots);
     LatentKvWriteParams lp;
     lp.rows = rows;
@@ -238,17 +246,17 @@ TEST(GpuDense, RopeAndLatentWriteMatchReference) {
     lp.sin_table = sin_t.p;
     lp.slots = dslots.p;
     lp.cache = cache.p;
-    lp.num_slots = num_slots;
+    lp.kv_slots = kv_slots;
     ASSERT_TRUE(LatentKvWriteCuda(lp).ok());
     const std::vector<float> c = FromBf16(cache.Get());
     std::vector<float> cg;
-    std::vector<char> written(num_slots, 0);
+    std::vector<char> written(kv_slots, 0);
     for (int i = 0; i < rows; ++i) {
       written[slots[i]] = 1;
       for (int j = 0; j < lat; ++j) cg.push_back(c[int64_t{slots[i]} * lat + j]);
     }
     EXPECT_LT(RelL2(cg, kref), 8e-3) << "latent write, kv_lora " << s.kv_lora;
-    for (int sl = 0; sl < num_slots; ++sl) {
+    for (int sl = 0; sl < kv_slots; ++sl) {
       if (!written[sl]) {
         ASSERT_TRUE(std::isnan(c[int64_t{sl} * lat])) << "slot " << sl << " written";
       }
@@ -321,7 +329,8 @@ TEST(GpuDense, VocabParallelArgmaxMatchesReference) {
     const int64_t per = (vocab + world - 1) / world;
     std::vector<ArgmaxPair> all;
     for (int k = 0; k < world; ++k) {
-      const int64_t b = std::min<int64_t>(vocab, per * k), e = std::min<int64_t>(vocab, per * (k + 1));
+      const int64_t b = std::min<int64_t>(vocab, per * k),
+                    e = std::min<int64_t>(vocab, per * (k + 1));
       std::vector<float> shard(rows * per, NAN);
       for (int r = 0; r < rows; ++r) {
         for (int64_t j = b; j < e; ++j) shard[r * per + (j - b)] = logits[r * vocab + j];
@@ -357,7 +366,9 @@ TEST(GpuDense, GemmsMatchReference) {
   std::mt19937 rng(16);
   cublasHandle_t h;
   ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
-  struct Shape { int64_t m, n, k; };
+  struct Shape {
+    int64_t m, n, k;
+  };
   for (const Shape s : {Shape{1, 64, 128}, Shape{65, 576, 7168 / 4}, Shape{130, 1000, 256}}) {
     std::vector<float> x = RandomBf16Values(rng, s.m * s.k), w = RandomBf16Values(rng, s.n * s.k);
     std::vector<float> y0 = RandomBf16Values(rng, s.m * s.n), ref(s.m * s.n);
@@ -383,7 +394,8 @@ TEST(GpuDense, GemmsMatchReference) {
   // Batched, both layouts: the absorbed-MLA products at tiny-ish sizes.
   const int heads = 4;
   const int64_t m = 33, nope = 32, kvl = 64, v = 16, qk = 48;
-  std::vector<float> q = RandomBf16Values(rng, m * heads * qk), kvb = RandomBf16Values(rng, heads * (nope + v) * kvl);
+  std::vector<float> q = RandomBf16Values(rng, m * heads * qk),
+                     kvb = RandomBf16Values(rng, heads * (nope + v) * kvl);
   Dev<bf16> dq(ToBf16(q)), dkvb(ToBf16(kvb)), dqlat(m * heads * kvl);
   BatchedGemmParams bp;
   bp.batch = heads;
@@ -406,7 +418,8 @@ TEST(GpuDense, GemmsMatchReference) {
     for (int hh = 0; hh < heads; ++hh)
       for (int64_t j = 0; j < kvl; ++j) {
         float acc = 0;
-        for (int64_t d = 0; d < nope; ++d) acc += q[(r * heads + hh) * qk + d] * kvb[(hh * (nope + v) + d) * kvl + j];
+        for (int64_t d = 0; d < nope; ++d)
+          acc += q[(r * heads + hh) * qk + d] * kvb[(hh * (nope + v) + d) * kvl + j];
         want[(r * heads + hh) * kvl + j] = acc;
       }
   EXPECT_LT(RelL2(FromBf16(dqlat.Get()), want), 8e-3) << "absorb W_UK";
@@ -429,7 +442,8 @@ TEST(GpuDense, GemmsMatchReference) {
     for (int hh = 0; hh < heads; ++hh)
       for (int64_t i = 0; i < v; ++i) {
         float acc = 0;
-        for (int64_t j = 0; j < kvl; ++j) acc += ol[(r * heads + hh) * kvl + j] * kvb[(hh * (nope + v) + nope + i) * kvl + j];
+        for (int64_t j = 0; j < kvl; ++j)
+          acc += ol[(r * heads + hh) * kvl + j] * kvb[(hh * (nope + v) + nope + i) * kvl + j];
         want2[(r * heads + hh) * v + i] = acc;
       }
   EXPECT_LT(RelL2(FromBf16(dattn.Get()), want2), 8e-3) << "W_UV";

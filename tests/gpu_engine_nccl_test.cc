@@ -1,4 +1,4 @@
-// NcclCommunicator (tp/nccl_communicator.h) on the GPUs of this machine:
+// NcclCommunicator (tp/cuda/nccl_communicator.h) on the GPUs of this machine:
 //   - a group over every visible GPU (world = device count, 1 on a one-GPU machine): the
 //     all-reduce (f32 and bf16) and all-gather give the exactly predictable results of
 //     nccl-tests' "verifiable" inputs (small integers, exact in both dtypes);
@@ -17,7 +17,7 @@
 #include "gtest/gtest.h"
 #include "kernels/common.h"
 #include "tests/gpu_test_util.h"
-#include "tp/nccl_communicator.h"
+#include "tp/cuda/nccl_communicator.h"
 
 namespace verifyd::tp {
 namespace {

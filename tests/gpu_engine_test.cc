@@ -1,4 +1,4 @@
-// The CUDA engine (tp/cuda_engine.h) against the CPU engine on the same seeded models, and
+// The CUDA engine (tp/cuda/cuda_engine.h) against the CPU engine on the same seeded models, and
 // its session-level behaviour:
 //   - logits of a prefill chunk and of a draft-tree step within a stated tolerance of the CPU
 //     engine's, and the same greedy tokens on a fixed seed set except at near-ties that the
@@ -25,8 +25,8 @@
 
 #include "gtest/gtest.h"
 #include "tests/gpu_test_util.h"
-#include "tp/cpu_engine.h"
-#include "tp/cuda_engine.h"
+#include "tp/cpu/cpu_engine.h"
+#include "tp/cuda/cuda_engine.h"
 #include "tp/presets.h"
 
 namespace verifyd::tp {
@@ -60,7 +60,7 @@ ModelConfig ConfigByName(const std::string& name) {
 
 std::unique_ptr<CudaEngine> MakeGpu(const ModelConfig& c, uint64_t seed, int64_t kv,
                                     bool host_weights = false) {
-  CudaEngineOptions o;
+  EngineOptions o;
   if (host_weights) {
     auto w = GenerateRandomWeights(c, seed);
     if (!w.ok()) return nullptr;
@@ -69,20 +69,20 @@ std::unique_ptr<CudaEngine> MakeGpu(const ModelConfig& c, uint64_t seed, int64_t
     o.config = std::make_shared<const ModelConfig>(c);
   }
   o.seed = seed;
-  o.kv_capacity = kv;
-  o.max_batch = 8;
+  o.kv_slots = kv;
+  o.limits.max_batch = 8;
   auto e = CudaEngine::Create(o);
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(*e) : nullptr;
 }
 
 std::unique_ptr<CpuEngine> MakeCpu(const ModelConfig& c, uint64_t seed, int64_t kv) {
-  CpuEngineOptions o;
+  EngineOptions o;
   auto w = GenerateRandomWeights(c, seed);
   if (!w.ok()) return nullptr;
   o.weights = std::make_shared<const ModelWeights>(std::move(*w));
-  o.kv_capacity = kv;
-  o.max_batch = 8;
+  o.kv_slots = kv;
+  o.limits.max_batch = 8;
   auto e = CpuEngine::Create(o);
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(*e) : nullptr;
@@ -251,11 +251,12 @@ void RunGpuVsCpu(const std::string& model, bool host_weights) {
     }
     EXPECT_LT(std::sqrt(num / den), kLogitRelTol) << "latent rows, seed " << seed;
   }
-  std::printf("%s%s: logits rel L2 %.3g, max abs %.3g; greedy tokens %lld / %lld differ "
-              "(%lld not explained by a near-tie)\n",
-              model.c_str(), host_weights ? " (host weights)" : "", cmp.rel_l2, cmp.max_abs,
-              static_cast<long long>(cmp.token_mismatches), static_cast<long long>(cmp.rows),
-              static_cast<long long>(cmp.unexplained));
+  std::printf(
+      "%s%s: logits rel L2 %.3g, max abs %.3g; greedy tokens %lld / %lld differ "
+      "(%lld not explained by a near-tie)\n",
+      model.c_str(), host_weights ? " (host weights)" : "", cmp.rel_l2, cmp.max_abs,
+      static_cast<long long>(cmp.token_mismatches), static_cast<long long>(cmp.rows),
+      static_cast<long long>(cmp.unexplained));
   EXPECT_LT(cmp.rel_l2, kLogitRelTol) << model;
   EXPECT_EQ(cmp.unexplained, 0) << model;
   // On the CPU engine ~2 % of tiny's rows have a top-2 gap under 0.02 and ~6 % under 0.05
@@ -282,8 +283,8 @@ TEST(GpuEngine, MatchesCpuEngineWithHostWeights) {
 struct Sess {
   std::vector<int32_t> committed;  // context slots
   int32_t pending = -1;
-  std::vector<int32_t> emitted;    // next_token, then accepted tokens + bonus per round
-  std::vector<double> gaps;        // top-2 gap of the logits that chose each emitted token
+  std::vector<int32_t> emitted;  // next_token, then accepted tokens + bonus per round
+  std::vector<double> gaps;      // top-2 gap of the logits that chose each emitted token
 };
 
 // Prefills every prompt (chunks of at most `chunk` rows, all sessions in one batch per chunk).
@@ -365,11 +366,12 @@ void RunLosslessGpu(const std::string& model) {
   constexpr int kSessions = 3;
   auto e = MakeGpu(cfg, 7, 4096);
   ASSERT_NE(e, nullptr);
-  SlotPool pool(e->kv_capacity(), 77);
+  SlotPool pool(e->kv_slots(), 77);
   std::mt19937 rng(777);
   std::vector<std::vector<int32_t>> prompts;
   for (int s = 0; s < kSessions; ++s) {
-    prompts.push_back(RandomTokens(rng, 3 + static_cast<int>(rng() % 90), static_cast<int>(cfg.vocab_size)));
+    prompts.push_back(
+        RandomTokens(rng, 3 + static_cast<int>(rng() % 90), static_cast<int>(cfg.vocab_size)));
   }
   std::vector<Sess> plain;
   Prefill(*e, pool, prompts, 65, &plain);
@@ -396,8 +398,8 @@ void RunLosslessGpu(const std::string& model) {
         const int parent = static_cast<int>(rng() % (i + 1));
         const int d = depth[parent] + 1;
         const bool can = on_truth[parent] && k + d - 1 < truth.size();
-        const int32_t tok = can && rng() % 3 != 0 ? truth[k + d - 1]
-                                                  : static_cast<int32_t>(rng() % cfg.vocab_size);
+        const int32_t tok =
+            can && rng() % 3 != 0 ? truth[k + d - 1] : static_cast<int32_t>(rng() % cfg.vocab_size);
         q.tokens.push_back(tok);
         q.parents.push_back(parent);
         depth.push_back(d);
@@ -445,17 +447,18 @@ void RunLosslessGpu(const std::string& model) {
         ++mismatches;
         // Allowed only where the plain run's top-2 logits were nearly tied (the two runs see
         // different batch shapes, so cuBLAS may sum in another order).
-        EXPECT_LT(plain[s].gaps[k], 0.05) << model << " session " << s << " token " << k
-                                          << ": mismatch without a near-tie";
+        EXPECT_LT(plain[s].gaps[k], 0.05)
+            << model << " session " << s << " token " << k << ": mismatch without a near-tie";
         break;  // the sequences diverge from here on
       }
     }
   }
-  std::printf("%s lossless on GPU: %lld rounds, %lld draft tokens accepted, %lld / %lld tokens "
-              "mismatched (rate %.4f)\n",
-              model.c_str(), static_cast<long long>(rounds), static_cast<long long>(accepted),
-              static_cast<long long>(mismatches), static_cast<long long>(compared),
-              compared ? double(mismatches) / compared : 0.0);
+  std::printf(
+      "%s lossless on GPU: %lld rounds, %lld draft tokens accepted, %lld / %lld tokens "
+      "mismatched (rate %.4f)\n",
+      model.c_str(), static_cast<long long>(rounds), static_cast<long long>(accepted),
+      static_cast<long long>(mismatches), static_cast<long long>(compared),
+      compared ? double(mismatches) / compared : 0.0);
   EXPECT_GT(accepted, rounds / 2) << "drafts containing the truth were not accepted";
   CloseAll(pool, &ss);
   CloseAll(pool, &plain);
@@ -476,8 +479,8 @@ TEST(GpuEngine, PoolExhaustionAndCloseFreeEverySlot) {
   const ModelConfig cfg = *PresetConfig("tiny");
   auto e = MakeGpu(cfg, 5, 300);
   ASSERT_NE(e, nullptr);
-  ASSERT_EQ(e->kv_capacity(), 300);
-  SlotPool pool(e->kv_capacity(), 55);
+  ASSERT_EQ(e->kv_slots(), 300);
+  SlotPool pool(e->kv_slots(), 55);
   std::mt19937 rng(555);
   // Open sessions until the pool refuses a prompt (all-or-nothing allocation).
   std::vector<Sess> open;
@@ -505,7 +508,7 @@ TEST(GpuEngine, PoolExhaustionAndCloseFreeEverySlot) {
   auto r = e->Step({good});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
   StepRequest outside = good;
-  outside.tail_slots = {static_cast<int32_t>(e->kv_capacity())};
+  outside.tail_slots = {static_cast<int32_t>(e->kv_slots())};
   r = e->Step({outside});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
   EXPECT_NE(r.status().message().find("tail_slots"), std::string::npos) << r.status();
@@ -541,10 +544,10 @@ TEST(GpuEngine, PoolExhaustionAndCloseFreeEverySlot) {
 
 TEST(GpuEngine, FailedRankMakesEngineUnavailable) {
   SKIP_WITHOUT_GPU();
-  CudaEngineOptions o;
+  EngineOptions o;
   o.model = "tiny";
-  o.kv_capacity = 256;
-  o.max_batch = 4;
+  o.kv_slots = 256;
+  o.limits.max_batch = 4;
   o.fault_hook = [](int /*rank*/, int64_t step) {
     return step == 1 ? absl::InternalError("injected fault") : absl::OkStatus();
   };
@@ -570,14 +573,14 @@ TEST(GpuEngine, FailedRankMakesEngineUnavailable) {
 }
 
 TEST(GpuEngine, BadOptionsAreRejected) {
-  CudaEngineOptions o;
+  EngineOptions o;
   o.tp = 0;
   EXPECT_EQ(CudaEngine::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
   o.tp = 1;
-  o.max_tail_rows = 1000;
+  o.limits.max_tail_rows = 1000;
   EXPECT_EQ(CudaEngine::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
   if (!CudaDevicesAvailable()) return;
-  o.max_tail_rows = 65;
+  o.limits.max_tail_rows = 65;
   o.model = "no-such-preset-or-dir";
   EXPECT_EQ(CudaEngine::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
   o.model = "tiny";

@@ -1,5 +1,6 @@
-// Shared by the GPU tests (label gpu): device detection, the skip macro they start with (so
-// the suites report SKIPPED on a machine without a GPU, e.g. in CI) and a CUDA assertion.
+// Shared by the GPU tests (label gpu): device detection, the skip code of their main()
+// (tests/gpu_test_main.cc: CTest reports a suite Skipped on a machine without a GPU, e.g. in
+// CI), a per-test skip macro (e.g. for tests that need two GPUs) and a CUDA assertion.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -7,6 +8,10 @@
 #include "gtest/gtest.h"
 
 namespace verifyd::test_util {
+
+// Exit code of a GPU test binary that found no GPU (tests/gpu_test_main.cc); CTest's
+// SKIP_RETURN_CODE for label gpu (tests/CMakeLists.txt).
+inline constexpr int kSkipReturnCode = 77;
 
 // CUDA devices visible to this process; 0 when the runtime reports none or fails (the
 // error is cleared so it does not leak into the next CUDA call).
@@ -21,8 +26,8 @@ inline int CudaDeviceCount() {
 
 }  // namespace verifyd::test_util
 
-#define SKIP_WITHOUT_GPU()                              \
-  if (::verifyd::test_util::CudaDeviceCount() == 0)     \
+#define SKIP_WITHOUT_GPU()                          \
+  if (::verifyd::test_util::CudaDeviceCount() == 0) \
   GTEST_SKIP() << "no CUDA device visible: GPU test skipped"
 
 // ASSERT that a CUDA runtime call succeeded, naming the call and the error.

@@ -59,8 +59,8 @@ TEST(TreeAcceptCuda, MatchesReference) {
     p.freed_slots = freed.data();
     ASSERT_TRUE(TreeAcceptReference(p).ok());
 
-    Dev di(indptr.size()), dt(rows), dp(rows), dpr(rows), ds(rows), da(rows), dn(batch),
-        db(batch), dk(rows), df(rows);
+    Dev di(indptr.size()), dt(rows), dp(rows), dpr(rows), ds(rows), da(rows), dn(batch), db(batch),
+        dk(rows), df(rows);
     auto up = [](Dev& d, const std::vector<int32_t>& v) {
       return cudaMemcpy(d.p, v.data(), v.size() * 4, cudaMemcpyHostToDevice);
     };

@@ -55,10 +55,8 @@ float DocumentedOrderDot(const float* a, const float* b, int64_t k) {
 
 TEST(Linear, HandComputed2x3) {
   // x [2, 3], w [2, 3] (two output features): small integers, so every sum is exact.
-  const std::vector<float> x = {1, 2, 3,
-                                4, 5, 6};
-  const std::vector<float> w = {1, 0, -1,
-                                2, 1, 0.5f};
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6};
+  const std::vector<float> w = {1, 0, -1, 2, 1, 0.5f};
   std::vector<float> y(4, kNaN);
   Linear(x.data(), 2, 3, 3, w.data(), 2, y.data(), 2);
   EXPECT_EQ(y[0], 1 * 1 + 2 * 0 + 3 * -1);    // -2
@@ -95,9 +93,11 @@ TEST(Linear, MatchesFloat64AndDocumentedOrder) {
   // on several threads. Checks (a) closeness to a float64 dot, (b) bit-identity with the
   // documented blocked-8 order (and the library's scalar BlockedDot, used by attention).
   std::mt19937 rng(7);
-  struct Shape { int64_t m, k, n; };
-  const Shape shapes[] = {{1, 1, 1}, {3, 7, 5}, {2, 8, 4}, {4, 9, 9}, {6, 33, 13},
-                          {1, 576, 130}, {9, 1000, 257}, {20, 700, 301}};
+  struct Shape {
+    int64_t m, k, n;
+  };
+  const Shape shapes[] = {{1, 1, 1},   {3, 7, 5},     {2, 8, 4},      {4, 9, 9},
+                          {6, 33, 13}, {1, 576, 130}, {9, 1000, 257}, {20, 700, 301}};
   for (const Shape& s : shapes) {
     const std::vector<float> x = RandomVec(s.m * s.k, rng);
     const std::vector<float> w = RandomVec(s.n * s.k, rng);
@@ -115,8 +115,8 @@ TEST(Linear, MatchesFloat64AndDocumentedOrder) {
         EXPECT_NEAR(got, ref, 1e-6 * s.k * mag + 1e-30)
             << "m=" << s.m << " k=" << s.k << " n=" << s.n << " at " << i << "," << j;
         const float order = DocumentedOrderDot(x.data() + i * s.k, w.data() + j * s.k, s.k);
-        EXPECT_TRUE(SameBits(internal::BlockedDot(x.data() + i * s.k, w.data() + j * s.k, s.k),
-                             order))
+        EXPECT_TRUE(
+            SameBits(internal::BlockedDot(x.data() + i * s.k, w.data() + j * s.k, s.k), order))
             << "BlockedDot is not the documented order (k=" << s.k << ")";
         EXPECT_TRUE(SameBits(got, order))
             << "not the blocked-8 order: " << got << " vs " << order << " (m=" << s.m
@@ -131,7 +131,9 @@ TEST(Linear, BatchInvariant) {
   // runs on one thread (small) or several (large: m*n*k above the threading threshold), and
   // whatever its position in the batch.
   std::mt19937 rng(2024);
-  struct Shape { int64_t m, k, n; };
+  struct Shape {
+    int64_t m, k, n;
+  };
   for (const Shape s : {Shape{13, 100, 37}, Shape{33, 1031, 259}, Shape{70, 512, 3}}) {
     const std::vector<float> x = RandomVec(s.m * s.k, rng, -3.f, 3.f);
     const std::vector<float> w = RandomVec(s.n * s.k, rng);
@@ -284,11 +286,11 @@ TEST(ArgmaxRows, TiesNaNAndOffset) {
   // Row stride 6, 5 used columns; column 5 is padding holding the largest value (not read).
   const float big = 1e30f;
   const std::vector<float> logits = {
-      1.f,   3.f,   3.f,   2.f,   3.f,   big,   // tie at 1, 2, 4 -> 1
-      kNaN,  -1.f,  kNaN,  -0.5f, -7.f,  big,   // NaN first and in the middle -> 3
-      kNaN,  kNaN,  kNaN,  kNaN,  kNaN,  big,   // all NaN -> index -1, value NaN
-      -kInf, -kInf, -kInf, -kInf, -kInf, big,   // all -inf -> index 0
-      0.f,   kInf,  kNaN,  kInf,  5.f,   big,   // +inf tie -> 1
+      1.f,   3.f,   3.f,   2.f,   3.f,   big,  // tie at 1, 2, 4 -> 1
+      kNaN,  -1.f,  kNaN,  -0.5f, -7.f,  big,  // NaN first and in the middle -> 3
+      kNaN,  kNaN,  kNaN,  kNaN,  kNaN,  big,  // all NaN -> index -1, value NaN
+      -kInf, -kInf, -kInf, -kInf, -kInf, big,  // all -inf -> index 0
+      0.f,   kInf,  kNaN,  kInf,  5.f,   big,  // +inf tie -> 1
   };
   std::vector<float> value(5, 0.f);
   std::vector<int32_t> index(5, 77);

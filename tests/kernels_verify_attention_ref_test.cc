@@ -28,11 +28,11 @@ struct Batch {
   DType dtype = DType::kFloat32;
   int heads = 0, qk_dim = 0, v_dim = 0, mask_words = 2;
   float scale = 1.f;
-  int64_t num_slots = 0;
+  int64_t kv_slots = 0;
   std::vector<int32_t> q_indptr, kv_indptr, kv_indices;
   std::vector<uint64_t> mask;  // [rows, mask_words]
   std::vector<float> q;        // [rows, heads, qk_dim]
-  std::vector<float> kv;       // [num_slots, qk_dim]; unused slots NaN
+  std::vector<float> kv;       // [kv_slots, qk_dim]; unused slots NaN
   int rows() const { return q_indptr.back(); }
   int batch() const { return static_cast<int>(q_indptr.size()) - 1; }
 };
@@ -92,8 +92,8 @@ Batch MakeBatch(const std::vector<int>& ctx_len, const std::vector<int>& n_rows,
   b.scale = 1.0f / std::sqrt(static_cast<float>(qk_dim)) * 3.0f;  // peaky softmax
   int64_t used = 0;
   for (size_t i = 0; i < ctx_len.size(); ++i) used += ctx_len[i] + n_rows[i];
-  b.num_slots = 2 * used + 5;
-  std::vector<int32_t> pool(static_cast<size_t>(b.num_slots));
+  b.kv_slots = 2 * used + 5;
+  std::vector<int32_t> pool(static_cast<size_t>(b.kv_slots));
   std::iota(pool.begin(), pool.end(), 0);
   std::shuffle(pool.begin(), pool.end(), rng);
   b.q_indptr = {0};
@@ -112,7 +112,7 @@ Batch MakeBatch(const std::vector<int>& ctx_len, const std::vector<int>& n_rows,
   };
   b.q.resize(static_cast<size_t>(b.rows()) * heads * qk_dim);
   for (auto& v : b.q) v = rnd();
-  b.kv.assign(static_cast<size_t>(b.num_slots) * qk_dim, kNaN);
+  b.kv.assign(static_cast<size_t>(b.kv_slots) * qk_dim, kNaN);
   for (int32_t s : b.kv_indices)
     for (int d = 0; d < qk_dim; ++d) b.kv[static_cast<size_t>(s) * qk_dim + d] = rnd();
   return b;
@@ -128,9 +128,8 @@ struct Result {
 Result RunOp(const Batch& b, bool with_lse = true) {
   const Typed q = ToTyped(b.q, b.dtype);
   const Typed kv = ToTyped(b.kv, b.dtype);
-  Typed out = ToTyped(std::vector<float>(static_cast<size_t>(b.rows()) * b.heads * b.v_dim,
-                                         kNaN),
-                      b.dtype);
+  Typed out =
+      ToTyped(std::vector<float>(static_cast<size_t>(b.rows()) * b.heads * b.v_dim, kNaN), b.dtype);
   Result r;
   r.lse.assign(static_cast<size_t>(b.rows()) * b.heads, kNaN);
   VerifyAttentionParams p;
@@ -143,7 +142,7 @@ Result RunOp(const Batch& b, bool with_lse = true) {
   p.dtype = b.dtype;
   p.q = q.data(b.dtype);
   p.kv = kv.data(b.dtype);
-  p.num_slots = b.num_slots;
+  p.kv_slots = b.kv_slots;
   p.q_indptr = b.q_indptr.data();
   p.kv_indptr = b.kv_indptr.data();
   p.kv_indices = b.kv_indices.data();
@@ -232,21 +231,20 @@ struct Case {
 };
 
 const Case kCases[] = {
-    {{0}, {1}, 1, 8, 8},                                  // decode, no context
-    {{5}, {1}, 2, 13, 9},                                 // odd widths
-    {{37, 0, 100}, {3, 7, 1}, 3, 40, 32},                 // mixed lengths
-    {{64, 9}, {65, 2}, 4, 24, 16},                        // 65 rows: second mask word
-    {{250, 1, 31, 80}, {16, 4, 1, 33}, 8, 576, 512},      // the real latent widths
-    {{300}, {128}, 1, 16, 8},                             // kMaxTailRows
-    {{12, 5, 3}, {2, 0, 1}, 2, 16, 16},                   // a request with no rows
+    {{0}, {1}, 1, 8, 8},                              // decode, no context
+    {{5}, {1}, 2, 13, 9},                             // odd widths
+    {{37, 0, 100}, {3, 7, 1}, 3, 40, 32},             // mixed lengths
+    {{64, 9}, {65, 2}, 4, 24, 16},                    // 65 rows: second mask word
+    {{250, 1, 31, 80}, {16, 4, 1, 33}, 8, 576, 512},  // the real latent widths
+    {{300}, {128}, 1, 16, 8},                         // kMaxTailRows
+    {{12, 5, 3}, {2, 0, 1}, 2, 16, 16},               // a request with no rows
 };
 
 void SweepDtype(DType dtype) {
   uint32_t seed = 100;
   for (const Case& c : kCases) {
     const Batch b = MakeBatch(c.ctx, c.rows, c.heads, c.qk_dim, c.v_dim, dtype, ++seed);
-    ExpectClose(b, RunOp(b),
-                std::string(DTypeName(dtype)) + " case seed " + std::to_string(seed));
+    ExpectClose(b, RunOp(b), std::string(DTypeName(dtype)) + " case seed " + std::to_string(seed));
   }
 }
 
@@ -318,8 +316,8 @@ TEST(VerifyAttentionReference, BatchInvariant) {
       const Result alone = RunOp(one);
       ASSERT_TRUE(alone.status.ok()) << alone.status;
       const size_t o0 = static_cast<size_t>(r0) * all.heads * all.v_dim;
-      ASSERT_EQ(0, std::memcmp(alone.out.data(), full.out.data() + o0,
-                               alone.out.size() * sizeof(float)))
+      ASSERT_EQ(
+          0, std::memcmp(alone.out.data(), full.out.data() + o0, alone.out.size() * sizeof(float)))
           << DTypeName(dtype) << " request " << req << " differs alone vs in batch";
       ASSERT_EQ(0, std::memcmp(alone.lse.data(), full.lse.data() + r0 * all.heads,
                                alone.lse.size() * sizeof(float)));
@@ -344,8 +342,8 @@ TEST(VerifyAttentionReference, BatchInvariant) {
     ASSERT_TRUE(reversed.status.ok());
     for (int req = 0; req < all.batch(); ++req) {
       const int rr = all.batch() - 1 - req;  // position in the reversed batch
-      const size_t n = static_cast<size_t>(all.q_indptr[req + 1] - all.q_indptr[req]) *
-                       all.heads * all.v_dim;
+      const size_t n =
+          static_cast<size_t>(all.q_indptr[req + 1] - all.q_indptr[req]) * all.heads * all.v_dim;
       ASSERT_EQ(0, std::memcmp(reversed.out.data() +
                                    static_cast<size_t>(rev.q_indptr[rr]) * all.heads * all.v_dim,
                                full.out.data() +
@@ -371,7 +369,7 @@ TEST(VerifyAttentionReference, RejectsBadIndices) {
   ASSERT_TRUE(RunOp(good).status.ok());
   {
     Batch b = good;
-    b.kv_indices[5] = static_cast<int32_t>(b.num_slots);  // one past the end
+    b.kv_indices[5] = static_cast<int32_t>(b.kv_slots);  // one past the end
     ExpectInvalid(b, "kv_indices[5]");
   }
   {
@@ -443,7 +441,7 @@ TEST(ValidateVerifyAttentionParams, NamesNullAndScalarFields) {
   const uint64_t mask[2] = {1, 0};
   float out[512];
   p.q = p.kv = &dummy;
-  p.num_slots = 1;
+  p.kv_slots = 1;
   p.q_indptr = p.kv_indptr = p.kv_indices = idx;
   p.tree_mask = mask;
   p.out = out;
@@ -469,8 +467,8 @@ TEST(ValidateVerifyAttentionParams, NamesNullAndScalarFields) {
   bad.softmax_scale = std::numeric_limits<float>::infinity();
   expect_field(bad, "softmax_scale");
   bad = p;
-  bad.num_slots = -1;
-  expect_field(bad, "num_slots");
+  bad.kv_slots = -1;
+  expect_field(bad, "kv_slots");
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-# Operations tests (issue 5): deploy/ checked by the real tools (promtool, Prometheus,
+# Operations tests: deploy/ checked by the real tools (promtool, Prometheus,
 # systemd-analyze, yamllint, kubectl kustomize), the sd_notify protocol, and a live integration
 # test of verifyd + Prometheus. All labelled `cpu`. Script tests exit 77 when a tool is missing:
 # CTest reports them as skipped (SKIP_RETURN_CODE), never as passed. The Debian packages they

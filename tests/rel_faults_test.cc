@@ -1,4 +1,4 @@
-// Faults (issue 6): a CPU rank failure through the engine's fault hook (in process: health
+// Faults: a CPU rank failure through the engine's fault hook (in process: health
 // NOT_SERVING on both ports, in-flight calls UNAVAILABLE; and the real verifyd binary: exit
 // non-zero), SIGTERM with calls in flight (the real binary drains them and exits 0), and a
 // client killed mid-call whose abandoned sessions the TTL reaps, leaving every slot free.
@@ -22,7 +22,7 @@
 #include "server/server.h"
 #include "server/testing/test_server.h"
 #include "tests/rel_util.h"
-#include "tp/cpu_engine.h"
+#include "tp/cpu/cpu_engine.h"
 
 namespace verifyd::server {
 namespace {
@@ -43,20 +43,22 @@ bool WaitFor(Pred pred, absl::Duration timeout) {
 }
 
 bool WaitServing(VerifyClient& c, absl::Duration timeout) {
-  return WaitFor([&] {
-    auto h = c.Health();
-    return h.ok() && *h == HealthStatus::kServing;
-  }, timeout);
+  return WaitFor(
+      [&] {
+        auto h = c.Health();
+        return h.ok() && *h == HealthStatus::kServing;
+      },
+      timeout);
 }
 
 std::string Log(const std::string& path) { return rel::ReadFile(path).value_or("(no log)"); }
 
 TEST(RelFaults, RankFailureMakesHealthNotServingAndInFlightCallsUnavailable) {
   tp::FaultInjector faults;
-  tp::CpuEngineOptions eo;
+  tp::EngineOptions eo;
   eo.model = "tiny";
   eo.tp = 2;
-  eo.kv_capacity = 4096;
+  eo.kv_slots = 4096;
   eo.fault_hook = faults.Hook();
   auto engine = tp::CreateCpuEngine(eo);
   ASSERT_TRUE(engine.ok()) << engine.status();
@@ -116,10 +118,10 @@ TEST(RelFaults, VerifydExitsNonZeroWhenARankFails) {
   const int port = rel::FreePort();
   const std::string log = dir.File("verifyd.log");
   // Step 0 is the prefill below; rank 1 fails at step 4 (the fourth Verify).
-  const pid_t pid = rel::Spawn({VERIFYD_BINARY, "--backend=cpu", "--model=tiny", "--tp=2",
-                                "--kv_slots=4096", absl::StrCat("--listen=127.0.0.1:", port),
-                                "--metrics_listen=", "--testing_fault=fail:1@4"},
-                               log);
+  const pid_t pid = rel::Spawn(
+      {VERIFYD_BINARY, "--backend=cpu", "--model=tiny", "--tp=2", "--kv_slots=4096",
+       absl::StrCat("--listen=127.0.0.1:", port), "--metrics_listen=", "--testing_fault=fail:1@4"},
+      log);
   VerifyClient c(absl::StrCat("127.0.0.1:", port), absl::Seconds(30));
   ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << Log(log);
   auto s = c.Open({1, 2, 3});
@@ -144,11 +146,11 @@ TEST(RelFaults, SigtermWithCallsInFlightDrainsThemAndExitsZero) {
   const int port = rel::FreePort();
   const std::string log = dir.File("verifyd.log");
   // Every engine step takes >= 200 ms, so calls are in flight when the signal comes.
-  const pid_t pid = rel::Spawn({VERIFYD_BINARY, "--backend=cpu", "--model=tiny",
-                                "--kv_slots=4096", absl::StrCat("--listen=127.0.0.1:", port),
-                                "--metrics_listen=", "--testing_fault=slow:200",
-                                "--drain_timeout_s=30"},
-                               log);
+  const pid_t pid =
+      rel::Spawn({VERIFYD_BINARY, "--backend=cpu", "--model=tiny", "--kv_slots=4096",
+                  absl::StrCat("--listen=127.0.0.1:", port),
+                  "--metrics_listen=", "--testing_fault=slow:200", "--drain_timeout_s=30"},
+                 log);
   const std::string target = absl::StrCat("127.0.0.1:", port);
   VerifyClient c(target, absl::Seconds(30));
   ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << Log(log);
@@ -189,17 +191,19 @@ TEST(RelFaults, SigtermWithCallsInFlightDrainsThemAndExitsZero) {
   }
   ASSERT_TRUE(WaitFor([&] { return rounds >= 2 * kClients; }, absl::Seconds(60)));
   // Signal while some call has been running for kAdmitted .. kAdmitted + 50 ms.
-  ASSERT_TRUE(WaitFor([&] {
-    const int64_t now = absl::GetCurrentTimeNanos();
-    for (auto& t : call_start_ns) {
-      const int64_t s0 = t.load();
-      if (s0 != 0 && now - s0 >= absl::ToInt64Nanoseconds(kAdmitted) &&
-          now - s0 < absl::ToInt64Nanoseconds(kAdmitted + absl::Milliseconds(50))) {
-        return true;
-      }
-    }
-    return false;
-  }, absl::Seconds(30)));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const int64_t now = absl::GetCurrentTimeNanos();
+        for (auto& t : call_start_ns) {
+          const int64_t s0 = t.load();
+          if (s0 != 0 && now - s0 >= absl::ToInt64Nanoseconds(kAdmitted) &&
+              now - s0 < absl::ToInt64Nanoseconds(kAdmitted + absl::Milliseconds(50))) {
+            return true;
+          }
+        }
+        return false;
+      },
+      absl::Seconds(30)));
   {
     std::lock_guard<std::mutex> lock(mu);
     sigterm_at = absl::Now();
@@ -217,12 +221,11 @@ TEST(RelFaults, ClientKilledMidCallLeavesNothingAfterTheTtl) {
   const int port = rel::FreePort();
   const int metrics_port = rel::FreePort();
   const std::string log = dir.File("verifyd.log");
-  const pid_t pid = rel::Spawn(
-      {VERIFYD_BINARY, "--backend=cpu", "--model=tiny", "--kv_slots=4096",
-       absl::StrCat("--listen=127.0.0.1:", port),
-       absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port), "--session_ttl_s=1",
-       "--testing_fault=slow:50"},
-      log);
+  const pid_t pid = rel::Spawn({VERIFYD_BINARY, "--backend=cpu", "--model=tiny", "--kv_slots=4096",
+                                absl::StrCat("--listen=127.0.0.1:", port),
+                                absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port),
+                                "--session_ttl_s=1", "--testing_fault=slow:50"},
+                               log);
   const std::string target = absl::StrCat("127.0.0.1:", port);
   VerifyClient c(target, absl::Seconds(30));
   ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << Log(log);
@@ -231,18 +234,24 @@ TEST(RelFaults, ClientKilledMidCallLeavesNothingAfterTheTtl) {
                                  "--sessions=4", "--rounds=100000", "--quiet"},
                                 dir.File("verifyctl.log"));
   auto page = [&] { return testing::HttpGet(metrics_port, "/metrics").value_or(""); };
-  ASSERT_TRUE(WaitFor([&] {
-    return Metric(page(), "verifyd_active_sessions") >= 4 &&
-           Metric(page(), "verifyd_kv_slots_used") > 0;
-  }, absl::Seconds(30))) << page();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Metric(page(), "verifyd_active_sessions") >= 4 &&
+               Metric(page(), "verifyd_kv_slots_used") > 0;
+      },
+      absl::Seconds(30)))
+      << page();
   absl::SleepFor(absl::Milliseconds(300));  // calls in flight
   ASSERT_EQ(::kill(load, SIGKILL), 0);
   EXPECT_EQ(rel::WaitExit(load, absl::Seconds(10)), -1);  // killed, no exit code
   // TTL 1 s + housekeeping period 1 s + the step in flight.
-  EXPECT_TRUE(WaitFor([&] {
-    const std::string p = page();
-    return Metric(p, "verifyd_active_sessions") == 0 && Metric(p, "verifyd_kv_slots_used") == 0;
-  }, absl::Seconds(15))) << page();
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        const std::string p = page();
+        return Metric(p, "verifyd_active_sessions") == 0 && Metric(p, "verifyd_kv_slots_used") == 0;
+      },
+      absl::Seconds(15)))
+      << page();
   // The server keeps serving.
   auto s = c.Open({1, 2});
   ASSERT_TRUE(s.ok()) << s.status();

@@ -1,4 +1,4 @@
-// Limits and overload (issue 6) against an in-process verifyd with the toy engine (which
+// Limits and overload against an in-process verifyd with the toy engine (which
 // fails any step whose KV bookkeeping is off): max message size, the bounded admission queue,
 // the server's deadline cap, deadlines and cancellation freeing what a call held (also during
 // a long prefill), max concurrent streams per connection, keepalive enforcement, and error
@@ -25,10 +25,10 @@ namespace {
 
 using client::DraftTree;
 using client::VerifyClient;
-using testing::ToyEngine;
-using testing::ToyEngineOptions;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using testing::ToyEngine;
+using testing::ToyEngineOptions;
 
 struct Fixture {
   testing::TestServer t;
@@ -182,9 +182,9 @@ TEST(RelLimits, ClientCancelWhileQueuedFreesSlotsAtOnce) {
   ctx.TryCancel();
   call.join();
   EXPECT_EQ(result.error_code(), grpc::CANCELLED);
-  EXPECT_TRUE(WaitFor([&] {
-    return f.t.server->kv_slots_used() == used && f.t.server->queue_depth() == 0;
-  }, absl::Seconds(2)));
+  EXPECT_TRUE(
+      WaitFor([&] { return f.t.server->kv_slots_used() == used && f.t.server->queue_depth() == 0; },
+              absl::Seconds(2)));
   blocker.Release();
   EXPECT_TRUE(f.t.client->Verify(s->session_id, DraftTree{}).ok());  // released, usable
 }
@@ -200,9 +200,9 @@ TEST(RelLimits, DeadlineDuringALongPrefillStopsItAndFreesEverything) {
   const absl::Status st = impatient.Open(prompt).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
   const int64_t steps_at_deadline = f.toy->steps();
-  EXPECT_TRUE(WaitFor([&] {
-    return f.t.server->kv_slots_used() == 0 && f.t.server->active_sessions() == 0;
-  }, absl::Seconds(2)));
+  EXPECT_TRUE(WaitFor(
+      [&] { return f.t.server->kv_slots_used() == 0 && f.t.server->active_sessions() == 0; },
+      absl::Seconds(2)));
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_LT(f.toy->steps(), steps_at_deadline + 5) << "the prefill kept running";
   f.toy->set_step_delay(absl::ZeroDuration());
@@ -258,8 +258,7 @@ TEST(RelLimits, ClientPingingTooOftenIsSentAway) {
   ASSERT_EQ(ch->GetState(false), GRPC_CHANNEL_READY);
   // The server answers the third early ping with GOAWAY (too_many_pings): the connection
   // leaves READY.
-  EXPECT_TRUE(WaitFor([&] { return ch->GetState(false) != GRPC_CHANNEL_READY; },
-                      absl::Seconds(5)));
+  EXPECT_TRUE(WaitFor([&] { return ch->GetState(false) != GRPC_CHANNEL_READY; }, absl::Seconds(5)));
   // A well-behaved client is unaffected.
   EXPECT_TRUE(f.t.client->GetInfo().ok());
 }
@@ -278,8 +277,7 @@ TEST(RelLimits, ErrorMessagesLeakNoInternals) {
   auto c = f.t.client->Open({3});
   ASSERT_TRUE(c.ok());
   ASSERT_TRUE(f.t.client->Close(c->session_id).ok());
-  const absl::Status unknown =
-      f.t.client->Verify(std::string(32, '0'), DraftTree{}).status();
+  const absl::Status unknown = f.t.client->Verify(std::string(32, '0'), DraftTree{}).status();
   const absl::Status closed = f.t.client->Verify(c->session_id, DraftTree{}).status();
   EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(unknown, closed);

@@ -129,7 +129,7 @@ TEST(TokenAuthenticatorTest, ParsesAndMatches) {
   EXPECT_EQ((*a)->size(), 2u);
   EXPECT_EQ((*a)->IdentityForAuthorization("Bearer aaaaaaaaaaaaaaaaaaaa"), "token:alice");
   EXPECT_EQ((*a)->IdentityForAuthorization("Bearer bbbbbbbbbbbbbbbbbbbb"), "token:token4");
-  EXPECT_EQ((*a)->IdentityForAuthorization("Bearer aaaaaaaaaaaaaaaaaaa"), "");   // prefix
+  EXPECT_EQ((*a)->IdentityForAuthorization("Bearer aaaaaaaaaaaaaaaaaaa"), "");    // prefix
   EXPECT_EQ((*a)->IdentityForAuthorization("Bearer aaaaaaaaaaaaaaaaaaaaa"), "");  // longer
   EXPECT_EQ((*a)->IdentityForAuthorization("aaaaaaaaaaaaaaaaaaaa"), "");          // no scheme
   EXPECT_EQ((*a)->IdentityForAuthorization("Basic aaaaaaaaaaaaaaaaaaaa"), "");
@@ -207,8 +207,7 @@ TEST_F(SecurityTest, BearerTokenOverTlsIsRequiredAndNamesTheClient) {
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kUnauthenticated) << wrong.status();
   EXPECT_THAT(wrong.status().message(), Not(HasSubstr("alice")));
 
-  auto alice =
-      WhoAmI(rel::TlsChannel(s->target(), pki_.ca_cert, "", "", "0123456789abcdef-alice"));
+  auto alice = WhoAmI(rel::TlsChannel(s->target(), pki_.ca_cert, "", "", "0123456789abcdef-alice"));
   ASSERT_TRUE(alice.ok()) << alice.status();
   EXPECT_EQ(*alice, "token:alice");
   auto bob = WhoAmI(rel::TlsChannel(s->target(), pki_.ca_cert, "", "", "0123456789abcdef-bob"));
@@ -252,7 +251,8 @@ std::unique_ptr<Server> StartServer(const SecurityOptions& sec, const std::strin
   so.metrics_listen = "";
   so.security = sec;
   so.health_listen = health;
-  auto s = Server::BuildAndStart(so, std::make_unique<testing::ToyEngine>(testing::ToyEngineOptions{}));
+  auto s =
+      Server::BuildAndStart(so, std::make_unique<testing::ToyEngine>(testing::ToyEngineOptions{}));
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? *std::move(s) : nullptr;
 }
@@ -287,7 +287,8 @@ TEST_F(SecurityTest, ServerBindsSessionsToTheMtlsClient) {
   auto server = StartServer(o);
   ASSERT_TRUE(server);
   const std::string target = absl::StrCat("127.0.0.1:", server->port());
-  client::VerifyClient alice(rel::TlsChannel(target, pki_.ca_cert, pki_.alice_cert, pki_.alice_key));
+  client::VerifyClient alice(
+      rel::TlsChannel(target, pki_.ca_cert, pki_.alice_cert, pki_.alice_key));
   client::VerifyClient bob(rel::TlsChannel(target, pki_.ca_cert, pki_.bob_cert, pki_.bob_key));
   ExpectSessionsBound(alice, bob);
   EXPECT_EQ(server->kv_slots_used(), 0);
@@ -301,7 +302,8 @@ TEST_F(SecurityTest, ServerBindsSessionsToTheTokenAndHealthPortNeedsNoAuth) {
   auto server = StartServer(o, "127.0.0.1:0");
   ASSERT_TRUE(server);
   const std::string target = absl::StrCat("127.0.0.1:", server->port());
-  client::VerifyClient alice(rel::TlsChannel(target, pki_.ca_cert, "", "", "0123456789abcdef-alice"));
+  client::VerifyClient alice(
+      rel::TlsChannel(target, pki_.ca_cert, "", "", "0123456789abcdef-alice"));
   client::VerifyClient bob(rel::TlsChannel(target, pki_.ca_cert, "", "", "0123456789abcdef-bob"));
   ExpectSessionsBound(alice, bob);
   client::VerifyClient anonymous(rel::TlsChannel(target, pki_.ca_cert));
@@ -311,8 +313,7 @@ TEST_F(SecurityTest, ServerBindsSessionsToTheTokenAndHealthPortNeedsNoAuth) {
   EXPECT_EQ(probe.Health().value_or(client::HealthStatus::kUnknown),
             client::HealthStatus::kServing);
   server->Shutdown(absl::ZeroDuration());
-  EXPECT_FALSE(probe.Health().ok() &&
-               *probe.Health() == client::HealthStatus::kServing);
+  EXPECT_FALSE(probe.Health().ok() && *probe.Health() == client::HealthStatus::kServing);
 }
 
 TEST_F(SecurityTest, ServerWithoutIdentitiesKeepsAnonymousSessions) {
@@ -339,22 +340,23 @@ TEST_F(SecurityTest, VerifydRefusesATokenWithoutTls) {
 TEST_F(SecurityTest, VerifydServesMutualTlsAndPlaintextHealth) {
   const int port = rel::FreePort(), health = rel::FreePort();
   const std::string log = dir_.File("verifyd.log");
-  const pid_t pid = rel::Spawn(
-      {VERIFYD_BINARY, "--backend=toy", absl::StrCat("--listen=127.0.0.1:", port),
-       absl::StrCat("--health_listen=127.0.0.1:", health), "--metrics_listen=",
-       "--tls_cert=" + pki_.server_cert, "--tls_key=" + pki_.server_key,
-       "--tls_client_ca=" + pki_.ca_cert},
-      log);
+  const pid_t pid =
+      rel::Spawn({VERIFYD_BINARY, "--backend=toy", absl::StrCat("--listen=127.0.0.1:", port),
+                  absl::StrCat("--health_listen=127.0.0.1:", health),
+                  "--metrics_listen=", "--tls_cert=" + pki_.server_cert,
+                  "--tls_key=" + pki_.server_key, "--tls_client_ca=" + pki_.ca_cert},
+                 log);
   client::VerifyClient probe(absl::StrCat("127.0.0.1:", health), absl::Seconds(5));
   bool serving = false;
   for (int i = 0; i < 200 && !serving; ++i) {
-    serving = probe.Health().value_or(client::HealthStatus::kUnknown) ==
-              client::HealthStatus::kServing;
+    serving =
+        probe.Health().value_or(client::HealthStatus::kUnknown) == client::HealthStatus::kServing;
     if (!serving) absl::SleepFor(absl::Milliseconds(50));
   }
   EXPECT_TRUE(serving) << rel::ReadFile(log).value_or("");
   const std::string target = absl::StrCat("127.0.0.1:", port);
-  client::VerifyClient alice(rel::TlsChannel(target, pki_.ca_cert, pki_.alice_cert, pki_.alice_key));
+  client::VerifyClient alice(
+      rel::TlsChannel(target, pki_.ca_cert, pki_.alice_cert, pki_.alice_key));
   EXPECT_TRUE(alice.Open({1, 2}).ok());
   client::VerifyClient plain(target, absl::Seconds(5));
   EXPECT_EQ(plain.GetInfo().status().code(), absl::StatusCode::kUnavailable);
@@ -379,15 +381,14 @@ TEST_F(SecurityTest, VerifyctlSpeaksMutualTlsAndTokens) {
     args.insert(args.end(), extra.begin(), extra.end());
     return rel::WaitExit(rel::Spawn(args, dir_.File("verifyctl.log")), absl::Seconds(30));
   };
-  const std::vector<std::string> tls = {"--tls_ca=" + pki_.ca_cert,
-                                        "--tls_cert=" + pki_.alice_cert,
+  const std::vector<std::string> tls = {"--tls_ca=" + pki_.ca_cert, "--tls_cert=" + pki_.alice_cert,
                                         "--tls_key=" + pki_.alice_key};
   std::vector<std::string> full = tls;
   full.push_back("--auth_token_file=" + client_token);
   EXPECT_EQ(run(full), 0) << rel::ReadFile(dir_.File("verifyctl.log")).value_or("");
-  EXPECT_EQ(run(tls), 1);                                  // no token: UNAUTHENTICATED
-  EXPECT_EQ(run({"--tls_ca=" + pki_.ca_cert}), 1);         // no client certificate
-  EXPECT_EQ(run({"--tls_cert=" + pki_.alice_cert}), 2);    // bad usage: cert without CA
+  EXPECT_EQ(run(tls), 1);                                // no token: UNAUTHENTICATED
+  EXPECT_EQ(run({"--tls_ca=" + pki_.ca_cert}), 1);       // no client certificate
+  EXPECT_EQ(run({"--tls_cert=" + pki_.alice_cert}), 2);  // bad usage: cert without CA
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Soak (issue 6): the real verifyd binary (CPU backend, tiny model, TP 2) under many
+// Soak: the real verifyd binary (CPU backend, tiny model, TP 2) under many
 // concurrent sessions for a bounded time (VERIFYD_SOAK_SECONDS, default 30): unary Verify,
 // VerifyStream and two-session Verify calls with n-gram draft trees, sessions opened and
 // closed continuously, some abandoned for the TTL to reap. Checks:
@@ -29,7 +29,7 @@
 #include "gtest/gtest.h"
 #include "server/testing/test_server.h"
 #include "tests/rel_util.h"
-#include "tp/cpu_engine.h"
+#include "tp/cpu/cpu_engine.h"
 
 namespace verifyd::server {
 namespace {
@@ -52,7 +52,7 @@ constexpr bool kSanitized = false;
 constexpr bool kSanitized = false;
 #endif
 
-constexpr int kClients = 24;            // concurrent client threads (sessions in flight)
+constexpr int kClients = 24;  // concurrent client threads (sessions in flight)
 constexpr int kTp = 2;
 constexpr int64_t kMaxRssGrowthKib = 32 * 1024;
 
@@ -99,8 +99,8 @@ void ClientLoop(const std::string& target, int index, absl::Time end, int64_t vo
     if (mode <= 1) stream = c.OpenStream();
     bool ok = true;
     for (int r = 0; r < rounds && ok && absl::Now() < end; ++r) {
-      const DraftTree tree = client::BuildDraftTree(client::NgramGuess(history, 4), 4, 2,
-                                                    vocab, 16, rng);
+      const DraftTree tree =
+          client::BuildDraftTree(client::NgramGuess(history, 4), 4, 2, vocab, 16, rng);
       client::VerifyOutcome out;
       absl::Status st;
       if (stream) {
@@ -156,12 +156,12 @@ TEST(RelSoak, ManySessionsThousandsOfRoundsNoErrorsNoLeakBoundedMemory) {
   rel::TempDir dir;
   const int port = rel::FreePort(), metrics_port = rel::FreePort();
   const std::string log = dir.File("verifyd.log");
-  const pid_t pid = rel::Spawn(
-      {VERIFYD_BINARY, "--backend=cpu", "--model=tiny", absl::StrCat("--tp=", kTp),
-       "--kv_slots=32768", absl::StrCat("--listen=127.0.0.1:", port),
-       absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port), "--session_ttl_s=2",
-       "--log_level=warn"},
-      log);
+  const pid_t pid =
+      rel::Spawn({VERIFYD_BINARY, "--backend=cpu", "--model=tiny", absl::StrCat("--tp=", kTp),
+                  "--kv_slots=32768", absl::StrCat("--listen=127.0.0.1:", port),
+                  absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port), "--session_ttl_s=2",
+                  "--log_level=warn"},
+                 log);
   const std::string target = absl::StrCat("127.0.0.1:", port);
   VerifyClient c(target, absl::Seconds(30));
   bool serving = false;
@@ -202,12 +202,11 @@ TEST(RelSoak, ManySessionsThousandsOfRoundsNoErrorsNoLeakBoundedMemory) {
       "tokens=%lld errors=%lld rounds_per_s=%.0f rss_kib warm=%lld (after %lld rounds) "
       "end=%lld growth=%lld\n",
       wall_s, kClients, kTp, static_cast<long long>(totals.sessions.load()),
-      static_cast<long long>(totals.abandoned.load()),
-      static_cast<long long>(totals.rounds.load()), static_cast<long long>(totals.calls.load()),
-      static_cast<long long>(totals.tokens.load()), static_cast<long long>(totals.errors.load()),
-      totals.rounds.load() / wall_s, static_cast<long long>(rss_warm),
-      static_cast<long long>(rounds_warm), static_cast<long long>(rss_end),
-      static_cast<long long>(rss_end - rss_warm));
+      static_cast<long long>(totals.abandoned.load()), static_cast<long long>(totals.rounds.load()),
+      static_cast<long long>(totals.calls.load()), static_cast<long long>(totals.tokens.load()),
+      static_cast<long long>(totals.errors.load()), totals.rounds.load() / wall_s,
+      static_cast<long long>(rss_warm), static_cast<long long>(rounds_warm),
+      static_cast<long long>(rss_end), static_cast<long long>(rss_end - rss_warm));
   EXPECT_EQ(totals.errors.load(), 0);
   for (const auto& e : totals.error_samples) ADD_FAILURE() << e;
   EXPECT_GE(totals.rounds.load(), 1000) << "soak too short to mean anything";
@@ -219,15 +218,16 @@ TEST(RelSoak, ManySessionsThousandsOfRoundsNoErrorsNoLeakBoundedMemory) {
   EXPECT_EQ(rel::WaitExit(pid, absl::Seconds(30)), 0) << rel::ReadFile(log).value_or("");
 
   // Lossless: a sample of finished sessions against plain greedy decoding.
-  tp::CpuEngineOptions eo;
+  tp::EngineOptions eo;
   eo.model = "tiny";
   eo.tp = kTp;
-  eo.kv_capacity = 4096;
+  eo.kv_slots = 4096;
   auto ref = tp::CreateCpuEngine(eo);
   ASSERT_TRUE(ref.ok()) << ref.status();
   ASSERT_FALSE(totals.finished.empty());
   for (const Finished& f : totals.finished) {
-    auto truth = testing::GreedyViaEngine(ref->get(), f.prompt, static_cast<int>(f.collected.size()));
+    auto truth =
+        testing::GreedyViaEngine(ref->get(), f.prompt, static_cast<int>(f.collected.size()));
     ASSERT_TRUE(truth.ok()) << truth.status();
     EXPECT_EQ(*truth, f.collected);
   }

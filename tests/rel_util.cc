@@ -44,8 +44,8 @@ absl::Status Shell(const std::string& cmd) {
   while ((k = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, k);
   const int status = ::pclose(p);
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("command failed (status ", status, "): ", cmd, "\n",
-                                          out));
+  return absl::InternalError(
+      absl::StrCat("command failed (status ", status, "): ", cmd, "\n", out));
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
@@ -75,7 +75,8 @@ absl::Status MakeCert(const std::string& dir, const std::string& name, const std
     return Shell(absl::StrCat(
         "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2",
         " -keyout ", key, " -out ", crt, " -subj '", subj, "'",
-        " -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign"));
+        " -addext basicConstraints=critical,CA:TRUE -addext "
+        "keyUsage=critical,keyCertSign,cRLSign"));
   }
   const std::string csr = absl::StrCat(dir, "/", name, ".csr");
   const std::string extfile = absl::StrCat(dir, "/", name, ".ext");
@@ -137,8 +138,7 @@ absl::StatusOr<TestPki> MakeTestPki(const std::string& dir) {
 
 std::shared_ptr<grpc::Channel> TlsChannel(const std::string& target,
                                           const std::string& ca_cert_path,
-                                          const std::string& cert_path,
-                                          const std::string& key_path,
+                                          const std::string& cert_path, const std::string& key_path,
                                           const std::string& token) {
   grpc::SslCredentialsOptions o;
   o.pem_root_certs = ReadFile(ca_cert_path).value_or("");

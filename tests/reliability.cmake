@@ -1,4 +1,4 @@
-# Reliability and security tests (issue 6, label cpu): security building blocks, limits,
+# Reliability and security tests (label cpu): security building blocks, limits,
 # overload, faults, soak, and fuzzing. See docs/RELIABILITY.md for the promise each checks.
 #
 # Fuzzing: three harnesses in tests/fuzz/ (validation, sessions, kernels_params).

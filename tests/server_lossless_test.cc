@@ -9,7 +9,7 @@
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "server/testing/test_server.h"
-#include "tp/cpu_engine.h"
+#include "tp/cpu/cpu_engine.h"
 
 namespace verifyd::server {
 namespace {
@@ -19,12 +19,12 @@ constexpr int kSessions = 3;
 constexpr int kTokens = 40;  // collected per session (>= 32)
 
 absl::StatusOr<std::unique_ptr<tp::Engine>> TinyEngine(int tp_size) {
-  tp::CpuEngineOptions o;
+  tp::EngineOptions o;
   o.model = "tiny";
   o.seed = kSeed;
   o.tp = tp_size;
-  o.kv_capacity = 2048;
-  o.max_batch = 16;
+  o.kv_slots = 2048;
+  o.limits.max_batch = 16;
   return tp::CreateCpuEngine(o);
 }
 

@@ -19,9 +19,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/verify_client.h"
-#include "tests/process_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/process_util.h"
 
 namespace {
 
@@ -67,9 +67,10 @@ bool WaitServing(verifyd::client::VerifyClient& c, absl::Duration timeout) {
 TEST(VerifydMain, SigtermDrainsAndExitsZero) {
   const int port = FreePort();
   const std::string log = TempPath("sigterm.log");
-  const pid_t pid = Spawn({VERIFYD_BINARY, "--backend=toy", absl::StrCat("--listen=127.0.0.1:", port),
-                           "--metrics_listen=", "--kv_slots=4096"},
-                          log);
+  const pid_t pid =
+      Spawn({VERIFYD_BINARY, "--backend=toy", absl::StrCat("--listen=127.0.0.1:", port),
+             "--metrics_listen=", "--kv_slots=4096"},
+            log);
   ASSERT_GT(pid, 0);
   verifyd::client::VerifyClient c(absl::StrCat("127.0.0.1:", port), absl::Seconds(5));
   ASSERT_TRUE(WaitServing(c, absl::Seconds(20))) << ReadFile(log);
@@ -137,9 +138,8 @@ TEST(VerifydMain, NotifiesSystemdReadyWatchdogStopping) {
 
 TEST(VerifydMain, CudaBackendWithoutCudaFailsClearly) {
   const std::string log = TempPath("cuda.log");
-  const pid_t pid = Spawn({VERIFYD_BINARY, "--backend=cuda", "--listen=127.0.0.1:0",
-                           "--metrics_listen="},
-                          log);
+  const pid_t pid =
+      Spawn({VERIFYD_BINARY, "--backend=cuda", "--listen=127.0.0.1:0", "--metrics_listen="}, log);
   const int code = WaitExit(pid, absl::Seconds(60));
   const std::string text = ReadFile(log);
   if (code == -1) GTEST_SKIP() << "a CUDA build with a GPU started serving";
@@ -157,8 +157,8 @@ TEST(VerifydMain, BadFlagValueFailsNamingTheFlag) {
 TEST(Verifyctl, SubcommandsAndDemoAgainstLiveServer) {
   const int port = FreePort();
   const std::string log = TempPath("ctl.log");
-  const pid_t pid = Spawn({VERIFYD_BINARY, "--backend=toy", absl::StrCat("--listen=127.0.0.1:", port),
-                           "--metrics_listen="},
+  const pid_t pid = Spawn({VERIFYD_BINARY, "--backend=toy",
+                           absl::StrCat("--listen=127.0.0.1:", port), "--metrics_listen="},
                           log);
   verifyd::client::VerifyClient c(absl::StrCat("127.0.0.1:", port), absl::Seconds(5));
   ASSERT_TRUE(WaitServing(c, absl::Seconds(20))) << ReadFile(log);
@@ -195,7 +195,8 @@ TEST(Verifyctl, SubcommandsAndDemoAgainstLiveServer) {
   EXPECT_THAT(demo, HasSubstr("mean_accepted_length="));
   auto [rc_load, load] = RunCommand(ctl + "load --sessions=4 --rounds=10");
   EXPECT_EQ(rc_load, 0) << load;
-  EXPECT_THAT(load, HasSubstr("calls=40 errors=0"));
+  EXPECT_THAT(load, HasSubstr("drafter=oracle sessions=4 rounds=10 calls=40 errors=0"));
+  EXPECT_THAT(load, HasSubstr("lossless=yes"));
   auto [rc_usage, usage] = RunCommand(ctl + "frobnicate");
   EXPECT_EQ(rc_usage, 2);
 

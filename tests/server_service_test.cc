@@ -7,8 +7,8 @@
 #include <set>
 #include <thread>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "client/verify_client.h"
@@ -25,11 +25,11 @@ namespace {
 using client::DraftTree;
 using client::HealthStatus;
 using client::VerifyClient;
+using ::testing::HasSubstr;
 using testing::StartTestServer;
 using testing::TestServer;
 using testing::ToyEngine;
 using testing::ToyEngineOptions;
-using ::testing::HasSubstr;
 
 struct Fixture {
   TestServer t;
@@ -38,8 +38,7 @@ struct Fixture {
 };
 
 // Metrics off unless asked for: stopping the HTTP exposer costs ~2 s.
-Fixture Start(ToyEngineOptions toy_options = {}, ServerOptions options = {},
-              bool metrics = false) {
+Fixture Start(ToyEngineOptions toy_options = {}, ServerOptions options = {}, bool metrics = false) {
   Fixture f;
   f.toy_options = toy_options;
   auto engine = std::make_unique<ToyEngine>(toy_options);
@@ -79,7 +78,7 @@ void ExpectServesGoodRequest(Fixture& f) {
 TEST(ServerService, GetInfoReportsEngineAndLimits) {
   ToyEngineOptions o;
   o.tp_size = 2;
-  o.kv_capacity = 777;
+  o.kv_slots = 777;
   o.max_tail_rows = 33;
   o.max_context = 999;
   ServerOptions so;
@@ -94,7 +93,7 @@ TEST(ServerService, GetInfoReportsEngineAndLimits) {
   EXPECT_EQ(info->limits().max_draft_nodes(), 32);
   EXPECT_EQ(info->limits().max_context(), 999);
   EXPECT_EQ(info->limits().max_batch(), 16);
-  EXPECT_EQ(info->limits().kv_slots_total(), 777);
+  EXPECT_EQ(info->limits().kv_slots(), 777);
 }
 
 TEST(ServerService, BuildAndStartReportsBadOptionsAndBusyPorts) {
@@ -109,15 +108,14 @@ TEST(ServerService, BuildAndStartReportsBadOptionsAndBusyPorts) {
   ServerOptions same_port;
   same_port.listen = absl::StrCat("127.0.0.1:", f.t.server->port());
   same_port.metrics_listen = "";
-  ExpectCode(Server::BuildAndStart(same_port, std::make_unique<ToyEngine>(ToyEngineOptions{}))
-                 .status(),
-             absl::StatusCode::kUnavailable, "listen");
+  ExpectCode(
+      Server::BuildAndStart(same_port, std::make_unique<ToyEngine>(ToyEngineOptions{})).status(),
+      absl::StatusCode::kUnavailable, "listen");
   ServerOptions same_metrics;
   same_metrics.listen = "127.0.0.1:0";
   same_metrics.metrics_listen = absl::StrCat("127.0.0.1:", f.t.server->metrics_port());
   ExpectCode(
-      Server::BuildAndStart(same_metrics, std::make_unique<ToyEngine>(ToyEngineOptions{}))
-          .status(),
+      Server::BuildAndStart(same_metrics, std::make_unique<ToyEngine>(ToyEngineOptions{})).status(),
       absl::StatusCode::kUnavailable, "metrics_listen");
   ExpectServesGoodRequest(f);
 }
@@ -131,8 +129,8 @@ std::pair<grpc::Status, std::string> ListServicesByReflection(const std::string&
   grpc::CompletionQueue cq;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  auto call = stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-                               &cq);
+  auto call =
+      stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
   void* tag;
   bool ok;
   auto next = [&] { return cq.Next(&tag, &ok) && ok; };
@@ -150,7 +148,8 @@ std::pair<grpc::Status, std::string> ListServicesByReflection(const std::string&
       if (next()) {
         std::vector<grpc::Slice> slices;
         (void)resp.Dump(&slices);
-        for (const auto& sl : slices) out.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+        for (const auto& sl : slices)
+          out.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
       }
     }
     call->WritesDone(reinterpret_cast<void*>(4));
@@ -242,10 +241,10 @@ TEST(ServerService, BadInputGivesStatedStatusAndServerKeepsServing) {
   };
   std::vector<Case> cases = {
       {{{1, 2}, {-1}}, "items[0].tree.parents: size"},
-      {{{1, 2, 3}, {-1, 5, 0}}, "items[0].tree.parents[1]"},     // out of range
-      {{{1, 2, 3}, {-1, 1, 0}}, "items[0].tree.parents[1]"},     // self: not topological
-      {{{1, 2, 3}, {-1, 2, 0}}, "items[0].tree.parents[1]"},     // forward reference
-      {{{1, 2}, {-3, 0}}, "items[0].tree.parents[0]"},           // below -1
+      {{{1, 2, 3}, {-1, 5, 0}}, "items[0].tree.parents[1]"},  // out of range
+      {{{1, 2, 3}, {-1, 1, 0}}, "items[0].tree.parents[1]"},  // self: not topological
+      {{{1, 2, 3}, {-1, 2, 0}}, "items[0].tree.parents[1]"},  // forward reference
+      {{{1, 2}, {-3, 0}}, "items[0].tree.parents[0]"},        // below -1
       {{{1, 2, static_cast<int32_t>(V)}, {-1, 0, 1}}, "items[0].tree.tokens[2]"},
       {{{1, -1}, {-1, 0}}, "items[0].tree.tokens[1]"},
       {{std::vector<int32_t>(65, 1), std::vector<int32_t>(65, -1)}, "items[0].tree.tokens"},
@@ -341,7 +340,7 @@ TEST(ServerService, CallCancelledWhileQueuedChangesNothing) {
 
 TEST(ServerService, ManyCyclesLeaveEverySlotFree) {
   ToyEngineOptions o;
-  o.kv_capacity = 512;
+  o.kv_slots = 512;
   Fixture f = Start(o);
   std::mt19937_64 rng(7);
   for (int cycle = 0; cycle < 40; ++cycle) {
@@ -368,7 +367,7 @@ TEST(ServerService, ManyCyclesLeaveEverySlotFree) {
 
 TEST(ServerService, PoolExhaustionIsResourceExhaustedAndOthersUnaffected) {
   ToyEngineOptions o;
-  o.kv_capacity = 64;
+  o.kv_slots = 64;
   Fixture f = Start(o);
   VerifyClient& c = *f.t.client;
   const std::vector<int32_t> pa = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
@@ -379,15 +378,15 @@ TEST(ServerService, PoolExhaustionIsResourceExhaustedAndOthersUnaffected) {
   // B takes most of the rest; a tree too large for what is left fails without effect.
   auto b = c.Open(std::vector<int32_t>(40, 2));
   ASSERT_TRUE(b.ok());
-  ExpectCode(c.Verify(a->session_id,
-                      DraftTree{std::vector<int32_t>(20, 1), std::vector<int32_t>(20, -1)})
-                 .status(),
-             absl::StatusCode::kResourceExhausted);
+  ExpectCode(
+      c.Verify(a->session_id, DraftTree{std::vector<int32_t>(20, 1), std::vector<int32_t>(20, -1)})
+          .status(),
+      absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(f.t.server->kv_slots_used(), 50);
   // A and B keep decoding correctly in one call.
   auto truth_a = ToyEngine::Greedy(o, pa, 3);
-  auto rs = c.VerifyMany({a->session_id, b->session_id},
-                         {DraftTree{{truth_a[1]}, {-1}}, DraftTree{}});
+  auto rs =
+      c.VerifyMany({a->session_id, b->session_id}, {DraftTree{{truth_a[1]}, {-1}}, DraftTree{}});
   ASSERT_TRUE(rs.ok()) << rs.status();
   EXPECT_EQ((*rs)[0].accepted_tokens, std::vector<int32_t>{truth_a[1]});
   EXPECT_EQ((*rs)[0].bonus_token, truth_a[2]);
@@ -423,8 +422,7 @@ TEST(ServerService, IdleSessionsExpireAndFreeSlots) {
   }
   EXPECT_EQ(f.t.server->kv_slots_used(), 0);
   EXPECT_EQ(f.t.server->active_sessions(), 0);
-  ExpectCode(f.t.client->Verify(s->session_id, DraftTree{}).status(),
-             absl::StatusCode::kNotFound);
+  ExpectCode(f.t.client->Verify(s->session_id, DraftTree{}).status(), absl::StatusCode::kNotFound);
 }
 
 TEST(ServerService, ActiveSessionIsNotExpired) {
@@ -525,8 +523,7 @@ TEST(ServerService, FailedEngineStepLeaksNoSlotAndSessionContinues) {
   EXPECT_EQ(r->bonus_token, truth[3]);
   // A failed prefill leaves no session and no slot behind.
   f.toy->FailNextStep(absl::InternalError("injected"));
-  ExpectCode(f.t.client->Open(std::vector<int32_t>(100, 1)).status(),
-             absl::StatusCode::kInternal);
+  ExpectCode(f.t.client->Open(std::vector<int32_t>(100, 1)).status(), absl::StatusCode::kInternal);
   EXPECT_EQ(f.t.server->active_sessions(), 1);
   EXPECT_EQ(f.t.server->kv_slots_used(), used + 3);
   EXPECT_FALSE(f.t.server->engine_failed());
@@ -653,14 +650,23 @@ TEST(ServerService, MetricsEndpointServesEveryMetric) {
   (void)f.t.client->Verify("nope", DraftTree{});
   auto body = testing::HttpGet(f.t.server->metrics_port(), "/metrics");
   ASSERT_TRUE(body.ok()) << body.status();
-  const std::vector<std::string> names = {
-      "verifyd_verify_latency_seconds", "verifyd_engine_step_seconds",
-      "verifyd_engine_rank_step_seconds", "verifyd_draft_tokens_total",
-      "verifyd_accepted_tokens_total", "verifyd_emitted_tokens_total",
-      "verifyd_accepted_tokens_by_depth_total", "verifyd_draft_depth_reached_total",
-      "verifyd_accept_length", "verifyd_batch_size", "verifyd_active_sessions",
-      "verifyd_kv_slots_used", "verifyd_kv_slots_capacity", "verifyd_queue_depth",
-      "verifyd_tokens_per_second", "verifyd_requests_total", "verifyd_build_info"};
+  const std::vector<std::string> names = {"verifyd_verify_latency_seconds",
+                                          "verifyd_engine_step_seconds",
+                                          "verifyd_engine_rank_step_seconds",
+                                          "verifyd_draft_tokens_total",
+                                          "verifyd_accepted_tokens_total",
+                                          "verifyd_emitted_tokens_total",
+                                          "verifyd_accepted_tokens_by_depth_total",
+                                          "verifyd_draft_depth_reached_total",
+                                          "verifyd_accept_length",
+                                          "verifyd_batch_size",
+                                          "verifyd_active_sessions",
+                                          "verifyd_kv_slots_used",
+                                          "verifyd_kv_slots_capacity",
+                                          "verifyd_queue_depth",
+                                          "verifyd_tokens_per_second",
+                                          "verifyd_requests_total",
+                                          "verifyd_build_info"};
   for (const auto& n : names) {
     EXPECT_THAT(*body, HasSubstr("# HELP " + n + " ")) << n;
     EXPECT_THAT(*body, HasSubstr("# TYPE " + n + " ")) << n;
@@ -691,7 +697,7 @@ TEST(ServerService, MetricsEndpointServesEveryMetric) {
   EXPECT_EQ(value("verifyd_verify_latency_seconds_count{stage=\"queue\"}"), 1);
   EXPECT_EQ(value("verifyd_engine_rank_step_seconds_count{rank=\"1\"}"), 2);  // open + verify
   EXPECT_EQ(value("verifyd_accept_length_count"), 1);
-  EXPECT_EQ(value("verifyd_kv_slots_capacity"), static_cast<double>(o.kv_capacity));
+  EXPECT_EQ(value("verifyd_kv_slots_capacity"), static_cast<double>(o.kv_slots));
   // No per-session label anywhere.
   EXPECT_THAT(*body, ::testing::Not(HasSubstr(s->session_id)));
 }

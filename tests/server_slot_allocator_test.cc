@@ -1,11 +1,10 @@
 // SlotAllocator: all-or-nothing allocation, exhaustion, bad frees change nothing.
-#include "server/slot_allocator.h"
-
 #include <algorithm>
 #include <random>
 #include <set>
 
 #include "gtest/gtest.h"
+#include "server/slot_allocator.h"
 
 namespace verifyd::server {
 namespace {

@@ -1,8 +1,7 @@
 // Request validation: every bad field gives InvalidArgument naming it; good input passes.
-#include "server/validation.h"
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/validation.h"
 
 namespace verifyd::server {
 namespace {
@@ -54,10 +53,10 @@ TEST(Validation, Tree) {
   ExpectInvalid(ValidateTree(Tree({1, 2, 3, 4, 5}, {-1, -1, -1, -1, -1}), l, "t"), "t.tokens");
   ExpectInvalid(ValidateTree(Tree({1, 100}, {-1, 0}), l, "t"), "t.tokens[1]");
   ExpectInvalid(ValidateTree(Tree({1, -3}, {-1, 0}), l, "t"), "t.tokens[1]");
-  ExpectInvalid(ValidateTree(Tree({1, 2}, {-1, 1}), l, "t"), "t.parents[1]");   // self
-  ExpectInvalid(ValidateTree(Tree({1, 2}, {0, -1}), l, "t"), "t.parents[0]");   // forward
-  ExpectInvalid(ValidateTree(Tree({1, 2}, {-1, 7}), l, "t"), "t.parents[1]");   // range
-  ExpectInvalid(ValidateTree(Tree({1, 2}, {-2, 0}), l, "t"), "t.parents[0]");   // < -1
+  ExpectInvalid(ValidateTree(Tree({1, 2}, {-1, 1}), l, "t"), "t.parents[1]");  // self
+  ExpectInvalid(ValidateTree(Tree({1, 2}, {0, -1}), l, "t"), "t.parents[0]");  // forward
+  ExpectInvalid(ValidateTree(Tree({1, 2}, {-1, 7}), l, "t"), "t.parents[1]");  // range
+  ExpectInvalid(ValidateTree(Tree({1, 2}, {-2, 0}), l, "t"), "t.parents[0]");  // < -1
 }
 
 TEST(Validation, Request) {

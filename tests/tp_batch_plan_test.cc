@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tp/cpu_forward.h"
+#include "tp/batch_plan.h"
 #include "tp/presets.h"
 
 namespace verifyd::tp {

@@ -57,7 +57,8 @@ TEST(InProcessCommunicator, AllReduceSumBf16) {
   auto comms = CreateInProcessGroup(world, 10000);
   auto st = RunRanks(comms, [&](int r, Communicator* c) -> absl::Status {
     std::vector<kernels::bf16_bits> b(64);
-    for (size_t i = 0; i < b.size(); ++i) b[i] = kernels::FloatToBf16(static_cast<float>(r * 2 + i));
+    for (size_t i = 0; i < b.size(); ++i)
+      b[i] = kernels::FloatToBf16(static_cast<float>(r * 2 + i));
     if (absl::Status s = c->AllReduceSum(b.data(), b.size(), kernels::DType::kBFloat16, nullptr);
         !s.ok()) {
       return s;
@@ -97,7 +98,8 @@ TEST(InProcessCommunicator, AllGatherInPlace) {
   auto st = RunRanks(comms, [&](int r, Communicator* c) -> absl::Status {
     std::vector<int32_t> buf(4 * world, -1);
     for (int i = 0; i < 4; ++i) buf[r * 4 + i] = r * 100 + i;  // own part in place
-    if (absl::Status s = c->AllGather(buf.data() + r * 4, buf.data(), 16, nullptr); !s.ok()) return s;
+    if (absl::Status s = c->AllGather(buf.data() + r * 4, buf.data(), 16, nullptr); !s.ok())
+      return s;
     for (int k = 0; k < world; ++k) {
       for (int i = 0; i < 4; ++i) {
         if (buf[k * 4 + i] != k * 100 + i) return absl::InternalError("wrong in-place gather");

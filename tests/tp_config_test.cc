@@ -107,8 +107,8 @@ TEST(ModelConfig, RejectsBadValuesNamingTheKey) {
     const char* key;
     json value;
   };
-  const Case cases[] = {{"hidden_size", 0},         {"kv_lora_rank", -1},
-                        {"qk_rope_head_dim", 7},    {"vocab_size", "many"},
+  const Case cases[] = {{"hidden_size", 0},           {"kv_lora_rank", -1},
+                        {"qk_rope_head_dim", 7},      {"vocab_size", "many"},
                         {"num_attention_heads", 2.5}, {"rms_norm_eps", 0}};
   for (const Case& cs : cases) {
     json j = DenseConfig();

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "gtest/gtest.h"
-#include "tp/cpu_engine.h"
+#include "tp/cpu/cpu_engine.h"
 #include "tp/presets.h"
 
 namespace verifyd::tp {
@@ -16,13 +16,13 @@ namespace {
 
 constexpr uint64_t kSeed = 1234;
 
-std::unique_ptr<CpuEngine> MakeEngine(int tp, int64_t kv_capacity = 4096,
-                                      RankFaultHook hook = nullptr, int timeout_ms = 60000) {
-  CpuEngineOptions o;
+std::unique_ptr<CpuEngine> MakeEngine(int tp, int64_t kv_slots = 4096, RankFaultHook hook = nullptr,
+                                      int timeout_ms = 60000) {
+  EngineOptions o;
   o.model = "tiny";
   o.seed = kSeed;
   o.tp = tp;
-  o.kv_capacity = kv_capacity;
+  o.kv_slots = kv_slots;
   o.fault_hook = std::move(hook);
   o.comm_timeout_ms = timeout_ms;
   absl::StatusOr<std::unique_ptr<CpuEngine>> e = CpuEngine::Create(o);
@@ -137,7 +137,7 @@ struct TwoSteps {
 
 TwoSteps RunTwoSteps(CpuEngine& e, uint32_t seed) {
   std::mt19937 rng(seed);
-  SlotPool pool(e.kv_capacity(), seed);
+  SlotPool pool(e.kv_slots(), seed);
   std::vector<StepRequest> prefill, tree;
   for (int b = 0; b < 3; ++b) {
     StepRequest q;
@@ -164,8 +164,12 @@ TwoSteps RunTwoSteps(CpuEngine& e, uint32_t seed) {
   EXPECT_TRUE(r1.ok()) << r1.status();
   auto r2 = e.StepWithLogits(tree, &out.logits2);
   EXPECT_TRUE(r2.ok()) << r2.status();
-  if (r1.ok()) for (const auto& r : *r1) out.preds1.insert(out.preds1.end(), r.predictions.begin(), r.predictions.end());
-  if (r2.ok()) for (const auto& r : *r2) out.preds2.insert(out.preds2.end(), r.predictions.begin(), r.predictions.end());
+  if (r1.ok())
+    for (const auto& r : *r1)
+      out.preds1.insert(out.preds1.end(), r.predictions.begin(), r.predictions.end());
+  if (r2.ok())
+    for (const auto& r : *r2)
+      out.preds2.insert(out.preds2.end(), r.predictions.begin(), r.predictions.end());
   return out;
 }
 
@@ -213,7 +217,7 @@ TEST(CpuEngine, TensorParallelLogitsMatchTp1) {
 TEST(CpuEngine, BatchInvariantRows) {
   auto e = MakeEngine(2, 1024);
   std::mt19937 rng(3);
-  SlotPool pool(e->kv_capacity(), 3);
+  SlotPool pool(e->kv_slots(), 3);
   std::vector<Session> ss;
   std::vector<std::vector<int32_t>> prompts = {RandomPrompt(rng, 9), RandomPrompt(rng, 30),
                                                RandomPrompt(rng, 4)};
@@ -264,7 +268,7 @@ void RunLossless(int tp) {
   auto e = MakeEngine(tp, 2048);
   ASSERT_NE(e, nullptr);
   std::mt19937 rng(1000 + tp);
-  SlotPool pool(e->kv_capacity(), 1000 + tp);
+  SlotPool pool(e->kv_slots(), 1000 + tp);
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::vector<int32_t>> refs;
   for (int s = 0; s < kSessions; ++s) {
@@ -327,7 +331,8 @@ void RunLossless(int tp) {
         ss[s].collected.push_back(q.tokens[row]);
       }
       std::vector<int32_t> freed;
-      for (size_t t = 0; t < q.tokens.size(); ++t) if (!is_kept[t]) freed.push_back(q.tail_slots[t]);
+      for (size_t t = 0; t < q.tokens.size(); ++t)
+        if (!is_kept[t]) freed.push_back(q.tail_slots[t]);
       EXPECT_EQ(res.kept_slots, kept);
       EXPECT_EQ(res.freed_slots, freed);
       for (int32_t slot : res.freed_slots) pool.Free(slot);
@@ -365,7 +370,7 @@ TEST(CpuEngine, GreedyIsTheSameAtEveryTp) {
   std::vector<int32_t> base;
   for (int tp : {1, 2, 4}) {
     auto e = MakeEngine(tp, 256);
-    SlotPool pool(e->kv_capacity(), 8);
+    SlotPool pool(e->kv_slots(), 8);
     std::vector<int32_t> g = PlainGreedy(*e, pool, prompt, 32);
     if (tp == 1) {
       base = g;
@@ -378,14 +383,14 @@ TEST(CpuEngine, GreedyIsTheSameAtEveryTp) {
 // ---- Validation ------------------------------------------------------------------------------
 
 TEST(CpuEngine, InvalidInputNamesTheFieldAndWritesNothing) {
-  CpuEngineOptions o;
+  EngineOptions o;
   o.model = "tiny";
   o.seed = kSeed;
   o.tp = 2;
-  o.kv_capacity = 128;
-  o.max_batch = 4;
-  o.max_tail_rows = 8;
-  o.max_context = 40;
+  o.kv_slots = 128;
+  o.limits.max_batch = 4;
+  o.limits.max_tail_rows = 8;
+  o.limits.max_context = 40;
   auto created = CpuEngine::Create(o);
   ASSERT_TRUE(created.ok()) << created.status();
   CpuEngine& e = **created;
@@ -412,7 +417,12 @@ TEST(CpuEngine, InvalidInputNamesTheFieldAndWritesNothing) {
     std::function<void(StepRequest&)> mutate;
   };
   std::vector<Case> cases = {
-      {"batch[1].tokens is empty", [](StepRequest& q) { q.tokens.clear(); q.parents.clear(); q.tail_slots.clear(); }},
+      {"batch[1].tokens is empty",
+       [](StepRequest& q) {
+         q.tokens.clear();
+         q.parents.clear();
+         q.tail_slots.clear();
+       }},
       {"batch[1].tokens[1]", [](StepRequest& q) { q.tokens[1] = 512; }},
       {"batch[1].tokens[0]", [](StepRequest& q) { q.tokens[0] = -1; }},
       {"batch[1].parents[0]", [](StepRequest& q) { q.parents[0] = 0; }},
@@ -420,13 +430,21 @@ TEST(CpuEngine, InvalidInputNamesTheFieldAndWritesNothing) {
       {"batch[1].parents has", [](StepRequest& q) { q.parents.push_back(0); }},
       {"batch[1].tail_slots has", [](StepRequest& q) { q.tail_slots.pop_back(); }},
       {"batch[1].tail_slots[1]", [](StepRequest& q) { q.tail_slots[1] = 128; }},
-      {"batch[1].tail_slots[0]", [](StepRequest& q) { q.tail_slots[0] = 3; }},    // a context slot
-      {"batch[1].tail_slots[1]", [](StepRequest& q) { q.tail_slots[1] = 20; }},   // used twice
+      {"batch[1].tail_slots[0]", [](StepRequest& q) { q.tail_slots[0] = 3; }},   // a context slot
+      {"batch[1].tail_slots[1]", [](StepRequest& q) { q.tail_slots[1] = 20; }},  // used twice
       {"batch[1].context_slots[2]", [](StepRequest& q) { q.context_slots[2] = -5; }},
-      {"batch[1].tokens: 9 rows", [](StepRequest& q) {
-         for (int t = 2; t < 9; ++t) { q.tokens.push_back(1); q.parents.push_back(t - 1); q.tail_slots.push_back(40 + t); }
+      {"batch[1].tokens: 9 rows",
+       [](StepRequest& q) {
+         for (int t = 2; t < 9; ++t) {
+           q.tokens.push_back(1);
+           q.parents.push_back(t - 1);
+           q.tail_slots.push_back(40 + t);
+         }
        }},
-      {"max_context", [](StepRequest& q) { for (int i = 0; i < 31; ++i) q.context_slots.push_back(60 + i); }},
+      {"max_context",
+       [](StepRequest& q) {
+         for (int i = 0; i < 31; ++i) q.context_slots.push_back(60 + i);
+       }},
   };
   for (const Case& c : cases) {
     StepRequest bad = good;
@@ -459,21 +477,21 @@ TEST(CpuEngine, InvalidInputNamesTheFieldAndWritesNothing) {
 }
 
 TEST(CpuEngine, BadOptions) {
-  CpuEngineOptions o;
+  EngineOptions o;
   o.tp = 3;  // 8 heads
   EXPECT_EQ(CpuEngine::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
   o.tp = 1;
-  o.max_tail_rows = 1000;
+  o.limits.max_tail_rows = 1000;
   EXPECT_EQ(CpuEngine::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o.max_tail_rows = 65;
-  o.kv_capacity = 0;
+  o.limits.max_tail_rows = 65;
+  o.kv_slots = 0;
   EXPECT_EQ(CpuEngine::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o.kv_capacity = 16;
+  o.kv_slots = 16;
   absl::StatusOr<std::unique_ptr<Engine>> e = CreateCpuEngine(o);
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_EQ((*e)->backend(), "cpu");
   EXPECT_EQ((*e)->tp_size(), 1);
-  EXPECT_EQ((*e)->kv_capacity(), 16);
+  EXPECT_EQ((*e)->kv_slots(), 16);
   EXPECT_EQ((*e)->limits().max_context, (*e)->config().max_position_embeddings);
 }
 
@@ -516,9 +534,9 @@ TEST(CpuEngine, HungRankTimesOut) {
 
 TEST(CpuEngine, StepTimeoutCatchesHangAtTp1) {
   FaultInjector inj;
-  CpuEngineOptions o;
-  o.kv_capacity = 16;
-  o.step_timeout_ms = 200;
+  EngineOptions o;
+  o.kv_slots = 16;
+  o.cpu.step_timeout_ms = 200;
   o.comm_timeout_ms = 200;
   o.fault_hook = inj.Hook();
   auto e = CpuEngine::Create(o);
@@ -543,10 +561,10 @@ TEST(CpuEngine, PlainQProjAndTiedEmbeddings) {
   ASSERT_NE(w->Find("model.layers.0.self_attn.q_proj.weight"), nullptr);
   std::vector<std::vector<float>> logits;
   for (int tp : {1, 2, 4}) {
-    CpuEngineOptions o;
+    EngineOptions o;
     o.weights = w;
     o.tp = tp;
-    o.kv_capacity = 64;
+    o.kv_slots = 64;
     auto e = CpuEngine::Create(o);
     ASSERT_TRUE(e.ok()) << e.status();
     StepRequest q;

@@ -6,7 +6,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
-#include "tp/cpu_forward.h"
+#include "tp/cpu/cpu_forward.h"
 #include "tp/presets.h"
 
 namespace verifyd::tp {
@@ -20,15 +20,15 @@ TEST(AbsorbedMla, EqualsUnabsorbedAttention) {
   const int64_t v = c.v_head_dim, kvl = c.kv_lora_rank, lat = c.latent_dim(), qk = c.qk_head_dim();
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0, 1);
-  const int64_t num_slots = 300;
+  const int64_t kv_slots = 300;
   for (int world : {1, 2}) {
     for (int rank = 0; rank < world; ++rank) {
       RankWeights rw = *ShardWeights(w, world, rank);
       const int64_t Hl = rw.heads.size;
       // Latent cache: NaN everywhere except the slots in use.
-      std::vector<float> kv(num_slots * lat, std::numeric_limits<float>::quiet_NaN());
-      std::vector<int32_t> perm(num_slots);
-      for (int i = 0; i < num_slots; ++i) perm[i] = i;
+      std::vector<float> kv(kv_slots * lat, std::numeric_limits<float>::quiet_NaN());
+      std::vector<int32_t> perm(kv_slots);
+      for (int i = 0; i < kv_slots; ++i) perm[i] = i;
       std::shuffle(perm.begin(), perm.end(), rng);
       int next_slot = 0;
       std::vector<StepRequest> batch(3);
@@ -41,19 +41,21 @@ TEST(AbsorbedMla, EqualsUnabsorbedAttention) {
           q.parents.push_back(t == 0 ? -1 : static_cast<int32_t>(rng() % t));
           q.tail_slots.push_back(perm[next_slot++]);
         }
-        for (int32_t s : q.context_slots) for (int64_t j = 0; j < lat; ++j) kv[s * lat + j] = nd(rng);
-        for (int32_t s : q.tail_slots) for (int64_t j = 0; j < lat; ++j) kv[s * lat + j] = nd(rng);
+        for (int32_t s : q.context_slots)
+          for (int64_t j = 0; j < lat; ++j) kv[s * lat + j] = nd(rng);
+        for (int32_t s : q.tail_slots)
+          for (int64_t j = 0; j < lat; ++j) kv[s * lat + j] = nd(rng);
       }
       EngineLimits lim;
       lim.max_context = c.max_position_embeddings;
-      absl::StatusOr<BatchPlan> plan = BuildBatchPlan(batch, c, lim, num_slots);
+      absl::StatusOr<BatchPlan> plan = BuildBatchPlan(batch, c, lim, kv_slots);
       ASSERT_TRUE(plan.ok()) << plan.status();
       const int64_t R = plan->total_rows;
       std::vector<float> q(R * Hl * qk);
       for (float& x : q) x = nd(rng);
       std::vector<float> out(R * Hl * v, std::numeric_limits<float>::quiet_NaN());
       ASSERT_TRUE(AbsorbedMlaAttention(c, Hl, *plan, q.data(), rw.layers[0].w_uk_t.data(),
-                                       rw.layers[0].w_uv.data(), kv.data(), num_slots, out.data())
+                                       rw.layers[0].w_uv.data(), kv.data(), kv_slots, out.data())
                       .ok());
       // Unabsorbed reference in double.
       const double scale = 1.0 / std::sqrt(static_cast<double>(qk));
@@ -66,13 +68,13 @@ TEST(AbsorbedMla, EqualsUnabsorbedAttention) {
           for (int64_t hl = 0; hl < Hl; ++hl) {
             const int64_t gh = rw.heads.begin + hl;
             const float* wk = kvb.data.data() + gh * (nope + v) * kvl;  // [nope, kvl]
-            const float* wv = wk + nope * kvl;                         // [v, kvl]
+            const float* wv = wk + nope * kvl;                          // [v, kvl]
             const float* qq = q.data() + (r * Hl + hl) * qk;
             std::vector<double> s;
             std::vector<std::vector<double>> vals;
             for (int j = 0; j < L; ++j) {
-              const bool visible = j < P || ((plan->tree_mask[r * kMaskWords + (j - P) / 64] >>
-                                              ((j - P) % 64)) & 1);
+              const bool visible =
+                  j < P || ((plan->tree_mask[r * kMaskWords + (j - P) / 64] >> ((j - P) % 64)) & 1);
               if (!visible) continue;
               const float* row = kv.data() + int64_t{plan->kv_indices[k0 + j]} * lat;
               double dot = 0;

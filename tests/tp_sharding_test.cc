@@ -3,7 +3,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
-#include "tp/cpu_forward.h"
+#include "tp/cpu/cpu_forward.h"
 #include "tp/presets.h"
 #include "tp/sharding.h"
 
@@ -49,8 +49,8 @@ TEST(Sharding, UnevenVocab) {
 
 TEST(Sharding, WeightShardsReassemble) {
   ModelConfig c = *PresetConfig("tiny", 1);
-  c.vocab_size = 509;          // uneven vocab slices
-  c.intermediate_size = 250;   // uneven MLP slices
+  c.vocab_size = 509;         // uneven vocab slices
+  c.intermediate_size = 250;  // uneven MLP slices
   ModelWeights w = *GenerateRandomWeights(c, 11);
   const int64_t hid = c.hidden_size, qk = c.qk_head_dim(), nope = c.qk_nope_head_dim;
   const int64_t v = c.v_head_dim, kvl = c.kv_lora_rank;
@@ -72,33 +72,39 @@ TEST(Sharding, WeightShardsReassemble) {
       }
       for (int64_t row = 0; row < hid; ++row) {
         for (int64_t col = 0; col < hs.size * v; ++col) {
-          ASSERT_EQ(L.o_proj[row * hs.size * v + col], o.data[row * c.num_attention_heads * v + hs.begin * v + col]);
+          ASSERT_EQ(L.o_proj[row * hs.size * v + col],
+                    o.data[row * c.num_attention_heads * v + hs.begin * v + col]);
         }
       }
       for (int64_t h = 0; h < hs.size; ++h) {
         const int64_t gh = hs.begin + h;
         for (int64_t d = 0; d < nope; ++d) {
           for (int64_t j = 0; j < kvl; ++j) {
-            ASSERT_EQ(L.w_uk_t[(h * kvl + j) * nope + d], kvb.data[(gh * (nope + v) + d) * kvl + j]);
+            ASSERT_EQ(L.w_uk_t[(h * kvl + j) * nope + d],
+                      kvb.data[(gh * (nope + v) + d) * kvl + j]);
           }
         }
         for (int64_t i = 0; i < v; ++i) {
           for (int64_t j = 0; j < kvl; ++j) {
-            ASSERT_EQ(L.w_uv[(h * v + i) * kvl + j], kvb.data[(gh * (nope + v) + nope + i) * kvl + j]);
+            ASSERT_EQ(L.w_uv[(h * v + i) * kvl + j],
+                      kvb.data[(gh * (nope + v) + nope + i) * kvl + j]);
           }
         }
       }
       const ShardRange is = IntermediateShard(c.intermediate_size, world, r);
-      for (int64_t i = 0; i < is.size * hid; ++i) ASSERT_EQ(L.gate[i], gate.data[is.begin * hid + i]);
+      for (int64_t i = 0; i < is.size * hid; ++i)
+        ASSERT_EQ(L.gate[i], gate.data[is.begin * hid + i]);
       for (int64_t row = 0; row < hid; ++row) {
         for (int64_t col = 0; col < is.size; ++col) {
-          ASSERT_EQ(L.down[row * is.size + col], down.data[row * c.intermediate_size + is.begin + col]);
+          ASSERT_EQ(L.down[row * is.size + col],
+                    down.data[row * c.intermediate_size + is.begin + col]);
         }
       }
       const ShardRange vs = VocabShard(c.vocab_size, world, r);
       EXPECT_EQ(s->vocab, vs);
       ASSERT_EQ(s->lm_head.size(), static_cast<size_t>(vs.size * hid));
-      for (int64_t i = 0; i < vs.size * hid; ++i) ASSERT_EQ(s->lm_head[i], head.data[vs.begin * hid + i]);
+      for (int64_t i = 0; i < vs.size * hid; ++i)
+        ASSERT_EQ(s->lm_head[i], head.data[vs.begin * hid + i]);
     }
   }
   EXPECT_EQ(ShardWeights(w, 3, 0).status().code(), absl::StatusCode::kInvalidArgument);

@@ -11,21 +11,25 @@
 
 #include "gtest/gtest.h"
 #include "kernels/common.h"
-#include "tp/cpu_engine.h"
+#include "kernels/weight_init.h"
+#include "tp/cpu/cpu_engine.h"
 #include "tp/presets.h"
 #include "tp/safetensors.h"
-#include "tp/weight_init.h"
 #include "tp/weights.h"
 
 namespace verifyd::tp {
 namespace {
 
 namespace fs = std::filesystem;
+using kernels::WeightNameHash;
+using kernels::WeightTensorKey;
+using kernels::WeightUniform;
+using kernels::WeightValue;
 
 std::string TempDir(const std::string& tag) {
-  const fs::path p = fs::temp_directory_path() /
-                     ("verifyd_tp_" + tag + "_" + std::to_string(getpid()) + "_" +
-                      std::to_string(std::random_device{}()));
+  const fs::path p =
+      fs::temp_directory_path() / ("verifyd_tp_" + tag + "_" + std::to_string(getpid()) + "_" +
+                                   std::to_string(std::random_device{}()));
   fs::create_directories(p);
   return p.string();
 }
@@ -116,7 +120,8 @@ TEST(Safetensors, F32AndBf16RoundTripAndShards) {
   ASSERT_TRUE(WriteSafetensorsDirectory(sdir, m, SafetensorsDType::kBF16, 64).ok());
   EXPECT_TRUE(fs::exists(sdir + "/model.safetensors.index.json"));
   int files = 0;
-  for (const auto& e : fs::directory_iterator(sdir)) files += e.path().extension() == ".safetensors";
+  for (const auto& e : fs::directory_iterator(sdir))
+    files += e.path().extension() == ".safetensors";
   EXPECT_GT(files, 1);
   absl::StatusOr<TensorMap> sb = ReadSafetensorsDirectory(sdir);
   ASSERT_TRUE(sb.ok()) << sb.status();
@@ -136,8 +141,8 @@ TEST(Safetensors, F32AndBf16RoundTripAndShards) {
 
 // Hand-built file with F16 data (the writer does not produce F16).
 TEST(Safetensors, ReadsF16) {
-  const std::vector<float> vals = {0.0f, 1.0f, -2.5f, 65504.0f, 5.9604645e-08f /*min subnormal*/,
-                                   0.333251953125f};
+  const std::vector<float> vals = {
+      0.0f, 1.0f, -2.5f, 65504.0f, 5.9604645e-08f /*min subnormal*/, 0.333251953125f};
   std::vector<uint16_t> half = {0x0000, 0x3c00, 0xc100, 0x7bff, 0x0001, 0x3555};
   nlohmann::json h;
   h["x"] = {{"dtype", "F16"}, {"shape", {2, 3}}, {"data_offsets", {0, 12}}};
@@ -177,7 +182,8 @@ TEST(Safetensors, CorruptFilesAreErrors) {
   absl::StatusOr<TensorMap> m = ReadSafetensorsFile(dir + "/mis.safetensors");
   EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(m.status().message().find("'w'"), std::string::npos) << m.status();
-  EXPECT_EQ(ReadSafetensorsFile(dir + "/none.safetensors").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadSafetensorsFile(dir + "/none.safetensors").status().code(),
+            absl::StatusCode::kNotFound);
   fs::remove_all(dir);
 }
 
@@ -215,11 +221,11 @@ TEST(Checkpoint, PresetWrittenAndLoadedGivesIdenticalWeightsAndLogits) {
     ASSERT_EQ(loaded->Find(spec.name)->data, gen.Find(spec.name)->data) << spec.name;
   }
   // Same logits through the engine: preset by name vs checkpoint directory.
-  CpuEngineOptions a;
+  EngineOptions a;
   a.model = "tiny";
   a.seed = 9;
-  a.kv_capacity = 64;
-  CpuEngineOptions b = a;
+  a.kv_slots = 64;
+  EngineOptions b = a;
   b.model = dir;
   auto ea = CpuEngine::Create(a);
   auto eb = CpuEngine::Create(b);
@@ -239,7 +245,7 @@ TEST(Checkpoint, PresetWrittenAndLoadedGivesIdenticalWeightsAndLogits) {
 }
 
 TEST(Checkpoint, BadModelNameIsAnError) {
-  CpuEngineOptions o;
+  EngineOptions o;
   o.model = "/nonexistent/verifyd/model";
   auto e = CpuEngine::Create(o);
   EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);

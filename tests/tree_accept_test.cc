@@ -1,6 +1,8 @@
 // Tests of greedy tree acceptance and KV commit (kernels/tree_accept.h): hand-built trees
 // with known answers, several requests in one batch, a random comparison with an
 // independent path-enumeration oracle, and the InvalidArgument cases.
+#include "kernels/tree_accept.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <random>
@@ -9,7 +11,6 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
-#include "kernels/tree_accept.h"
 
 namespace verifyd::kernels {
 namespace {
@@ -63,9 +64,7 @@ TEST(AcceptTreeGreedy, MatchAtDepthFollowsOnlyChildrenOfCurrentRow) {
   // at row 4 must not be taken although it equals row 2's prediction; row 5 (child of 2)
   // is taken instead, then row 6 (child of 5) at depth 3.
   //            row:  0   1   2   3   4   5   6
-  const Tree t{{0, 4, 5, 9, 6, 6, 1},
-               {-1, 0, 0, 1, 1, 2, 5},
-               {5, 0, 6, 0, 0, 1, 77}};
+  const Tree t{{0, 4, 5, 9, 6, 6, 1}, {-1, 0, 0, 1, 1, 2, 5}, {5, 0, 6, 0, 0, 1, 77}};
   const TreeAcceptResult r = AcceptTreeGreedy(t.tokens, t.parents, t.predictions);
   EXPECT_EQ(r.accepted_rows, (Vec{2, 5, 6}));
   EXPECT_EQ(r.bonus, 77);
@@ -82,9 +81,9 @@ TEST(AcceptTreeGreedy, DuplicateTokenSiblingsLowestIndexWins) {
 
 TEST(AcceptTreeGreedy, InvalidInputGivesNoResult) {
   EXPECT_EQ(AcceptTreeGreedy({}, {}, {}).bonus, -1);
-  EXPECT_EQ(AcceptTreeGreedy({1, 2}, {-1}, {1, 2}).bonus, -1);       // sizes differ
-  EXPECT_EQ(AcceptTreeGreedy({1, 2}, {-1, 1}, {2, 3}).bonus, -1);    // parent not < row
-  EXPECT_EQ(AcceptTreeGreedy({1, 2}, {0, 0}, {2, 3}).bonus, -1);     // root parent not -1
+  EXPECT_EQ(AcceptTreeGreedy({1, 2}, {-1}, {1, 2}).bonus, -1);     // sizes differ
+  EXPECT_EQ(AcceptTreeGreedy({1, 2}, {-1, 1}, {2, 3}).bonus, -1);  // parent not < row
+  EXPECT_EQ(AcceptTreeGreedy({1, 2}, {0, 0}, {2, 3}).bonus, -1);   // root parent not -1
 }
 
 // Runs TreeAcceptReference over several requests, with output buffers pre-filled with a

@@ -3,7 +3,7 @@
 // One Communicator object per rank; each rank's engine thread calls the collectives in the
 // same order (the usual NCCL contract). Buffers live where the backend computes: host memory
 // for the CPU backend (InProcessCommunicator), device memory for the CUDA backend
-// (NcclCommunicator, tp/nccl_communicator.h, with `stream` a cudaStream_t).
+// (NcclCommunicator, tp/cuda/nccl_communicator.h, with `stream` a cudaStream_t).
 //
 // Results are identical on every rank (sums are taken in rank order), so decisions made from
 // them (argmax, acceptance, KV bookkeeping) agree everywhere.

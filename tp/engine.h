@@ -1,13 +1,15 @@
 // The engine: runs the target model's forward over a batch of tail rows on all tensor-
 // parallel ranks, and decides greedy acceptance once for all of them.
 //
-// The engine owns the model weights and the latent KV pool memory (kv_capacity() slots of
+// The engine owns the model weights and the latent KV pool memory (kv_slots() slots of
 // latent_dim values per layer); it does NOT own slot allocation: the caller (server/
 // sessions and the KV slot allocator) hands in the slots of every request's context and of
 // its new tail rows. Protobuf types never reach here.
 //
-// Backends: CPU (tp/cpu_engine.h, plain C++ ranks as threads with an in-process
-// communicator) and CUDA (one thread and one NCCL communicator per GPU).
+// Backends: CPU (tp/cpu/cpu_engine.h, plain C++ ranks as threads with an in-process
+// communicator) and CUDA (tp/cuda/cuda_engine.h, one thread and one NCCL communicator per
+// GPU). Both are built from tp::EngineOptions (tp/engine_options.h) and run their ranks on a
+// tp::RankGroup (tp/rank_group.h).
 //
 // Thread-safety: Step() may be called from one thread at a time (the scheduler's engine
 // loop); the accessors are safe from any thread.
@@ -54,9 +56,9 @@ struct StepTiming {
 };
 
 struct EngineLimits {
-  int max_tail_rows = 65;     // rows per request per step (64 draft nodes + pending)
-  int max_batch = 64;         // requests per step
-  int64_t max_context = 0;    // committed + tail positions per request (config's limit)
+  int max_tail_rows = 65;   // rows per request per step (64 draft nodes + pending)
+  int max_batch = 64;       // requests per step
+  int64_t max_context = 0;  // committed + tail positions per request (config's limit)
 };
 
 class Engine {
@@ -66,7 +68,7 @@ class Engine {
   virtual const ModelConfig& config() const = 0;
   virtual std::string backend() const = 0;  // "cpu" or "cuda"
   virtual int tp_size() const = 0;
-  virtual int64_t kv_capacity() const = 0;  // slots in the latent KV pool
+  virtual int64_t kv_slots() const = 0;  // slots in the latent KV pool
   virtual EngineLimits limits() const = 0;
 
   // Runs the forward on every rank: writes the tail rows' latent KV into their tail slots,

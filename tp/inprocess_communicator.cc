@@ -43,17 +43,16 @@ class InProcessGroup {
       cv_.notify_all();
       return absl::OkStatus();
     }
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
     const bool done =
         cv_.wait_until(lock, deadline, [&] { return generation_ != gen || aborted_; });
     if (generation_ != gen) return absl::OkStatus();
     if (done && aborted_) return AbortedStatus(op);
     aborted_ = true;  // timed out: the group is unusable from now on
     cv_.notify_all();
-    return absl::DeadlineExceededError(absl::StrCat(
-        "in-process ", op, ": rank ", rank, " waited ", timeout_ms_,
-        " ms for the other ranks; group aborted"));
+    return absl::DeadlineExceededError(absl::StrCat("in-process ", op, ": rank ", rank, " waited ",
+                                                    timeout_ms_,
+                                                    " ms for the other ranks; group aborted"));
   }
 
   void Abort() {
@@ -71,9 +70,9 @@ class InProcessGroup {
   const int timeout_ms_;
   std::mutex mu_;
   std::condition_variable cv_;
-  int arrived_ = 0;          // guarded by mu_
-  uint64_t generation_ = 0;  // guarded by mu_
-  bool aborted_ = false;     // guarded by mu_
+  int arrived_ = 0;                // guarded by mu_
+  uint64_t generation_ = 0;        // guarded by mu_
+  bool aborted_ = false;           // guarded by mu_
   std::vector<const void*> ptrs_;  // written under mu_ before barrier 1, read after it
 };
 

@@ -15,7 +15,8 @@ using json = nlohmann::json;
 absl::Status ReadInt(const json& j, const char* key, int64_t* out, bool required) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) {
-    if (required) return absl::InvalidArgumentError(absl::StrCat("config.json: missing key '", key, "'"));
+    if (required)
+      return absl::InvalidArgumentError(absl::StrCat("config.json: missing key '", key, "'"));
     return absl::OkStatus();
   }
   if (!it->is_number_integer()) {
@@ -79,8 +80,8 @@ absl::StatusOr<ModelConfig> ParseModelConfigJson(const std::string& json_text) {
 
   // Features this engine does not implement: say which key asked for them.
   if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
-    return absl::UnimplementedError(
-        absl::StrCat("config.json: 'rope_scaling' = ", it->dump(), " is not supported (only null)"));
+    return absl::UnimplementedError(absl::StrCat("config.json: 'rope_scaling' = ", it->dump(),
+                                                 " is not supported (only null)"));
   }
   int64_t n_routed = 0;
   if (absl::Status s = ReadInt(j, "n_routed_experts", &n_routed, false); !s.ok()) return s;
@@ -92,10 +93,10 @@ absl::StatusOr<ModelConfig> ParseModelConfigJson(const std::string& json_text) {
       return s;
     }
     if (first_dense < c.num_hidden_layers) {
-      return absl::UnimplementedError(absl::StrCat(
-          "config.json: 'n_routed_experts' = ", n_routed, " with 'first_k_dense_replace' = ",
-          first_dense, " < 'num_hidden_layers' = ", c.num_hidden_layers,
-          ": MoE layers are not supported (dense layers only)"));
+      return absl::UnimplementedError(
+          absl::StrCat("config.json: 'n_routed_experts' = ", n_routed,
+                       " with 'first_k_dense_replace' = ", first_dense, " < 'num_hidden_layers' = ",
+                       c.num_hidden_layers, ": MoE layers are not supported (dense layers only)"));
     }
   }
   if (absl::Status s = ValidateModelConfig(c); !s.ok()) return s;
@@ -161,8 +162,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
         absl::StrCat("model config: 'q_lora_rank' must be >= 0, got ", c.q_lora_rank));
   }
   if (c.qk_rope_head_dim % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model config: 'qk_rope_head_dim' must be even, got ", c.qk_rope_head_dim));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: 'qk_rope_head_dim' must be even, got ", c.qk_rope_head_dim));
   }
   if (c.vocab_size > INT32_MAX) {
     return absl::InvalidArgumentError("model config: 'vocab_size' exceeds int32 token ids");

@@ -3,7 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "tp/weight_init.h"
+#include "kernels/weight_init.h"
 
 namespace verifyd::tp {
 
@@ -50,8 +50,8 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& name, int64_t num_la
     c.max_position_embeddings = 262144;
     c.rope_theta = 50000.0;
   } else {
-    return absl::NotFoundError(absl::StrCat("unknown preset '", name, "' (known: ",
-                                            absl::StrJoin(PresetNames(), ", "), ")"));
+    return absl::NotFoundError(absl::StrCat("unknown preset '", name,
+                                            "' (known: ", absl::StrJoin(PresetNames(), ", "), ")"));
   }
   if (num_layers < 0) {
     return absl::InvalidArgumentError(absl::StrCat("preset layer count ", num_layers, " < 0"));
@@ -68,9 +68,9 @@ absl::StatusOr<ModelWeights> GenerateRandomWeights(const ModelConfig& config, ui
     HostTensor t;
     t.shape = spec.shape;
     t.data.resize(t.numel());
-    const uint64_t key = WeightTensorKey(seed, WeightNameHash(spec.name));
+    const uint64_t key = kernels::WeightTensorKey(seed, kernels::WeightNameHash(spec.name));
     for (size_t i = 0; i < t.data.size(); ++i) {
-      t.data[i] = WeightValue(key, i, spec.init_scale, spec.init_offset);
+      t.data[i] = kernels::WeightValue(key, i, spec.init_scale, spec.init_offset);
     }
     w.tensors.emplace(spec.name, std::move(t));
   }
@@ -84,8 +84,8 @@ absl::StatusOr<ModelWeights> MakePresetWeights(const std::string& name, uint64_t
   return GenerateRandomWeights(*c, seed);
 }
 
-absl::Status WritePresetToDirectory(const std::string& name, uint64_t seed,
-                                    const std::string& dir, int64_t max_shard_bytes) {
+absl::Status WritePresetToDirectory(const std::string& name, uint64_t seed, const std::string& dir,
+                                    int64_t max_shard_bytes) {
   absl::StatusOr<ModelWeights> w = MakePresetWeights(name, seed);
   if (!w.ok()) return w.status();
   return WriteModelToDirectory(*w, dir, SafetensorsDType::kBF16, max_shard_bytes);

@@ -11,7 +11,7 @@
 //                 (the CPU engine can run it, slowly, and needs ~4 GB per layer).
 //
 // Every value is WeightValue(WeightTensorKey(seed, WeightNameHash(name)), flat index,
-// spec.init_scale, spec.init_offset) (tp/weight_init.h), i.e. bf16-exact; a GPU engine
+// spec.init_scale, spec.init_offset) (kernels/weight_init.h), i.e. bf16-exact; a GPU engine
 // generates the same bits on the device from ModelTensorSpecs.
 // Thread-safety: pure functions.
 #pragma once
@@ -40,7 +40,7 @@ absl::StatusOr<ModelWeights> MakePresetWeights(const std::string& name, uint64_t
 
 // Generates a preset and writes it as a checkpoint directory (config.json + BF16
 // safetensors, which hold the preset values exactly).
-absl::Status WritePresetToDirectory(const std::string& name, uint64_t seed,
-                                    const std::string& dir, int64_t max_shard_bytes = 0);
+absl::Status WritePresetToDirectory(const std::string& name, uint64_t seed, const std::string& dir,
+                                    int64_t max_shard_bytes = 0);
 
 }  // namespace verifyd::tp

@@ -95,8 +95,8 @@ absl::StatusOr<TensorMap> ReadSafetensorsFile(const std::string& path) {
     } else if (dtype == "BF16" || dtype == "F16") {
       elem = 2;
     } else {
-      return absl::UnimplementedError(
-          absl::StrCat(path, ": tensor '", name, "': dtype ", dtype, " (supported: F32, BF16, F16)"));
+      return absl::UnimplementedError(absl::StrCat(path, ": tensor '", name, "': dtype ", dtype,
+                                                   " (supported: F32, BF16, F16)"));
     }
     HostTensor t;
     for (const json& s : e["shape"]) {
@@ -104,7 +104,8 @@ absl::StatusOr<TensorMap> ReadSafetensorsFile(const std::string& path) {
       t.shape.push_back(s.get<int64_t>());
     }
     const json& offs = e["data_offsets"];
-    if (!offs[0].is_number_unsigned() || !offs[1].is_number_unsigned()) return bad("bad data_offsets");
+    if (!offs[0].is_number_unsigned() || !offs[1].is_number_unsigned())
+      return bad("bad data_offsets");
     const uint64_t b = offs[0].get<uint64_t>(), en = offs[1].get<uint64_t>();
     const uint64_t n = static_cast<uint64_t>(t.numel());
     if (en < b || en > data_size || en - b != n * elem) {
@@ -129,7 +130,8 @@ absl::StatusOr<TensorMap> ReadSafetensorsFile(const std::string& path) {
 
 absl::StatusOr<TensorMap> ReadSafetensorsDirectory(const std::string& dir) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
+  if (!fs::is_directory(dir, ec))
+    return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
   std::vector<std::string> files;
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index, ec)) {
@@ -177,8 +179,8 @@ absl::Status WriteSafetensorsFile(const std::string& path, const TensorMap& tens
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     if (static_cast<int64_t>(t.data.size()) != t.numel()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", name, "': data size ", t.data.size(), " != shape product ", t.numel()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "': data size ", t.data.size(), " != shape product ", t.numel()));
     }
     const uint64_t bytes = t.data.size() * elem;
     header[name] = {{"dtype", dtype == SafetensorsDType::kF32 ? "F32" : "BF16"},
@@ -219,7 +221,8 @@ absl::Status WriteSafetensorsDirectory(const std::string& dir, const TensorMap& 
                                        SafetensorsDType dtype, int64_t max_shard_bytes) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  if (ec)
+    return absl::PermissionDeniedError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   if (max_shard_bytes <= 0) {
     return WriteSafetensorsFile((fs::path(dir) / "model.safetensors").string(), tensors, dtype);
   }

@@ -58,9 +58,8 @@ inline ShardRange IntermediateShard(int64_t intermediate, int world, int rank) {
 inline absl::Status ValidateTpSize(const ModelConfig& c, int tp) {
   if (tp < 1) return absl::InvalidArgumentError(absl::StrCat("tp size ", tp, " must be >= 1"));
   if (c.num_attention_heads % tp != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_attention_heads (", c.num_attention_heads,
-                     ") is not divisible by the tp size (", tp, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("num_attention_heads (", c.num_attention_heads,
+                                                   ") is not divisible by the tp size (", tp, ")"));
   }
   return absl::OkStatus();
 }

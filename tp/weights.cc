@@ -116,7 +116,8 @@ absl::Status WriteModelToDirectory(const ModelWeights& w, const std::string& dir
   if (absl::Status s = ValidateModelWeights(w); !s.ok()) return s;
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  if (ec)
+    return absl::PermissionDeniedError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   std::ofstream out((fs::path(dir) / "config.json").string(), std::ios::trunc);
   out << ModelConfigToJson(w.config) << "\n";
   out.close();

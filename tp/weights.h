@@ -8,8 +8,8 @@
 //   model.layers.{i}.self_attn.q_a_proj.weight                [q_lora, hidden]      (q_lora > 0)
 //   model.layers.{i}.self_attn.q_a_layernorm.weight           [q_lora]              (q_lora > 0)
 //   model.layers.{i}.self_attn.q_b_proj.weight                [heads*(nope+rope), q_lora]
-//   model.layers.{i}.self_attn.q_proj.weight                  [heads*(nope+rope), hidden] (q_lora = 0)
-//   model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight      [kv_lora+rope, hidden]
+//   model.layers.{i}.self_attn.q_proj.weight                  [heads*(nope+rope), hidden] (q_lora =
+//   0) model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight      [kv_lora+rope, hidden]
 //   model.layers.{i}.self_attn.kv_a_layernorm.weight          [kv_lora]
 //   model.layers.{i}.self_attn.kv_b_proj.weight               [heads*(nope+v), kv_lora]
 //   model.layers.{i}.self_attn.o_proj.weight                  [hidden, heads*v]
@@ -32,7 +32,7 @@
 namespace verifyd::tp {
 
 // One tensor the model needs, with the preset initialisation of its values:
-// value = offset + scale * uniform[-1, 1) (see tp/weight_init.h).
+// value = offset + scale * uniform[-1, 1) (see kernels/weight_init.h).
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;

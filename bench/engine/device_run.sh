@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU engine's tests, the engine benchmark and a gRPC round trip on a GPU machine,
 # from a bundle made on the build machine:
-#   /work/shared/tools/device-bundle BUNDLE gpu_engine_*_test engine_bench [verifyd verifyctl]
+#   device-bundle BUNDLE gpu_engine_*_test engine_bench [verifyd verifyctl]
 #   (drop BUNDLE/lib/libcublas*: the GPU machine has its own cuBLAS 13)
 #   bench/engine/device_run.sh BUNDLE OUTDIR [bench flags...]
 # Logs and JSON are packed into OUTDIR/engine_results.tgz (the device tool returns at most 8

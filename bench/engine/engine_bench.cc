@@ -1,4 +1,4 @@
-// engine_bench: the end-to-end verify step of the CUDA engine (tp/cuda_engine.h) on one GPU
+// engine_bench: the end-to-end verify step of the CUDA engine (tp/cuda/cuda_engine.h) on one GPU
 // (TP = 1) with the kimi-k2-attn preset: step latency and tokens/s against context length,
 // draft tree size and batch, with the GPU time split into attention, GEMMs, communication
 // and the rest (CUDA events on the rank's stream), plus the host part (validation, plan,
@@ -13,6 +13,8 @@
 // Prints a table (last) and writes JSON (--json). Never asserts on timings.
 //   engine_bench --layers=61 --contexts=4096,16384,65536,185000 --trees=1,8,16,64
 //                --batches=1,8,32 --json=/tmp/engine_bench.json
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -22,20 +24,19 @@
 #include <string>
 #include <vector>
 
-#include <cuda_runtime_api.h>
-
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "nlohmann/json.hpp"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "kernels/cuda/dense/weight_gen.h"
-#include "tp/cpu_forward.h"  // BuildBatchPlan
-#include "tp/cuda_engine.h"
+#include "kernels/cuda/verify_attention/api.h"
+#include "nlohmann/json.hpp"
+#include "tp/batch_plan.h"
+#include "tp/cuda/cuda_engine.h"
 #include "tp/presets.h"
-#if VERIFYD_ENGINE_HAS_VERIFY_KERNEL
-#include "kernels/cuda/verify_attention_cuda.h"
-#endif
 
 ABSL_FLAG(std::string, model, "kimi-k2-attn", "preset name");
 ABSL_FLAG(int64_t, layers, 61, "decoder layers of the preset (Kimi-K2 has 61)");
@@ -47,14 +48,15 @@ ABSL_FLAG(int, iters, 5, "timed steps per configuration (median reported)");
 ABSL_FLAG(bool, verify_kernel, true, "use the optimised verify attention kernel");
 ABSL_FLAG(std::string, json, "", "write the results as JSON here");
 ABSL_FLAG(uint64_t, seed, 1, "weight seed");
+ABSL_FLAG(std::string, commit, "unknown", "source revision recorded in the JSON meta");
 ABSL_FLAG(bool, standalone, true,
           "also time the verify kernel alone on the same batch (L2 flushed before each run)");
 
 namespace {
 
 using verifyd::tp::CudaEngine;
-using verifyd::tp::CudaEngineOptions;
 using verifyd::tp::CudaStepProfile;
+using verifyd::tp::EngineOptions;
 using verifyd::tp::StepRequest;
 
 std::vector<int64_t> ParseList(const std::string& s) {
@@ -74,32 +76,32 @@ struct Row {
   double standalone_us = 0;  // the verify kernel alone, one layer, same batch
 };
 
-#if VERIFYD_ENGINE_HAS_VERIFY_KERNEL
 // Median time (us) of the verify attention kernel alone (plan once, run many) on the batch's
 // exact index arrays, 64 / tp heads, random bf16 q and latent cache, with a 256 MB write
 // before every run so the cache comes from HBM as it does inside a step. 0 on any error.
 double StandaloneAttentionUs(const std::vector<StepRequest>& reqs,
-                             const verifyd::tp::ModelConfig& c, int64_t kv_capacity) {
+                             const verifyd::tp::ModelConfig& c, int64_t kv_slots) {
   namespace kc = verifyd::kernels::cuda;
   verifyd::tp::EngineLimits lim;
   lim.max_batch = static_cast<int>(reqs.size());
   lim.max_tail_rows = 128;
   lim.max_context = c.max_position_embeddings;
-  auto plan = verifyd::tp::BuildBatchPlan(reqs, c, lim, kv_capacity);
+  auto plan = verifyd::tp::BuildBatchPlan(reqs, c, lim, kv_slots);
   if (!plan.ok()) return 0;
   const int64_t R = plan->total_rows, H = c.num_attention_heads, lat = c.latent_dim();
   void *q = nullptr, *kv = nullptr, *out = nullptr, *flush = nullptr;
   int32_t *qi = nullptr, *ki = nullptr, *idx = nullptr;
   uint64_t* mask = nullptr;
   const size_t flush_bytes = size_t{256} << 20;
-  bool ok = cudaMalloc(&q, R * H * lat * 2) == cudaSuccess &&
-            cudaMalloc(&kv, kv_capacity * lat * 2) == cudaSuccess &&
-            cudaMalloc(&out, R * H * c.kv_lora_rank * 2) == cudaSuccess &&
-            cudaMalloc(&flush, flush_bytes) == cudaSuccess &&
-            cudaMalloc(reinterpret_cast<void**>(&qi), plan->q_indptr.size() * 4) == cudaSuccess &&
-            cudaMalloc(reinterpret_cast<void**>(&ki), plan->kv_indptr.size() * 4) == cudaSuccess &&
-            cudaMalloc(reinterpret_cast<void**>(&idx), plan->kv_indices.size() * 4) == cudaSuccess &&
-            cudaMalloc(reinterpret_cast<void**>(&mask), plan->tree_mask.size() * 8) == cudaSuccess;
+  bool ok =
+      cudaMalloc(&q, R * H * lat * 2) == cudaSuccess &&
+      cudaMalloc(&kv, kv_slots * lat * 2) == cudaSuccess &&
+      cudaMalloc(&out, R * H * c.kv_lora_rank * 2) == cudaSuccess &&
+      cudaMalloc(&flush, flush_bytes) == cudaSuccess &&
+      cudaMalloc(reinterpret_cast<void**>(&qi), plan->q_indptr.size() * 4) == cudaSuccess &&
+      cudaMalloc(reinterpret_cast<void**>(&ki), plan->kv_indptr.size() * 4) == cudaSuccess &&
+      cudaMalloc(reinterpret_cast<void**>(&idx), plan->kv_indices.size() * 4) == cudaSuccess &&
+      cudaMalloc(reinterpret_cast<void**>(&mask), plan->tree_mask.size() * 8) == cudaSuccess;
   double result = 0;
   if (ok) {
     cudaMemcpy(qi, plan->q_indptr.data(), plan->q_indptr.size() * 4, cudaMemcpyHostToDevice);
@@ -116,7 +118,7 @@ double StandaloneAttentionUs(const std::vector<StepRequest>& reqs,
     g.ld_out = lat;
     ok = kc::GenerateWeightsCuda(g).ok();
     g.tensor_key = 8;
-    g.rows = kv_capacity;
+    g.rows = kv_slots;
     g.out = static_cast<verifyd::kernels::bf16_bits*>(kv);
     ok = ok && kc::GenerateWeightsCuda(g).ok();
     verifyd::kernels::VerifyAttentionParams p;
@@ -128,7 +130,7 @@ double StandaloneAttentionUs(const std::vector<StepRequest>& reqs,
     p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
     p.q = q;
     p.kv = kv;
-    p.num_slots = kv_capacity;
+    p.kv_slots = kv_slots;
     p.q_indptr = qi;
     p.kv_indptr = ki;
     p.kv_indices = idx;
@@ -138,7 +140,8 @@ double StandaloneAttentionUs(const std::vector<StepRequest>& reqs,
     auto info = kc::VerifyAttentionDeviceInfo::Query();
     auto ws = kc::VerifyAttentionWorkspace::AllocateDefault();
     if (ok && info.ok() && ws.ok()) {
-      auto vp = kc::PlanVerifyAttention(p, plan->q_indptr.data(), plan->kv_indptr.data(), *info, *ws);
+      auto vp =
+          kc::PlanVerifyAttention(p, plan->q_indptr.data(), plan->kv_indptr.data(), *info, *ws);
       if (vp.ok() && kc::UploadVerifyAttentionPlan(*vp, *ws, nullptr).ok()) {
         cudaEvent_t e0, e1;
         cudaEventCreate(&e0);
@@ -171,7 +174,6 @@ double StandaloneAttentionUs(const std::vector<StepRequest>& reqs,
   cudaGetLastError();
   return result;
 }
-#endif
 
 }  // namespace
 
@@ -184,14 +186,14 @@ int main(int argc, char** argv) {
   const int64_t max_nodes = *std::max_element(trees.begin(), trees.end());
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
 
-  CudaEngineOptions o;
+  EngineOptions o;
   o.model = absl::GetFlag(FLAGS_model);
   o.preset_layers = absl::GetFlag(FLAGS_layers);
   o.seed = absl::GetFlag(FLAGS_seed);
-  o.max_batch = static_cast<int>(max_batch);
-  o.max_tail_rows = static_cast<int>(max_nodes + 1);
-  o.kv_capacity = max_ctx + max_batch * (max_nodes + 1) + 64;
-  o.use_verify_kernel = absl::GetFlag(FLAGS_verify_kernel);
+  o.limits.max_batch = static_cast<int>(max_batch);
+  o.limits.max_tail_rows = static_cast<int>(max_nodes + 1);
+  o.kv_slots = max_ctx + max_batch * (max_nodes + 1) + 64;
+  o.cuda.use_verify_kernel = absl::GetFlag(FLAGS_verify_kernel);
   const auto t_create = std::chrono::steady_clock::now();
   auto created = CudaEngine::Create(o);
   if (!created.ok()) {
@@ -206,13 +208,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   const auto& c = e.config();
-  std::printf("model %s: %lld layers, hidden %lld, heads %lld, kv_lora %lld + rope %lld, "
-              "vocab %lld; kv pool %lld slots; engine created in %.1f s\n",
-              c.name.c_str(), static_cast<long long>(c.num_hidden_layers),
-              static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_attention_heads),
-              static_cast<long long>(c.kv_lora_rank), static_cast<long long>(c.qk_rope_head_dim),
-              static_cast<long long>(c.vocab_size), static_cast<long long>(e.kv_capacity()),
-              create_s);
+  std::printf(
+      "model %s: %lld layers, hidden %lld, heads %lld, kv_lora %lld + rope %lld, "
+      "vocab %lld; kv pool %lld slots; engine created in %.1f s\n",
+      c.name.c_str(), static_cast<long long>(c.num_hidden_layers),
+      static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_attention_heads),
+      static_cast<long long>(c.kv_lora_rank), static_cast<long long>(c.qk_rope_head_dim),
+      static_cast<long long>(c.vocab_size), static_cast<long long>(e.kv_slots()), create_s);
 
   std::mt19937 rng(42);
   std::vector<Row> rows;
@@ -237,7 +239,8 @@ int main(int argc, char** argv) {
           const auto t0 = std::chrono::steady_clock::now();
           auto r = e.Step(reqs);
           const double dt =
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                  .count();
           if (!r.ok()) {
             std::fprintf(stderr, "step (ctx %lld nodes %lld batch %lld): %s\n",
                          static_cast<long long>(ctx), static_cast<long long>(nodes),
@@ -253,14 +256,13 @@ int main(int argc, char** argv) {
         const auto t0 = std::chrono::steady_clock::now();
         if (auto r = e.Step(reqs); !r.ok()) return 1;
         const double prof_wall =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
         Row row{ctx, nodes, batch, med, batch * (nodes + 1) / (med / 1e3), e.last_profile(), 0};
         row.host_ms = std::max(0.0, prof_wall - row.prof.total_ms);
-#if VERIFYD_ENGINE_HAS_VERIFY_KERNEL
         if (absl::GetFlag(FLAGS_standalone) && row.prof.verify_kernel) {
-          row.standalone_us = StandaloneAttentionUs(reqs, c, e.kv_capacity());
+          row.standalone_us = StandaloneAttentionUs(reqs, c, e.kv_slots());
         }
-#endif
         rows.push_back(row);
         std::fprintf(stderr, "ctx %6lld nodes %2lld batch %2lld: %8.2f ms\n",
                      static_cast<long long>(ctx), static_cast<long long>(nodes),
@@ -270,35 +272,74 @@ int main(int argc, char** argv) {
   }
 
   nlohmann::json j;
+  {
+    cudaDeviceProp prop{};
+    int driver = 0, runtime = 0, sm_khz = 0, mem_khz = 0, dev_id = 0;
+    if (cudaGetDevice(&dev_id) != cudaSuccess ||
+        cudaGetDeviceProperties(&prop, dev_id) != cudaSuccess ||
+        cudaDriverGetVersion(&driver) != cudaSuccess ||
+        cudaRuntimeGetVersion(&runtime) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, dev_id) != cudaSuccess ||
+        cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, dev_id) != cudaSuccess) {
+      std::fprintf(stderr, "engine_bench: cannot read the device properties\n");
+      return 1;
+    }
+    j["bench"] = "engine";
+    j["impl"] = "verifyd";
+    j["meta"] = {
+        {"commit", absl::GetFlag(FLAGS_commit)},
+        {"date", absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())},
+        {"device", prop.name},
+        {"cc", absl::StrCat(prop.major, ".", prop.minor)},
+        {"num_sms", prop.multiProcessorCount},
+        {"driver_version", driver},
+        {"runtime_version", runtime},
+        {"sm_clock_mhz", sm_khz / 1000},
+        {"mem_clock_mhz", mem_khz / 1000},
+        {"timing",
+         "step_ms = median wall time of Engine::Step over iters after warmup; the time split "
+         "comes from one profiled step (CUDA events on rank 0)"},
+    };
+  }
+  j["tp"] = 1;
   j["model"] = c.name;
   j["layers"] = c.num_hidden_layers;
   j["verify_kernel"] = rows.empty() ? false : rows[0].prof.verify_kernel;
   for (const Row& r : rows) {
-    j["rows"].push_back({{"context", r.context}, {"nodes", r.nodes}, {"batch", r.batch},
-                         {"step_ms", r.step_ms}, {"tokens_per_s", r.tokens_per_s},
-                         {"attention_ms", r.prof.attention_ms}, {"gemm_ms", r.prof.gemm_ms},
-                         {"comm_ms", r.prof.comm_ms}, {"other_ms", r.prof.other_ms},
-                         {"gpu_ms", r.prof.total_ms}, {"host_ms", r.host_ms},
-                         {"attention_per_layer_us", 1e3 * r.prof.attention_ms / c.num_hidden_layers},
-                         {"standalone_kernel_us", r.standalone_us}});
+    j["rows"].push_back(
+        {{"context", r.context},
+         {"nodes", r.nodes},
+         {"batch", r.batch},
+         {"step_ms", r.step_ms},
+         {"tokens_per_s", r.tokens_per_s},
+         {"attention_ms", r.prof.attention_ms},
+         {"gemm_ms", r.prof.gemm_ms},
+         {"comm_ms", r.prof.comm_ms},
+         {"other_ms", r.prof.other_ms},
+         {"gpu_ms", r.prof.total_ms},
+         {"host_ms", r.host_ms},
+         {"attention_per_layer_us", 1e3 * r.prof.attention_ms / c.num_hidden_layers},
+         {"standalone_kernel_us", r.standalone_us}});
   }
   if (!absl::GetFlag(FLAGS_json).empty()) {
     std::ofstream(absl::GetFlag(FLAGS_json)) << j.dump(2) << "\n";
   }
-  std::printf("\n%lld layers, TP=1, attention: %s. step = median wall ms of one Engine::Step;"
-              " split from one profiled step (GPU ms); attn/L = attention per layer\n",
-              static_cast<long long>(c.num_hidden_layers),
-              (!rows.empty() && rows[0].prof.verify_kernel) ? "verify kernel" : "fallback");
-  std::printf("%7s %5s %5s | %9s %10s | %8s %8s %6s %7s %7s | %9s %9s %5s\n", "context",
-              "nodes", "batch", "step ms", "tokens/s", "attn ms", "gemm ms", "comm", "other",
-              "host", "attn/L us", "alone us", "ratio");
+  std::printf(
+      "\n%lld layers, TP=1, attention: %s. step = median wall ms of one Engine::Step;"
+      " split from one profiled step (GPU ms); attn/L = attention per layer\n",
+      static_cast<long long>(c.num_hidden_layers),
+      (!rows.empty() && rows[0].prof.verify_kernel) ? "verify kernel" : "fallback");
+  std::printf("%7s %5s %5s | %9s %10s | %8s %8s %6s %7s %7s | %9s %9s %5s\n", "context", "nodes",
+              "batch", "step ms", "tokens/s", "attn ms", "gemm ms", "comm", "other", "host",
+              "attn/L us", "alone us", "ratio");
   for (const Row& r : rows) {
     const double per_layer = 1e3 * r.prof.attention_ms / c.num_hidden_layers;
-    std::printf("%7lld %5lld %5lld | %9.2f %10.0f | %8.2f %8.2f %6.2f %7.2f %7.2f | %9.1f %9.1f %5.2f\n",
-                static_cast<long long>(r.context), static_cast<long long>(r.nodes),
-                static_cast<long long>(r.batch), r.step_ms, r.tokens_per_s, r.prof.attention_ms,
-                r.prof.gemm_ms, r.prof.comm_ms, r.prof.other_ms, r.host_ms, per_layer,
-                r.standalone_us, r.standalone_us > 0 ? per_layer / r.standalone_us : 0.0);
+    std::printf(
+        "%7lld %5lld %5lld | %9.2f %10.0f | %8.2f %8.2f %6.2f %7.2f %7.2f | %9.1f %9.1f %5.2f\n",
+        static_cast<long long>(r.context), static_cast<long long>(r.nodes),
+        static_cast<long long>(r.batch), r.step_ms, r.tokens_per_s, r.prof.attention_ms,
+        r.prof.gemm_ms, r.prof.comm_ms, r.prof.other_ms, r.host_ms, per_layer, r.standalone_us,
+        r.standalone_us > 0 ? per_layer / r.standalone_us : 0.0);
   }
   return 0;
 }

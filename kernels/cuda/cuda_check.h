@@ -1,9 +1,11 @@
-// Status from CUDA runtime calls: every call in kernels/cuda goes through these macros, so a
-// failure comes back as an absl::Status naming the expression, file and line (launchers never
-// exit or abort). Host-side only (includes the CUDA runtime API header).
+// Status from CUDA runtime and cuBLAS calls: every call in kernels/cuda and the CUDA engine goes
+// through these macros, so a failure comes back as an absl::Status naming the expression, file
+// and line (launchers never exit or abort). Part of the one status macro family described in
+// kernels/status.h. Host-side only (includes the CUDA runtime and cuBLAS API headers).
 // Thread-safety: stateless macros.
 #pragma once
 
+#include <cublas_api.h>
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -11,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/status.h"  // VERIFYD_RETURN_IF_ERROR, VERIFYD_ASSIGN_OR_RETURN
 
 namespace verifyd::kernels::cuda {
 
@@ -33,6 +36,13 @@ inline absl::Status CudaErrorToStatus(cudaError_t err, const char* expr, const c
   }
 }
 
+inline absl::Status CublasErrorToStatus(cublasStatus_t e, const char* expr, const char* file,
+                                        int line) {
+  if (e == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(expr, " failed: cublas status ", static_cast<int>(e), " at ", file, ":", line));
+}
+
 // Runs `configure` (a callable returning cudaError_t, e.g. a cudaFuncSetAttribute) once per
 // device of this process; `done` (a function-local static of the caller) keeps one bit per
 // device id. Launchers use it so that kernel set-up costs no host call on every launch.
@@ -52,14 +62,24 @@ cudaError_t ConfigureOncePerDevice(std::atomic<uint64_t>& done, Configure&& conf
 
 // Evaluates a cudaError_t expression; returns an absl::Status from the enclosing function on
 // failure.
-#define VERIFYD_CUDA_RETURN_IF_ERROR(expr)                                              \
-  do {                                                                                  \
-    const cudaError_t verifyd_cuda_err_ = (expr);                                       \
-    if (verifyd_cuda_err_ != cudaSuccess)                                               \
-      return ::verifyd::kernels::cuda::CudaErrorToStatus(verifyd_cuda_err_, #expr,      \
-                                                         __FILE__, __LINE__);           \
+#define VERIFYD_CUDA_RETURN_IF_ERROR(expr)                                                   \
+  do {                                                                                       \
+    const cudaError_t verifyd_cuda_err_ = (expr);                                            \
+    if (verifyd_cuda_err_ != cudaSuccess)                                                    \
+      return ::verifyd::kernels::cuda::CudaErrorToStatus(verifyd_cuda_err_, #expr, __FILE__, \
+                                                         __LINE__);                          \
   } while (0)
 
-// After a <<<>>> launch: the launch error (configuration, resources), without a sync.
-#define VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR(what) \
-  VERIFYD_CUDA_RETURN_IF_ERROR((static_cast<void>(what), cudaGetLastError()))
+// After a <<<>>> launch of `kernel` (named in the message): the launch error (configuration,
+// resources), without a sync.
+#define VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR(kernel) \
+  VERIFYD_CUDA_RETURN_IF_ERROR((static_cast<void>(kernel), cudaGetLastError()))
+
+// Evaluates a cublasStatus_t expression; returns an absl::Status on failure.
+#define VERIFYD_CUBLAS_RETURN_IF_ERROR(expr)                                                    \
+  do {                                                                                          \
+    const cublasStatus_t verifyd_cublas_st_ = (expr);                                           \
+    if (verifyd_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                            \
+      return ::verifyd::kernels::cuda::CublasErrorToStatus(verifyd_cublas_st_, #expr, __FILE__, \
+                                                           __LINE__);                           \
+  } while (0)

@@ -1,10 +1,9 @@
 // GPU greedy tree acceptance + KV commit (see tree_accept_cuda.h).
-#include "kernels/cuda/tree_accept_cuda.h"
-
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/tree_accept_cuda.h"
 #include "kernels/verify_attention.h"
 
 namespace verifyd::kernels::cuda {
@@ -82,9 +81,8 @@ absl::Status TreeAcceptCuda(const TreeAcceptParams& p) {
     return absl::InvalidArgumentError(
         "tree accept: kept_slots / freed_slots must be set when tail_slots is");
   }
-  TreeAcceptArgs a{p.batch,       p.row_indptr,   p.tokens, p.parents,    p.predictions,
-                   p.tail_slots,  p.accepted,     p.num_accepted, p.bonus, p.kept_slots,
-                   p.freed_slots};
+  TreeAcceptArgs a{p.batch,    p.row_indptr,   p.tokens, p.parents,    p.predictions, p.tail_slots,
+                   p.accepted, p.num_accepted, p.bonus,  p.kept_slots, p.freed_slots};
   const int threads = 128;
   const int blocks = (p.batch + threads - 1) / threads;
   TreeAcceptKernel<<<blocks, threads, 0, static_cast<cudaStream_t>(p.stream)>>>(a);

@@ -121,8 +121,8 @@ inline float DotTile1x1(const float* x, const float* w, int64_t k) {
 // register, and the baseline (SSE2: two 128-bit halves). Both do the same elementwise float
 // operations in the same order (no FMA: -ffp-contract=off), so results are identical.
 VERIFYD_LINEAR_CLONES
-void LinearBlock(const float* x, int64_t m0, int64_t m1, int64_t k, int64_t ldx,
-                 const float* w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+void LinearBlock(const float* x, int64_t m0, int64_t m1, int64_t k, int64_t ldx, const float* w,
+                 int64_t n0, int64_t n1, float* y, int64_t ldy) {
   int64_t j = n0;
   for (; j + kTileN <= n1; j += kTileN) {
     const float* wj = w + j * k;
@@ -148,8 +148,8 @@ void LinearBlock(const float* x, int64_t m0, int64_t m1, int64_t k, int64_t ldx,
 
 }  // namespace
 
-void Linear(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w, int64_t n,
-            float* y, int64_t ldy) {
+void Linear(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w, int64_t n, float* y,
+            int64_t ldy) {
   if (m <= 0 || n <= 0) return;
   const int threads = (m * n * k >= kLinearParallelMacs) ? internal::MaxOpThreads() : 1;
   if (n >= kTileN * threads) {
@@ -240,8 +240,8 @@ void ArgmaxRows(const float* logits, int64_t m, int64_t n, int64_t ld, int64_t i
     float best_v = std::numeric_limits<float>::quiet_NaN();
     for (int64_t j = 0; j < n; ++j) {
       const float v = row[j];
-      if (std::isnan(v)) continue;              // NaN never wins
-      if (best < 0 || v > best_v) {             // strict '>': the lowest index wins ties
+      if (std::isnan(v)) continue;   // NaN never wins
+      if (best < 0 || v > best_v) {  // strict '>': the lowest index wins ties
         best = j;
         best_v = v;
       }

@@ -13,8 +13,8 @@ namespace verifyd::kernels::ref {
 
 // y[m, n] = x[m, k] · w[n, k]^T  (w row-major [out, in], the Hugging Face Linear layout).
 // x row stride ldx, y row stride ldy (elements).
-void Linear(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w, int64_t n,
-            float* y, int64_t ldy);
+void Linear(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w, int64_t n, float* y,
+            int64_t ldy);
 
 // y[m, n] = x * rsqrt(mean(x^2) + eps) * weight[n]; x, y row stride ld (may alias).
 void RmsNorm(const float* x, int64_t m, int64_t n, int64_t ld, const float* weight, float eps,

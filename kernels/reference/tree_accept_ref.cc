@@ -37,8 +37,8 @@ absl::Status ValidateTreeAccept(const TreeAcceptParams& p) {
     const int32_t row0 = p.row_indptr[b];
     const int32_t n = p.row_indptr[b + 1] - row0;
     if (n < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "row_indptr: request ", b, " has ", n, " rows; it needs at least the root row"));
+      return absl::InvalidArgumentError(absl::StrCat("row_indptr: request ", b, " has ", n,
+                                                     " rows; it needs at least the root row"));
     }
   }
   for (int b = 0; b < p.batch; ++b) {
@@ -52,9 +52,9 @@ absl::Status ValidateTreeAccept(const TreeAcceptParams& p) {
     for (int32_t t = 1; t < n; ++t) {
       const int32_t parent = p.parents[row0 + t];
       if (parent < 0 || parent >= t) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("parents[", row0 + t, "] = ", parent, " (request ", b,
-                         ", local row ", t, ") must be in [0, ", t, ")"));
+        return absl::InvalidArgumentError(absl::StrCat("parents[", row0 + t, "] = ", parent,
+                                                       " (request ", b, ", local row ", t,
+                                                       ") must be in [0, ", t, ")"));
       }
     }
   }

@@ -38,43 +38,39 @@ inline void StoreFromFloat(float* p, int64_t i, float v) { p[i] = v; }
 inline void StoreFromFloat(bf16_bits* p, int64_t i, float v) { p[i] = FloatToBf16(v); }
 
 // True when tail row `j` of the request is visible to the row whose mask starts at `mask`.
-inline bool TailVisible(const uint64_t* mask, int j) {
-  return (mask[j / 64] >> (j % 64)) & 1u;
-}
+inline bool TailVisible(const uint64_t* mask, int j) { return (mask[j / 64] >> (j % 64)) & 1u; }
 
 // Index checks of the host arrays (the scalar fields were validated already).
 absl::Status ValidateIndices(const VerifyAttentionParams& p) {
   const int max_rows = std::min(kMaxTailRows, 64 * p.mask_words);
   if (p.q_indptr[0] != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("q_indptr[0] must be 0, got ", p.q_indptr[0]));
+    return absl::InvalidArgumentError(absl::StrCat("q_indptr[0] must be 0, got ", p.q_indptr[0]));
   }
   if (p.kv_indptr[0] != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("kv_indptr[0] must be 0, got ", p.kv_indptr[0]));
+    return absl::InvalidArgumentError(absl::StrCat("kv_indptr[0] must be 0, got ", p.kv_indptr[0]));
   }
   for (int b = 0; b < p.batch; ++b) {
     const int64_t n = int64_t{p.q_indptr[b + 1]} - p.q_indptr[b];
     const int64_t len = int64_t{p.kv_indptr[b + 1]} - p.kv_indptr[b];
     if (n < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "q_indptr must be non-decreasing: q_indptr[", b + 1, "] = ", p.q_indptr[b + 1],
-          " < q_indptr[", b, "] = ", p.q_indptr[b]));
+      return absl::InvalidArgumentError(absl::StrCat("q_indptr must be non-decreasing: q_indptr[",
+                                                     b + 1, "] = ", p.q_indptr[b + 1],
+                                                     " < q_indptr[", b, "] = ", p.q_indptr[b]));
     }
     if (n > max_rows) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "q_indptr: request ", b, " has ", n, " rows, more than ", max_rows,
-          " (kMaxTailRows and 64 * mask_words)"));
+      return absl::InvalidArgumentError(absl::StrCat("q_indptr: request ", b, " has ", n,
+                                                     " rows, more than ", max_rows,
+                                                     " (kMaxTailRows and 64 * mask_words)"));
     }
     if (len < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "kv_indptr must be non-decreasing: kv_indptr[", b + 1, "] = ", p.kv_indptr[b + 1],
-          " < kv_indptr[", b, "] = ", p.kv_indptr[b]));
+      return absl::InvalidArgumentError(absl::StrCat("kv_indptr must be non-decreasing: kv_indptr[",
+                                                     b + 1, "] = ", p.kv_indptr[b + 1],
+                                                     " < kv_indptr[", b, "] = ", p.kv_indptr[b]));
     }
     if (len < n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "kv_indptr: request ", b, " lists ", len, " slots but has ", n,
-          " rows; every tail row needs its own slot"));
+      return absl::InvalidArgumentError(absl::StrCat("kv_indptr: request ", b, " lists ", len,
+                                                     " slots but has ", n,
+                                                     " rows; every tail row needs its own slot"));
     }
   }
   if (p.q_indptr[p.batch] != p.total_rows) {
@@ -84,10 +80,9 @@ absl::Status ValidateIndices(const VerifyAttentionParams& p) {
   const int32_t total_slots = p.kv_indptr[p.batch];
   for (int32_t i = 0; i < total_slots; ++i) {
     const int32_t s = p.kv_indices[i];
-    if (s < 0 || s >= p.num_slots) {
-      return absl::InvalidArgumentError(absl::StrCat("kv_indices[", i, "] = ", s,
-                                                     " is outside [0, num_slots = ",
-                                                     p.num_slots, ")"));
+    if (s < 0 || s >= p.kv_slots) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv_indices[", i, "] = ", s, " is outside [0, kv_slots = ", p.kv_slots, ")"));
     }
   }
   return absl::OkStatus();
@@ -96,16 +91,16 @@ absl::Status ValidateIndices(const VerifyAttentionParams& p) {
 // Attention for the (row, head) pairs [pair0, pair1) of request-independent flat index
 // pair = r * num_heads + h. T is float or bf16_bits (q, kv and out share it).
 template <typename T>
-void AttendPairs(const VerifyAttentionParams& p, const std::vector<int>& row_request,
-                 int64_t pair0, int64_t pair1) {
+void AttendPairs(const VerifyAttentionParams& p, const std::vector<int>& row_request, int64_t pair0,
+                 int64_t pair1) {
   const T* q = static_cast<const T*>(p.q);
   const T* kv = static_cast<const T*>(p.kv);
   T* out = static_cast<T*>(p.out);
   const int H = p.num_heads, D = p.qk_dim, V = p.v_dim;
   std::vector<float> qf(static_cast<size_t>(D));
   std::vector<float> acc(static_cast<size_t>(V));
-  std::vector<float> scores;        // s_j of the visible keys, key order
-  std::vector<const T*> key_rows;   // their cache rows, same order
+  std::vector<float> scores;       // s_j of the visible keys, key order
+  std::vector<const T*> key_rows;  // their cache rows, same order
 
   for (int64_t pair = pair0; pair < pair1; ++pair) {
     const int64_t r = pair / H;
@@ -163,38 +158,35 @@ absl::Status ValidateVerifyAttentionParams(const VerifyAttentionParams& p) {
     return absl::InvalidArgumentError(absl::StrCat("batch must be >= 1, got ", p.batch));
   }
   if (p.total_rows < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("total_rows must be >= 0, got ", p.total_rows));
+    return absl::InvalidArgumentError(absl::StrCat("total_rows must be >= 0, got ", p.total_rows));
   }
   if (p.num_heads < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_heads must be >= 1, got ", p.num_heads));
+    return absl::InvalidArgumentError(absl::StrCat("num_heads must be >= 1, got ", p.num_heads));
   }
   if (p.qk_dim < 1) {
     return absl::InvalidArgumentError(absl::StrCat("qk_dim must be >= 1, got ", p.qk_dim));
   }
   if (p.v_dim < 1 || p.v_dim > p.qk_dim) {
-    return absl::InvalidArgumentError(absl::StrCat("v_dim must be in [1, qk_dim = ", p.qk_dim,
-                                                   "], got ", p.v_dim));
+    return absl::InvalidArgumentError(
+        absl::StrCat("v_dim must be in [1, qk_dim = ", p.qk_dim, "], got ", p.v_dim));
   }
   if (!std::isfinite(p.softmax_scale)) {
     return absl::InvalidArgumentError("softmax_scale must be finite");
   }
   if (p.dtype != DType::kFloat32 && p.dtype != DType::kBFloat16) {
-    return absl::InvalidArgumentError(absl::StrCat("dtype ", static_cast<int>(p.dtype),
-                                                   " is not float32 or bfloat16"));
-  }
-  if (p.num_slots < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("num_slots must be >= 0, got ", p.num_slots));
+        absl::StrCat("dtype ", static_cast<int>(p.dtype), " is not float32 or bfloat16"));
   }
-  if (p.num_slots > std::numeric_limits<int32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_slots = ", p.num_slots, " exceeds the int32 slot-id range of kv_indices"));
+  if (p.kv_slots < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_slots must be >= 0, got ", p.kv_slots));
+  }
+  if (p.kv_slots > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_slots = ", p.kv_slots, " exceeds the int32 slot-id range of kv_indices"));
   }
   if (p.mask_words < 1 || p.mask_words > kMaxTailRows / 64) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "mask_words must be in [1, ", kMaxTailRows / 64, "], got ", p.mask_words));
+    return absl::InvalidArgumentError(
+        absl::StrCat("mask_words must be in [1, ", kMaxTailRows / 64, "], got ", p.mask_words));
   }
   const std::pair<const void*, const char*> required[] = {
       {p.q, "q"},

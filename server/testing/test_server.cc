@@ -30,7 +30,7 @@ absl::StatusOr<std::vector<int32_t>> GreedyViaEngine(tp::Engine* engine,
   const int chunk = std::max(1, std::min(64, engine->limits().max_tail_rows));
   std::vector<int32_t> seq = prompt;
   std::vector<int32_t> out;
-  if (static_cast<int64_t>(prompt.size()) + n > engine->kv_capacity()) {
+  if (static_cast<int64_t>(prompt.size()) + n > engine->kv_slots()) {
     return absl::InvalidArgumentError("GreedyViaEngine: not enough KV slots");
   }
   int64_t done = 0;  // rows with KV written: slots [0, done)

@@ -27,8 +27,7 @@ struct TestServer {
 // Starts `engine` on 127.0.0.1:0 (and metrics on 127.0.0.1:0 unless options.metrics_listen
 // is "" on purpose: pass metrics=false).
 absl::StatusOr<TestServer> StartTestServer(ServerOptions options,
-                                           std::unique_ptr<tp::Engine> engine,
-                                           bool metrics = true);
+                                           std::unique_ptr<tp::Engine> engine, bool metrics = true);
 
 // Plain greedy decoding through Engine::Step on slots [0, prompt + n): prefill in chunks of
 // max_tail_rows rows (accept = false), then one row per step. Returns the n tokens after the

@@ -19,7 +19,7 @@ ToyEngine::ToyEngine(ToyEngineOptions options) : options_(options) {
   config_.v_head_dim = 8;
   config_.intermediate_size = 16;
   config_.max_position_embeddings = options.max_context;
-  slots_.resize(static_cast<size_t>(options.kv_capacity));
+  slots_.resize(static_cast<size_t>(options.kv_slots));
 }
 
 tp::EngineLimits ToyEngine::limits() const {
@@ -32,7 +32,8 @@ tp::EngineLimits ToyEngine::limits() const {
 
 uint64_t ToyEngine::Mix(uint64_t state, int32_t token, int64_t position) {
   // splitmix64 finalizer over the combined inputs.
-  uint64_t z = state ^ (static_cast<uint64_t>(static_cast<uint32_t>(token)) * 0x9E3779B97F4A7C15ull) ^
+  uint64_t z = state ^
+               (static_cast<uint64_t>(static_cast<uint32_t>(token)) * 0x9E3779B97F4A7C15ull) ^
                (static_cast<uint64_t>(position) << 32);
   z += 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -46,8 +47,7 @@ int32_t ToyEngine::Predict(uint64_t state) const {
 
 std::vector<int32_t> ToyEngine::Greedy(const ToyEngineOptions& options,
                                        const std::vector<int32_t>& prompt, int n) {
-  ToyEngine e(ToyEngineOptions{options.vocab_size, 1, 1, 2, options.max_context, 1,
-                               options.seed});
+  ToyEngine e(ToyEngineOptions{options.vocab_size, 1, 1, 2, options.max_context, 1, options.seed});
   uint64_t state = options.seed;
   int64_t pos = 0;
   for (int32_t t : prompt) state = Mix(state, t, pos++);
@@ -126,21 +126,21 @@ absl::StatusOr<std::vector<tp::StepResult>> ToyEngine::Step(
         return absl::InvalidArgumentError(absl::StrCat(f, ".parents[", t, "] invalid"));
       }
       const int32_t s = r.tail_slots[t];
-      if (s < 0 || s >= options_.kv_capacity || !tails.insert(s).second) {
+      if (s < 0 || s >= options_.kv_slots || !tails.insert(s).second) {
         return absl::InvalidArgumentError(absl::StrCat(f, ".tail_slots[", t, "] invalid/dup"));
       }
     }
     uint64_t prev = options_.seed;
     for (size_t i = 0; i < r.context_slots.size(); ++i) {
       const int32_t s = r.context_slots[i];
-      if (s < 0 || s >= options_.kv_capacity) {
+      if (s < 0 || s >= options_.kv_slots) {
         return absl::InvalidArgumentError(absl::StrCat(f, ".context_slots[", i, "] range"));
       }
       const SlotState& st = slots_[s];
       if (!st.written || st.position != static_cast<int64_t>(i) || st.prev != prev) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(f, ".context_slots[", i, "]: slot ", s, " does not hold position ", i,
-                         " of this sequence"));
+        return absl::InvalidArgumentError(absl::StrCat(f, ".context_slots[", i, "]: slot ", s,
+                                                       " does not hold position ", i,
+                                                       " of this sequence"));
       }
       prev = st.state;
     }
@@ -158,8 +158,8 @@ absl::StatusOr<std::vector<tp::StepResult>> ToyEngine::Step(
     tp::StepResult& res = out[b];
     const size_t n = r.tokens.size();
     const int64_t committed = static_cast<int64_t>(r.context_slots.size());
-    const uint64_t base = r.context_slots.empty() ? options_.seed
-                                                  : slots_[r.context_slots.back()].state;
+    const uint64_t base =
+        r.context_slots.empty() ? options_.seed : slots_[r.context_slots.back()].state;
     std::vector<uint64_t> state(n);
     std::vector<int64_t> depth(n, 0);
     for (size_t t = 0; t < n; ++t) {

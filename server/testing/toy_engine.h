@@ -10,8 +10,8 @@
 // position and chained to the previous context slot (so stale, freed or misordered slots are
 // caught), parents topological, tokens < vocab, row and batch limits.
 //
-// Test hooks: pause/resume, a per-step delay, a one-shot injected step error, a permanent failure (then
-// failed() is true and Step is Unavailable), and the largest batch seen.
+// Test hooks: pause/resume, a per-step delay, a one-shot injected step error, a permanent failure
+// (then failed() is true and Step is Unavailable), and the largest batch seen.
 //
 // Thread-safety: Step() from one thread at a time (the Engine contract); hooks and accessors
 // from any thread.
@@ -32,7 +32,7 @@ namespace verifyd::server::testing {
 
 struct ToyEngineOptions {
   int64_t vocab_size = 512;
-  int64_t kv_capacity = 4096;
+  int64_t kv_slots = 4096;
   int max_batch = 64;
   int max_tail_rows = 65;
   int64_t max_context = 2048;
@@ -47,7 +47,7 @@ class ToyEngine : public tp::Engine {
   const tp::ModelConfig& config() const override { return config_; }
   std::string backend() const override { return "toy"; }
   int tp_size() const override { return options_.tp_size; }
-  int64_t kv_capacity() const override { return options_.kv_capacity; }
+  int64_t kv_slots() const override { return options_.kv_slots; }
   tp::EngineLimits limits() const override;
   absl::StatusOr<std::vector<tp::StepResult>> Step(const std::vector<tp::StepRequest>& batch,
                                                    tp::StepTiming* timing) override;
@@ -58,8 +58,8 @@ class ToyEngine : public tp::Engine {
                                      const std::vector<int32_t>& prompt, int n);
 
   void set_step_delay(absl::Duration d);
-  void FailNextStep(absl::Status st);   // the next Step returns `st` (pool unchanged)
-  void FailPermanently();               // the next Step fails and failed() becomes true
+  void FailNextStep(absl::Status st);  // the next Step returns `st` (pool unchanged)
+  void FailPermanently();              // the next Step fails and failed() becomes true
   // Pause(): later Steps block at their start until Resume() (deterministic queueing tests).
   void Pause();
   void Resume();
@@ -74,14 +74,14 @@ class ToyEngine : public tp::Engine {
   struct SlotState {
     bool written = false;
     int64_t position = -1;
-    uint64_t prev = 0;   // state this row followed
+    uint64_t prev = 0;  // state this row followed
     int32_t token = -1;
     uint64_t state = 0;  // Mix(prev, token, position)
   };
 
   const ToyEngineOptions options_;
   tp::ModelConfig config_;
-  std::vector<SlotState> slots_;  // [kv_capacity]; Step thread only
+  std::vector<SlotState> slots_;  // [kv_slots]; Step thread only
   std::atomic<bool> failed_{false};
   std::atomic<int> max_batch_seen_{0};
   std::atomic<int64_t> steps_{0};

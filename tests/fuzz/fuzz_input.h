@@ -11,13 +11,12 @@
 #include <cstdlib>
 
 // Aborts (a crash libFuzzer records) when a harness invariant does not hold.
-#define FUZZ_CHECK(cond)                                                          \
-  do {                                                                            \
-    if (!(cond)) {                                                                \
-      std::fprintf(stderr, "%s:%d: invariant violated: %s\n", __FILE__, __LINE__, \
-                   #cond);                                                        \
-      std::abort();                                                               \
-    }                                                                             \
+#define FUZZ_CHECK(cond)                                                                  \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
+      std::fprintf(stderr, "%s:%d: invariant violated: %s\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                       \
+    }                                                                                     \
   } while (0)
 
 namespace verifyd::fuzz {

@@ -121,7 +121,7 @@ void FuzzVerifyAttention(ByteReader& in) {
   p.dtype = in.Bool() ? k::DType::kFloat32 : k::DType::kBFloat16;
   if (in.Chance(8)) p.dtype = static_cast<k::DType>(in.Range(2, 5));
   p.mask_words = static_cast<int>(in.Range(0, 3));
-  p.num_slots = in.Range(-1, 16);
+  p.kv_slots = in.Range(-1, 16);
   p.softmax_scale = in.Chance(8) ? std::numeric_limits<float>::quiet_NaN() : 0.5f;
   const int batch = std::max(p.batch, 0);
   std::vector<int32_t> q_indptr = ReadIndptr(in, batch, 0, 5);
@@ -132,7 +132,7 @@ void FuzzVerifyAttention(ByteReader& in) {
   const size_t heads = std::max(p.num_heads, 0);
   const size_t qk = std::max(p.qk_dim, 0), v = std::max(p.v_dim, 0);
   const size_t elem = p.dtype == k::DType::kFloat32 ? 4 : 2;
-  const size_t nslots = static_cast<size_t>(std::max<int64_t>(p.num_slots, 0));
+  const size_t nslots = static_cast<size_t>(std::max<int64_t>(p.kv_slots, 0));
   const size_t nidx = std::max(kv_indptr[batch], 0);
   std::vector<uint8_t> q(rows * heads * qk * elem), kv(nslots * qk * elem);
   std::vector<uint8_t> out(rows * heads * v * elem, 0xFF);
@@ -142,7 +142,9 @@ void FuzzVerifyAttention(ByteReader& in) {
   // Small finite values: bf16 0x3F80 = 1.0, float 1.0f; varied by the input.
   for (size_t i = 0; i + elem <= q.size(); i += elem) q[i + elem - 1] = in.Bool() ? 0x3F : 0xBF;
   for (size_t i = 0; i + elem <= kv.size(); i += elem) kv[i + elem - 1] = in.Bool() ? 0x3F : 0x3E;
-  for (auto& s : kv_indices) s = static_cast<int32_t>(in.Chance(8) ? in.Range(-2, 40) : in.Range(0, std::max<int64_t>(p.num_slots - 1, 0)));
+  for (auto& s : kv_indices)
+    s = static_cast<int32_t>(in.Chance(8) ? in.Range(-2, 40)
+                                          : in.Range(0, std::max<int64_t>(p.kv_slots - 1, 0)));
   for (auto& m : mask) m = (static_cast<uint64_t>(in.U32()) << 32) | in.U32();
   p.q = q.empty() && in.Chance(32) ? nullptr : q.data();
   p.kv = kv.data();

@@ -45,7 +45,7 @@ class Harness {
  public:
   explicit Harness(ByteReader& in) : in_(in) {
     opts_.vocab_size = in.Range(2, 12);  // small vocab: drafts often match
-    opts_.kv_capacity = in.Range(4, 160);
+    opts_.kv_slots = in.Range(4, 160);
     opts_.max_batch = 4;
     opts_.max_tail_rows = static_cast<int>(in.Range(2, 9));
     opts_.max_context = in.Range(8, 96);
@@ -56,7 +56,7 @@ class Harness {
     limits_.max_batch = opts_.max_batch;
     max_sessions_ = static_cast<int>(in.Range(1, 8));
     engine_ = std::make_unique<srv::testing::ToyEngine>(opts_);
-    slots_ = std::make_unique<srv::SlotAllocator>(opts_.kv_capacity);
+    slots_ = std::make_unique<srv::SlotAllocator>(opts_.kv_slots);
     sessions_ = std::make_unique<srv::SessionManager>(slots_.get(), max_sessions_, absl::Hours(1));
     metrics_ = std::make_unique<srv::Metrics>(1, "fuzz", "toy");
     srv::SchedulerOptions so;
@@ -73,11 +73,24 @@ class Harness {
   void Run() {
     for (int op = 0; op < 64 && !in_.empty(); ++op) {
       switch (in_.Range(0, 7)) {
-        case 0: case 1: Open(); break;
-        case 2: case 3: case 4: Verify(); break;
-        case 5: Close(); break;
-        case 6: CloseWhileBusy(); break;
-        case 7: Expire(); break;
+        case 0:
+        case 1:
+          Open();
+          break;
+        case 2:
+        case 3:
+        case 4:
+          Verify();
+          break;
+        case 5:
+          Close();
+          break;
+        case 6:
+          CloseWhileBusy();
+          break;
+        case 7:
+          Expire();
+          break;
       }
       CheckPool();
     }
@@ -108,7 +121,8 @@ class Harness {
   void Open() {
     const int64_t len = in_.Range(1, 40);
     std::vector<int32_t> prompt;
-    for (int64_t i = 0; i < len; ++i) prompt.push_back(static_cast<int32_t>(in_.Range(0, opts_.vocab_size - 1)));
+    for (int64_t i = 0; i < len; ++i)
+      prompt.push_back(static_cast<int32_t>(in_.Range(0, opts_.vocab_size - 1)));
     // As OpenSession: validate, create (allocates the prompt's slots), prefill, ready.
     verify::v1::OpenSessionRequest req;
     req.mutable_prompt_tokens()->Add(prompt.begin(), prompt.end());

@@ -112,8 +112,9 @@ void BuildStructured(ByteReader& in, const ApiLimits& l, v1::VerifyRequest* req,
   for (int i = 0; i < items; ++i) {
     v1::VerifyItem* it = req->add_items();
     if (!in.Chance(6)) {
-      it->set_session_id(in.Chance(20) ? std::string("dup")
-                                       : "s" + std::to_string(i) + std::string(in.Range(0, 3), 'x'));
+      it->set_session_id(in.Chance(20)
+                             ? std::string("dup")
+                             : "s" + std::to_string(i) + std::string(in.Range(0, 3), 'x'));
     }
     const int n = static_cast<int>(in.Range(0, l.max_draft_nodes + 1));
     for (int k = 0; k < n; ++k) {

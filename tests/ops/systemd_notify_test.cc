@@ -211,8 +211,12 @@ TEST(SystemdNotifier, PingsStopWhileEngineStallsAndResumeAfter) {
   opt.ping_interval = absl::Milliseconds(25);
   std::atomic<uint64_t> steps{0};
   std::atomic<bool> pending{true};
-  ASSERT_TRUE(
-      n.StartWatchdog([&] { return EngineProgress{steps.load(), pending.load()}; }, opt).ok());
+  ASSERT_TRUE(n.StartWatchdog(
+                   [&] {
+                     return EngineProgress{steps.load(), pending.load()};
+                   },
+                   opt)
+                  .ok());
 
   // Work pending, no step finishes: pings for ~150 ms, then a STATUS line, then silence.
   auto msgs = sd.Collect(500);

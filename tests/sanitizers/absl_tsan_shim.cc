@@ -35,7 +35,8 @@ namespace {
 template <typename F>
 F Real(const char* prefix, const char* rest) {
   const char* ns = VERIFYD_STR(ABSL_OPTION_INLINE_NAMESPACE_NAME);
-  const std::string name = std::string(prefix) + "4absl" + std::to_string(std::strlen(ns)) + ns + rest;
+  const std::string name =
+      std::string(prefix) + "4absl" + std::to_string(std::strlen(ns)) + ns + rest;
   void* p = dlsym(RTLD_NEXT, name.c_str());
   if (p == nullptr) {
     std::fprintf(stderr, "absl_tsan_shim: %s not found\n", name.c_str());
@@ -137,7 +138,8 @@ bool Mutex::ReaderTryLock() {
 }
 
 void Mutex::LockWhen(const Condition& cond) {
-  static auto real = Real<void (*)(Mutex*, const Condition&)>("_ZN", "5Mutex8LockWhenERKNS0_9ConditionE");
+  static auto real =
+      Real<void (*)(Mutex*, const Condition&)>("_ZN", "5Mutex8LockWhenERKNS0_9ConditionE");
   Nest nest;
   if (!nest.outer) return real(this, cond);
   __tsan_mutex_pre_lock(this, 0);
@@ -200,7 +202,8 @@ bool Mutex::ReaderLockWhenWithDeadline(const Condition& cond, absl::Time deadlin
 }
 
 void Mutex::Await(const Condition& cond) {
-  static auto real = Real<void (*)(Mutex*, const Condition&)>("_ZN", "5Mutex5AwaitERKNS0_9ConditionE");
+  static auto real =
+      Real<void (*)(Mutex*, const Condition&)>("_ZN", "5Mutex5AwaitERKNS0_9ConditionE");
   Nest nest;
   if (!nest.outer) return real(this, cond);
   AsUnlockThenLock(this, [&] {

@@ -1,10 +1,9 @@
 // Vocab-parallel argmax kernels (see argmax.h).
-#include "kernels/cuda/dense/argmax.h"
-
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dense/argmax.h"
 #include "kernels/cuda/dense/common.cuh"
-#include "kernels/cuda/dense/status.h"
 
 namespace verifyd::kernels::cuda {
 namespace {
@@ -38,8 +37,8 @@ __global__ void ArgmaxRowsKernel(const float* __restrict__ logits, int64_t ld, i
   si[threadIdx.x] = bi;
   __syncthreads();
   for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s && Beats(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x],
-                                 si[threadIdx.x])) {
+    if (threadIdx.x < s &&
+        Beats(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x], si[threadIdx.x])) {
       sv[threadIdx.x] = sv[threadIdx.x + s];
       si[threadIdx.x] = si[threadIdx.x + s];
     }
@@ -79,17 +78,18 @@ absl::Status ArgmaxRowsCuda(const ArgmaxRowsParams& p) {
   ArgmaxRowsKernel<<<static_cast<unsigned>(p.rows), kThreads, 0,
                      static_cast<cudaStream_t>(p.stream)>>>(p.logits, p.ld, p.n, p.index_offset,
                                                             p.out);
-  VERIFYD_RETURN_IF_LAUNCH_FAILED();
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("ArgmaxRowsKernel");
   return absl::OkStatus();
 }
 
 absl::Status ArgmaxCombineCuda(const ArgmaxCombineParams& p) {
   if (p.rows < 0 || p.world < 1) return absl::InvalidArgumentError("rows < 0 or world < 1");
   if (p.rows == 0) return absl::OkStatus();
-  if (!p.gathered || !p.predictions) return absl::InvalidArgumentError("gathered/predictions must be set");
+  if (!p.gathered || !p.predictions)
+    return absl::InvalidArgumentError("gathered/predictions must be set");
   ArgmaxCombineKernel<<<(p.rows + 127) / 128, 128, 0, static_cast<cudaStream_t>(p.stream)>>>(
       p.gathered, p.rows, p.world, p.predictions);
-  VERIFYD_RETURN_IF_LAUNCH_FAILED();
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("ArgmaxCombineKernel");
   return absl::OkStatus();
 }
 

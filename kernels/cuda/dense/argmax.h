@@ -27,8 +27,8 @@ struct ArgmaxRowsParams {
   int64_t n = 0;                  // columns of this shard (may be 0: empty shard)
   const float* logits = nullptr;  // [rows, ld] fp32, device
   int64_t ld = 0;
-  int64_t index_offset = 0;       // global index of column 0 (the shard's first vocab row)
-  ArgmaxPair* out = nullptr;      // [rows], device
+  int64_t index_offset = 0;   // global index of column 0 (the shard's first vocab row)
+  ArgmaxPair* out = nullptr;  // [rows], device
   void* stream = nullptr;
 };
 absl::Status ArgmaxRowsCuda(const ArgmaxRowsParams& p);

@@ -1,8 +1,7 @@
 // Embedding gather, SwiGLU and residual add kernels (see elementwise.h).
-#include "kernels/cuda/dense/elementwise.h"
-
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dense/common.cuh"
-#include "kernels/cuda/dense/status.h"
+#include "kernels/cuda/dense/elementwise.h"
 
 namespace verifyd::kernels::cuda {
 namespace {
@@ -44,11 +43,12 @@ __global__ void AddKernel(float* __restrict__ y, const float* __restrict__ x, in
 absl::Status EmbeddingGatherCuda(const EmbeddingGatherParams& p) {
   if (p.rows < 0 || p.hidden <= 0) return absl::InvalidArgumentError("rows < 0 or hidden <= 0");
   if (p.rows == 0) return absl::OkStatus();
-  if (!p.tokens || !p.table || !p.out) return absl::InvalidArgumentError("tokens, table, out must be set");
+  if (!p.tokens || !p.table || !p.out)
+    return absl::InvalidArgumentError("tokens, table, out must be set");
   const int64_t n = p.rows * p.hidden;
   EmbeddingGatherKernel<<<GridFor(n, 256), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(
       p.tokens, reinterpret_cast<const __nv_bfloat16*>(p.table), p.hidden, n, p.out);
-  VERIFYD_RETURN_IF_LAUNCH_FAILED();
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("EmbeddingGatherKernel");
   return absl::OkStatus();
 }
 
@@ -62,9 +62,8 @@ absl::Status SwiGluCuda(const SwiGluParams& p) {
   if (!p.gate_up || !p.out) return absl::InvalidArgumentError("gate_up and out must be set");
   const int64_t n = p.rows * p.n;
   SwiGluKernel<<<GridFor(n, 256), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(
-      p.gate_up, p.ld_in, p.up_offset, p.n, n, reinterpret_cast<__nv_bfloat16*>(p.out),
-      p.ld_out);
-  VERIFYD_RETURN_IF_LAUNCH_FAILED();
+      p.gate_up, p.ld_in, p.up_offset, p.n, n, reinterpret_cast<__nv_bfloat16*>(p.out), p.ld_out);
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("SwiGluKernel");
   return absl::OkStatus();
 }
 
@@ -73,7 +72,7 @@ absl::Status AddInPlaceCuda(float* y, const float* x, int64_t count, void* strea
   if (count == 0) return absl::OkStatus();
   if (!y || !x) return absl::InvalidArgumentError("y and x must be set");
   AddKernel<<<GridFor(count, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(y, x, count);
-  VERIFYD_RETURN_IF_LAUNCH_FAILED();
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("AddKernel");
   return absl::OkStatus();
 }
 

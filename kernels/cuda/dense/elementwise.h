@@ -14,9 +14,9 @@ namespace verifyd::kernels::cuda {
 struct EmbeddingGatherParams {
   int rows = 0;
   int64_t hidden = 0;
-  const int32_t* tokens = nullptr;    // [rows], device
-  const bf16_bits* table = nullptr;   // [vocab, hidden] bf16, device
-  float* out = nullptr;               // [rows, hidden] fp32, device
+  const int32_t* tokens = nullptr;   // [rows], device
+  const bf16_bits* table = nullptr;  // [vocab, hidden] bf16, device
+  float* out = nullptr;              // [rows, hidden] fp32, device
   void* stream = nullptr;
 };
 absl::Status EmbeddingGatherCuda(const EmbeddingGatherParams& p);

@@ -5,14 +5,15 @@
 #include <cublas_v2.h>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/dense/status.h"
+#include "kernels/cuda/cuda_check.h"
 
 namespace verifyd::kernels::cuda {
 
 absl::Status GemmBf16(void* cublas_handle, const GemmParams& p) {
   if (!cublas_handle) return absl::InvalidArgumentError("cublas handle must be set");
   if (p.m < 0 || p.n <= 0 || p.k <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("bad gemm shape m=", p.m, " n=", p.n, " k=", p.k));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad gemm shape m=", p.m, " n=", p.n, " k=", p.k));
   }
   if (p.m == 0) return absl::OkStatus();
   if (!p.x || !p.w || !p.y) return absl::InvalidArgumentError("x, w, y must be set");
@@ -22,18 +23,18 @@ absl::Status GemmBf16(void* cublas_handle, const GemmParams& p) {
   }
   const cudaDataType_t yt = p.y_dtype == DType::kFloat32 ? CUDA_R_32F : CUDA_R_16BF;
   VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
-      static_cast<cublasHandle_t>(cublas_handle), CUBLAS_OP_T, CUBLAS_OP_N,
-      static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &p.alpha, p.w,
-      CUDA_R_16BF, static_cast<int>(p.ldw), p.x, CUDA_R_16BF, static_cast<int>(p.ldx), &p.beta,
-      p.y, yt, static_cast<int>(p.ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      static_cast<cublasHandle_t>(cublas_handle), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n),
+      static_cast<int>(p.m), static_cast<int>(p.k), &p.alpha, p.w, CUDA_R_16BF,
+      static_cast<int>(p.ldw), p.x, CUDA_R_16BF, static_cast<int>(p.ldx), &p.beta, p.y, yt,
+      static_cast<int>(p.ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return absl::OkStatus();
 }
 
 absl::Status GemmBf16Batched(void* cublas_handle, const BatchedGemmParams& p) {
   if (!cublas_handle) return absl::InvalidArgumentError("cublas handle must be set");
   if (p.batch < 0 || p.m < 0 || p.n <= 0 || p.k <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("bad batched gemm shape batch=", p.batch,
-                                                   " m=", p.m, " n=", p.n, " k=", p.k));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad batched gemm shape batch=", p.batch, " m=", p.m, " n=", p.n, " k=", p.k));
   }
   if (p.batch == 0 || p.m == 0) return absl::OkStatus();
   if (!p.x || !p.w || !p.y) return absl::InvalidArgumentError("x, w, y must be set");
@@ -45,10 +46,10 @@ absl::Status GemmBf16Batched(void* cublas_handle, const BatchedGemmParams& p) {
   // otherwise:    w_b row-major [k, n] = column-major n x k -> op N.
   VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
       static_cast<cublasHandle_t>(cublas_handle), p.w_transposed ? CUBLAS_OP_T : CUBLAS_OP_N,
-      CUBLAS_OP_N, static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &alpha,
-      p.w, CUDA_R_16BF, static_cast<int>(p.ldw), p.stride_w, p.x, CUDA_R_16BF,
-      static_cast<int>(p.ldx), p.stride_x, &beta, p.y, CUDA_R_16BF, static_cast<int>(p.ldy),
-      p.stride_y, p.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      CUBLAS_OP_N, static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &alpha, p.w,
+      CUDA_R_16BF, static_cast<int>(p.ldw), p.stride_w, p.x, CUDA_R_16BF, static_cast<int>(p.ldx),
+      p.stride_x, &beta, p.y, CUDA_R_16BF, static_cast<int>(p.ldy), p.stride_y, p.batch,
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return absl::OkStatus();
 }
 

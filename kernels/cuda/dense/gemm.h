@@ -21,11 +21,11 @@ struct GemmParams {
   int64_t ldx = 0;
   const bf16_bits* w = nullptr;  // [n, ldw] bf16 (row-major weight, out x in)
   int64_t ldw = 0;
-  void* y = nullptr;             // [m, ldy] y_dtype
+  void* y = nullptr;  // [m, ldy] y_dtype
   int64_t ldy = 0;
   DType y_dtype = DType::kFloat32;
   float alpha = 1.f;
-  float beta = 0.f;              // 1 accumulates into y (fp32 residual)
+  float beta = 0.f;  // 1 accumulates into y (fp32 residual)
 };
 // handle: cublasHandle_t (its stream is where the GEMM runs).
 absl::Status GemmBf16(void* cublas_handle, const GemmParams& p);

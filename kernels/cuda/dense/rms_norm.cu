@@ -1,9 +1,8 @@
 // RMSNorm kernel and launcher (see rms_norm.h).
-#include "kernels/cuda/dense/rms_norm.h"
-
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dense/common.cuh"
-#include "kernels/cuda/dense/status.h"
+#include "kernels/cuda/dense/rms_norm.h"
 
 namespace verifyd::kernels::cuda {
 namespace {
@@ -18,8 +17,8 @@ constexpr int kThreads = 256;
 // as the reference's float expression).
 template <typename TIn, typename TOut>
 __global__ void RmsNormKernel(const TIn* __restrict__ x, int64_t ldx,
-                              const __nv_bfloat16* __restrict__ w, int64_t cols, float eps,
-                              TOut* y, int64_t ldy) {
+                              const __nv_bfloat16* __restrict__ w, int64_t cols, float eps, TOut* y,
+                              int64_t ldy) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const TIn* xr = x + row * ldx;
@@ -38,11 +37,11 @@ __global__ void RmsNormKernel(const TIn* __restrict__ x, int64_t ldx,
 
 template <typename TIn, typename TOut>
 absl::Status Launch(const RmsNormParams& p) {
-  RmsNormKernel<TIn, TOut><<<static_cast<unsigned>(p.rows), kThreads, 0,
-                              static_cast<cudaStream_t>(p.stream)>>>(
-      static_cast<const TIn*>(p.x), p.ldx, reinterpret_cast<const __nv_bfloat16*>(p.weight),
-      p.cols, p.eps, static_cast<TOut*>(p.y), p.ldy);
-  VERIFYD_RETURN_IF_LAUNCH_FAILED();
+  RmsNormKernel<TIn, TOut>
+      <<<static_cast<unsigned>(p.rows), kThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(
+          static_cast<const TIn*>(p.x), p.ldx, reinterpret_cast<const __nv_bfloat16*>(p.weight),
+          p.cols, p.eps, static_cast<TOut*>(p.y), p.ldy);
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("RmsNormKernel");
   return absl::OkStatus();
 }
 
@@ -50,7 +49,8 @@ absl::Status Launch(const RmsNormParams& p) {
 
 absl::Status RmsNormCuda(const RmsNormParams& p) {
   if (p.rows < 0 || p.rows > 0x7fffffff) return absl::InvalidArgumentError("rows out of range");
-  if (p.cols <= 0) return absl::InvalidArgumentError(absl::StrCat("cols must be > 0, got ", p.cols));
+  if (p.cols <= 0)
+    return absl::InvalidArgumentError(absl::StrCat("cols must be > 0, got ", p.cols));
   if (p.ldx < p.cols) return absl::InvalidArgumentError("ldx < cols");
   if (p.ldy < p.cols) return absl::InvalidArgumentError("ldy < cols");
   if (p.rows == 0) return absl::OkStatus();

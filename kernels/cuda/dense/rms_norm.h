@@ -13,17 +13,17 @@
 namespace verifyd::kernels::cuda {
 
 struct RmsNormParams {
-  int64_t rows = 0;                      // m
-  int64_t cols = 0;                      // n (normalised width)
-  const void* x = nullptr;               // [rows, ldx] x_dtype, device
+  int64_t rows = 0;         // m
+  int64_t cols = 0;         // n (normalised width)
+  const void* x = nullptr;  // [rows, ldx] x_dtype, device
   DType x_dtype = DType::kFloat32;
-  int64_t ldx = 0;                       // row stride of x, elements (>= cols)
-  const bf16_bits* weight = nullptr;     // [cols] bf16, device
+  int64_t ldx = 0;                    // row stride of x, elements (>= cols)
+  const bf16_bits* weight = nullptr;  // [cols] bf16, device
   float eps = 1e-6f;
-  void* y = nullptr;                     // [rows, ldy] y_dtype, device (may alias x when
-  DType y_dtype = DType::kBFloat16;      //  the dtypes and strides match)
-  int64_t ldy = 0;                       // row stride of y, elements (>= cols)
-  void* stream = nullptr;                // cudaStream_t
+  void* y = nullptr;                 // [rows, ldy] y_dtype, device (may alias x when
+  DType y_dtype = DType::kBFloat16;  //  the dtypes and strides match)
+  int64_t ldy = 0;                   // row stride of y, elements (>= cols)
+  void* stream = nullptr;            // cudaStream_t
 };
 
 absl::Status RmsNormCuda(const RmsNormParams& p);

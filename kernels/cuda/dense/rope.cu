@@ -1,11 +1,10 @@
 // Rope table, query rope and latent KV write kernels (see rope.h).
-#include "kernels/cuda/dense/rope.h"
-
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dense/common.cuh"
-#include "kernels/cuda/dense/status.h"
+#include "kernels/cuda/dense/rope.h"
 
 namespace verifyd::kernels::cuda {
 namespace {
@@ -70,8 +69,7 @@ __global__ void LatentKvWriteKernel(const float* __restrict__ kva, int64_t ld_kv
   float ss = 0.f;
   for (int j = threadIdx.x; j < kv_lora; j += blockDim.x) ss = __fmaf_rn(x[j], x[j], ss);
   ss = BlockSum(ss, scratch);
-  const float inv_rms =
-      __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)kv_lora), eps)));
+  const float inv_rms = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)kv_lora), eps)));
   const int64_t width = kv_lora + 2 * half;
   __nv_bfloat16* dst = cache + static_cast<int64_t>(slots[r]) * width;
   for (int j = threadIdx.x; j < kv_lora; j += blockDim.x) {
@@ -88,7 +86,8 @@ __global__ void LatentKvWriteKernel(const float* __restrict__ kva, int64_t ld_kv
 
 absl::Status CheckRope(int rope_dim) {
   if (rope_dim <= 0 || rope_dim % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("rope_dim must be even and > 0, got ", rope_dim));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rope_dim must be even and > 0, got ", rope_dim));
   }
   return absl::OkStatus();
 }
@@ -104,7 +103,7 @@ std::vector<float> RopeInvFreq(int rope_dim, double theta) {
 }
 
 absl::Status RopeTableCuda(const RopeTableParams& p) {
-  VERIFYD_RETURN_IF_ERROR_STATUS(CheckRope(p.rope_dim));
+  VERIFYD_RETURN_IF_ERROR(CheckRope(p.rope_dim));
   if (p.rows < 0) return absl::InvalidArgumentError("rows < 0");
   if (p.rows == 0) return absl::OkStatus();
   if (!p.positions || !p.inv_freq || !p.cos_table || !p.sin_table) {
@@ -114,12 +113,12 @@ absl::Status RopeTableCuda(const RopeTableParams& p) {
   RopeTableKernel<<<GridFor(static_cast<int64_t>(p.rows) * half, 256), 256, 0,
                     static_cast<cudaStream_t>(p.stream)>>>(p.positions, p.inv_freq, p.rows, half,
                                                            p.cos_table, p.sin_table);
-  VERIFYD_RETURN_IF_LAUNCH_FAILED();
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("RopeTableKernel");
   return absl::OkStatus();
 }
 
 absl::Status QRopeCuda(const QRopeParams& p) {
-  VERIFYD_RETURN_IF_ERROR_STATUS(CheckRope(p.rope_dim));
+  VERIFYD_RETURN_IF_ERROR(CheckRope(p.rope_dim));
   if (p.rows < 0 || p.heads <= 0) return absl::InvalidArgumentError("rows < 0 or heads <= 0");
   if (p.rows == 0) return absl::OkStatus();
   if (!p.in || !p.out || !p.cos_table || !p.sin_table) {
@@ -137,12 +136,12 @@ absl::Status QRopeCuda(const QRopeParams& p) {
       reinterpret_cast<const __nv_bfloat16*>(p.in), p.in_head_stride, p.in_offset,
       reinterpret_cast<__nv_bfloat16*>(p.out), p.out_head_stride, p.out_offset, p.cos_table,
       p.sin_table, p.rows, p.heads, half);
-  VERIFYD_RETURN_IF_LAUNCH_FAILED();
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("QRopeKernel");
   return absl::OkStatus();
 }
 
 absl::Status LatentKvWriteCuda(const LatentKvWriteParams& p) {
-  VERIFYD_RETURN_IF_ERROR_STATUS(CheckRope(p.rope_dim));
+  VERIFYD_RETURN_IF_ERROR(CheckRope(p.rope_dim));
   if (p.kv_lora <= 0) return absl::InvalidArgumentError("kv_lora must be > 0");
   if (p.ld_kva < p.kv_lora + p.rope_dim) return absl::InvalidArgumentError("ld_kva too small");
   if (p.rows < 0) return absl::InvalidArgumentError("rows < 0");
@@ -152,10 +151,9 @@ absl::Status LatentKvWriteCuda(const LatentKvWriteParams& p) {
   }
   LatentKvWriteKernel<<<static_cast<unsigned>(p.rows), kLatentThreads, 0,
                         static_cast<cudaStream_t>(p.stream)>>>(
-      p.kva, p.ld_kva, reinterpret_cast<const __nv_bfloat16*>(p.kv_norm_weight), p.eps,
-      p.kv_lora, p.rope_dim / 2, p.cos_table, p.sin_table, p.slots,
-      reinterpret_cast<__nv_bfloat16*>(p.cache));
-  VERIFYD_RETURN_IF_LAUNCH_FAILED();
+      p.kva, p.ld_kva, reinterpret_cast<const __nv_bfloat16*>(p.kv_norm_weight), p.eps, p.kv_lora,
+      p.rope_dim / 2, p.cos_table, p.sin_table, p.slots, reinterpret_cast<__nv_bfloat16*>(p.cache));
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("LatentKvWriteKernel");
   return absl::OkStatus();
 }
 

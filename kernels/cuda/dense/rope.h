@@ -23,11 +23,11 @@ std::vector<float> RopeInvFreq(int rope_dim, double theta);
 
 struct RopeTableParams {
   int rows = 0;
-  int rope_dim = 0;                     // even
-  const int32_t* positions = nullptr;   // [rows], device
-  const float* inv_freq = nullptr;      // [rope_dim / 2], device (RopeInvFreq)
-  float* cos_table = nullptr;           // [rows, rope_dim / 2] fp32, device
-  float* sin_table = nullptr;           // [rows, rope_dim / 2] fp32, device
+  int rope_dim = 0;                    // even
+  const int32_t* positions = nullptr;  // [rows], device
+  const float* inv_freq = nullptr;     // [rope_dim / 2], device (RopeInvFreq)
+  float* cos_table = nullptr;          // [rows, rope_dim / 2] fp32, device
+  float* sin_table = nullptr;          // [rows, rope_dim / 2] fp32, device
   void* stream = nullptr;
 };
 absl::Status RopeTableCuda(const RopeTableParams& p);
@@ -41,7 +41,7 @@ struct QRopeParams {
   int heads = 0;
   int rope_dim = 0;
   const bf16_bits* in = nullptr;
-  int64_t in_head_stride = 0;   // elements between heads; rows are heads * stride apart
+  int64_t in_head_stride = 0;  // elements between heads; rows are heads * stride apart
   int64_t in_offset = 0;
   bf16_bits* out = nullptr;
   int64_t out_head_stride = 0;
@@ -57,17 +57,17 @@ absl::Status QRopeCuda(const QRopeParams& p);
 // the row (kv_lora + rope_dim bf16 values) is written to cache[slots[r], :].
 struct LatentKvWriteParams {
   int rows = 0;
-  int kv_lora = 0;                          // 512 in the real models
-  int rope_dim = 0;                         // 64
-  const float* kva = nullptr;               // [rows, ld_kva] fp32, device
+  int kv_lora = 0;             // 512 in the real models
+  int rope_dim = 0;            // 64
+  const float* kva = nullptr;  // [rows, ld_kva] fp32, device
   int64_t ld_kva = 0;
   const bf16_bits* kv_norm_weight = nullptr;  // [kv_lora] bf16
   float eps = 1e-6f;
-  const float* cos_table = nullptr;         // [rows, rope_dim / 2]
+  const float* cos_table = nullptr;  // [rows, rope_dim / 2]
   const float* sin_table = nullptr;
-  const int32_t* slots = nullptr;           // [rows] cache slot of each row, device
-  bf16_bits* cache = nullptr;               // [num_slots, kv_lora + rope_dim] bf16
-  int64_t num_slots = 0;                    // slots are trusted (validated on the host)
+  const int32_t* slots = nullptr;  // [rows] cache slot of each row, device
+  bf16_bits* cache = nullptr;      // [kv_slots, kv_lora + rope_dim] bf16
+  int64_t kv_slots = 0;            // slots are trusted (validated on the host)
   void* stream = nullptr;
 };
 absl::Status LatentKvWriteCuda(const LatentKvWriteParams& p);

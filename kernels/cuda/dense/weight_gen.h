@@ -1,5 +1,5 @@
 // On-device generation of the preset weights, bit-identical to the host generator
-// tp/weight_init.h (same counter-based hash, bf16 round-to-nearest-even): a rank generates
+// kernels/weight_init.h (same counter-based hash, bf16 round-to-nearest-even): a rank generates
 // its shard of a tensor directly in GPU memory, so presets with real dimensions (tens of GB)
 // need no host copy.
 //
@@ -17,12 +17,12 @@
 namespace verifyd::kernels::cuda {
 
 struct GenerateWeightsParams {
-  uint64_t tensor_key = 0;   // tp::WeightTensorKey(seed, tp::WeightNameHash(name))
-  float scale = 0.f;         // value = bf16(offset + scale * u), u in [-1, 1)
+  uint64_t tensor_key = 0;  // kernels::WeightTensorKey(seed, kernels::WeightNameHash(name))
+  float scale = 0.f;        // value = bf16(offset + scale * u), u in [-1, 1)
   float offset = 0.f;
   int64_t rows = 0;
   int64_t cols = 0;
-  int64_t full_cols = 0;     // columns of the full tensor (>= col0 + cols)
+  int64_t full_cols = 0;  // columns of the full tensor (>= col0 + cols)
   int64_t row0 = 0;
   int64_t col0 = 0;
   bf16_bits* out = nullptr;  // [rows, ld_out] bf16, device

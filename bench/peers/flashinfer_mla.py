@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""FlashInfer's MLA decode/verify kernel, timed exactly as verify_attention_bench times verifyd.
+
+A same-run peer for bench/verify_attention_bench.cc: the same 16 reference shapes (B requests,
+H heads on one rank, q query rows per request, ctx context tokens), the same inputs (bf16
+latent cache 512 + 64, each request's pages scattered at random over a pool), and the same
+timing method:
+  - input sets rotated so that their KV spans >= --rotate-bytes (L2 never holds it): sets =
+    clamp(ceil(rotate_bytes / (B * (ctx + q) * 576 * 2)), 2, 64), as verifyd's bench;
+  - one CUDA graph runs every input set once; per-call time = graph time / sets; the median
+    of --iters graph replays after --warmup.
+FlashInfer (BatchMLAPagedAttentionWrapper, backend fa3 on sm_90) supports only a causal
+chain (no tree mask): q rows per request are a chain, which is what verifyd's bench runs
+too. It is timed at page size 1 (what page-size-1 verify needs) and at each of --page-sizes
+(its own best is reported separately).
+
+FlashInfer is a PyPI package (flashinfer-python); its sdist JIT-compiles on the GPU machine.
+Writes JSON (--json) in the schema of verify_attention_bench ("impl": "flashinfer"), prints a
+table. A program, not a test: it asserts nothing about speed.
+"""
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+
+import torch
+
+SHAPES = [  # B, H, q, ctx: the 16 reference shapes (docs/PERF.md)
+    (1, 8, 16, 4096), (1, 8, 16, 16384), (1, 8, 16, 65536), (1, 8, 16, 185000),
+    (1, 16, 16, 65536), (1, 16, 16, 185000), (8, 16, 16, 16384), (8, 16, 16, 65536),
+    (1, 16, 64, 65536), (32, 16, 16, 8192),
+    (1, 8, 1, 65536), (1, 8, 1, 185000), (1, 16, 1, 185000), (8, 16, 1, 65536),
+    (32, 16, 1, 16384), (64, 128, 1, 4096),
+]
+QK, CKV, KPE = 576, 512, 64
+
+
+def parse_shapes(text):
+    out = []
+    for item in filter(None, text.split(",")):
+        f = item.split(":")
+        if len(f) != 4:
+            sys.exit(f"--shapes: '{item}' is not B:H:q:ctx")
+        out.append(tuple(int(x) for x in f))
+    return out
+
+
+def num_sets(B, q, ctx, rotate_bytes):
+    set_bytes = B * (ctx + q) * QK * 2
+    return int(min(max(-(-rotate_bytes // set_bytes), 2), 64))
+
+
+def time_shape(flashinfer, B, H, q, ctx, page, args, dev):
+    """Median per-call ms of the graph-timed run, and the eager median, for one page size."""
+    L = ctx + q                              # keys per request: context + its own q rows
+    pages_per_req = -(-L // page)
+    sets = num_sets(B, q, ctx, args.rotate_bytes)
+    total_pages = B * pages_per_req * sets
+    g = torch.Generator(device=dev).manual_seed(12345)
+    ckv = torch.empty(total_pages, page, CKV, dtype=torch.bfloat16, device=dev)
+    kpe = torch.empty(total_pages, page, KPE, dtype=torch.bfloat16, device=dev)
+    ckv.uniform_(-1, 1, generator=g)
+    kpe.uniform_(-1, 1, generator=g)
+    perm = torch.randperm(total_pages, device=dev, generator=g).int()
+    rows = B * q
+    float_ws = torch.empty(args.workspace_mb << 20, dtype=torch.int8, device=dev)
+    wrappers, qs, outs = [], [], []
+    qo_indptr = torch.arange(0, B + 1, dtype=torch.int32, device=dev) * q
+    kv_indptr = torch.arange(0, B + 1, dtype=torch.int32, device=dev) * pages_per_req
+    kv_len = torch.full((B,), L, dtype=torch.int32, device=dev)
+    for s in range(sets):
+        idx = perm[s * B * pages_per_req:(s + 1) * B * pages_per_req].contiguous()
+        w = flashinfer.mla.BatchMLAPagedAttentionWrapper(
+            float_ws, use_cuda_graph=True, qo_indptr=torch.empty_like(qo_indptr),
+            kv_indptr=torch.empty_like(kv_indptr), kv_indices=torch.empty_like(idx),
+            kv_len_arr=torch.empty_like(kv_len), backend=args.backend)
+        w.plan(qo_indptr, kv_indptr, idx, kv_len, H, CKV, KPE, page, True,
+               1.0 / math.sqrt(192.0), torch.bfloat16, torch.bfloat16)
+        qn = torch.empty(rows, H, CKV, dtype=torch.bfloat16, device=dev).uniform_(-2, 2, generator=g)
+        qp = torch.empty(rows, H, KPE, dtype=torch.bfloat16, device=dev).uniform_(-2, 2, generator=g)
+        wrappers.append(w)
+        qs.append((qn, qp))
+        outs.append(torch.empty(rows, H, CKV, dtype=torch.bfloat16, device=dev))
+
+    def run_all():
+        for w, (qn, qp), o in zip(wrappers, qs, outs):
+            w.run(qn, qp, ckv, kpe, out=o)
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):                     # warm-up outside capture (JIT, lazy init)
+            run_all()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        run_all()
+    for _ in range(args.warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(args.iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / sets)
+    eager = []
+    for i in range(args.iters):
+        w, (qn, qp), o = wrappers[i % sets], qs[i % sets], outs[i % sets]
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        w.run(qn, qp, ckv, kpe, out=o)
+        b.record()
+        b.synchronize()
+        eager.append(a.elapsed_time(b))
+    del graph, wrappers, qs, outs, ckv, kpe, float_ws
+    torch.cuda.empty_cache()
+    return statistics.median(times), statistics.median(eager), sets
+
+
+def sanity_check(flashinfer, args, dev):
+    """FlashInfer vs a float32 torch computation on a small chain shape (each page size):
+    the relative L2 error of the output, so the timed calls are known to compute MLA."""
+    B, H, q, ctx = 2, 8, 4, 300
+    L = ctx + q
+    g = torch.Generator(device=dev).manual_seed(7)
+    errs = {}
+    for page in sorted({1, *(int(p) for p in args.page_sizes.split(",") if p)}):
+        per = -(-L // page)
+        ckv = torch.empty(B * per + 3, page, CKV, device=dev).uniform_(-1, 1, generator=g).bfloat16()
+        kpe = torch.empty(B * per + 3, page, KPE, device=dev).uniform_(-1, 1, generator=g).bfloat16()
+        idx = torch.randperm(B * per + 3, device=dev, generator=g)[:B * per].int()
+        qn = torch.empty(B * q, H, CKV, device=dev).uniform_(-2, 2, generator=g).bfloat16()
+        qp = torch.empty(B * q, H, KPE, device=dev).uniform_(-2, 2, generator=g).bfloat16()
+        scale = 1.0 / math.sqrt(192.0)
+        w = flashinfer.mla.BatchMLAPagedAttentionWrapper(
+            torch.empty(64 << 20, dtype=torch.int8, device=dev), backend=args.backend)
+        w.plan(torch.arange(0, B + 1, dtype=torch.int32, device=dev) * q,
+               torch.arange(0, B + 1, dtype=torch.int32, device=dev) * per, idx,
+               torch.full((B,), L, dtype=torch.int32, device=dev), H, CKV, KPE, page, True,
+               scale, torch.bfloat16, torch.bfloat16)
+        out = w.run(qn, qp, ckv, kpe).float()
+        num = den = 0.0
+        for b in range(B):
+            pages = idx[b * per:(b + 1) * per].long()
+            k_c = ckv[pages].reshape(-1, CKV)[:L].float()
+            k_p = kpe[pages].reshape(-1, KPE)[:L].float()
+            qb_n = qn[b * q:(b + 1) * q].float()
+            qb_p = qp[b * q:(b + 1) * q].float()
+            s = (torch.einsum("thd,kd->thk", qb_n, k_c) +
+                 torch.einsum("thd,kd->thk", qb_p, k_p)) * scale
+            t = torch.arange(q, device=dev)[:, None, None]
+            k = torch.arange(L, device=dev)[None, None, :]
+            s = s.masked_fill(k > ctx + t, float("-inf"))      # causal chain
+            ref = torch.einsum("thk,kd->thd", torch.softmax(s, -1), k_c)
+            num += float(((out[b * q:(b + 1) * q] - ref) ** 2).sum())
+            den += float((ref ** 2).sum())
+        errs[str(page)] = math.sqrt(num / den)
+    return errs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", default="flashinfer_mla.json")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--rotate-bytes", type=int, default=512 << 20)
+    ap.add_argument("--page-sizes", default="1,16,64",
+                    help="page sizes to time; page size 1 is always included")
+    ap.add_argument("--backend", default="fa3")
+    ap.add_argument("--workspace-mb", type=int, default=256)
+    ap.add_argument("--shapes", default="", help="B:H:q:ctx[,...] instead of the 16 shapes")
+    ap.add_argument("--commit", default="unknown", help="verifyd commit of the same run")
+    ap.add_argument("--copy-gbps", type=float, default=4242.0)
+    ap.add_argument("--mma-tflops", type=float, default=790.0)
+    args = ap.parse_args()
+    import flashinfer  # noqa: E402  (JIT-compiles its MLA module on first use)
+
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    pages = sorted({1, *(int(p) for p in args.page_sizes.split(",") if p)})
+    shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
+    sanity = sanity_check(flashinfer, args, dev)
+    print("sanity: FlashInfer vs float32 torch, rel L2 by page size:", sanity, flush=True)
+    if any(e > 2e-2 for e in sanity.values()):
+        sys.exit("flashinfer_mla: the sanity check failed: not timing it")
+    results = []
+    print(f"{'B':>3} {'H':>4} {'q':>3} {'ctx':>7} " +
+          " ".join(f"{'p' + str(p) + ' ms':>10}" for p in pages) + f" {'best':>6}")
+    for B, H, q, ctx in shapes:
+        row = {"B": B, "H": H, "q": q, "ctx": ctx, "mask": "causal-chain", "by_page_size": {}}
+        for p in pages:
+            ms, eager_ms, sets = time_shape(flashinfer, B, H, q, ctx, p, args, dev)
+            row["by_page_size"][str(p)] = {"ms": ms, "eager_ms": eager_ms, "sets": sets}
+        best = min(pages, key=lambda p: row["by_page_size"][str(p)]["ms"])
+        row.update(page_size=1, ms=row["by_page_size"]["1"]["ms"],
+                   eager_ms=row["by_page_size"]["1"]["eager_ms"],
+                   sets=row["by_page_size"]["1"]["sets"], best_page_size=best,
+                   best_ms=row["by_page_size"][str(best)]["ms"])
+        kv_bytes = B * (ctx + q) * QK * 2
+        flops = 2.0 * B * q * H * (ctx + q) * (QK + CKV)
+        row["mem_floor_ms"] = kv_bytes / (args.copy_gbps * 1e9) * 1e3
+        row["compute_floor_ms"] = flops / (args.mma_tflops * 1e12) * 1e3
+        results.append(row)
+        print(f"{B:>3} {H:>4} {q:>3} {ctx:>7} " +
+              " ".join(f"{row['by_page_size'][str(p)]['ms']:>10.4f}" for p in pages) +
+              f" {best:>6}", flush=True)
+    drv = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else None
+    meta = {
+        "commit": args.commit,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": props.name, "cc": f"{props.major}.{props.minor}",
+        "num_sms": props.multi_processor_count, "driver_version": drv,
+        "runtime_version": torch.version.cuda, "torch": torch.__version__,
+        "flashinfer": getattr(flashinfer, "__version__", "unknown"), "backend": args.backend,
+        "timing": "inputs rotated over >= rotate_bytes of KV; one CUDA graph runs every input "
+                  "set once; per-call = graph time / sets; median of iters replays",
+        "rotate_bytes": args.rotate_bytes, "iters": args.iters, "warmup": args.warmup,
+        "copy_gbps": args.copy_gbps, "mma_tflops": args.mma_tflops,
+        "sanity_rel_l2_by_page_size": sanity,
+    }
+    with open(args.json, "w") as f:
+        json.dump({"bench": "verify_attention", "impl": "flashinfer", "meta": meta,
+                   "results": results}, f, indent=1)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Generates the benchmark tables of docs/PERF.md from the raw JSON under bench/results/.
+
+Every table in docs/PERF.md that quotes a benchmark sits between two markers
+
+    <!-- perf_report: NAME -->
+    ...generated...
+    <!-- /perf_report: NAME -->
+
+and NAME is a table of bench/results/tables.json, which names the JSON files of one GPU run
+(verifyd's bench, the same-run peers, an optional labelled reference). This script rewrites
+those blocks (default) or checks that they match (--check, run by CTest on every CI build), so
+prose and numbers cannot drift apart: to change a number, add a run's JSON and regenerate.
+
+Table kinds:
+  verify_attention  verifyd (bench/verify_attention_bench --json) against FlashInfer
+                    (bench/peers/flashinfer_mla.py --json) of the SAME run, plus an optional
+                    reference column (e.g. FlashMLA, measured elsewhere, labelled as such).
+  engine            the CUDA engine step (bench/engine/engine_bench --json).
+Only the Python standard library: runs on the CI machine.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load(rel):
+    with open(os.path.join(ROOT, rel)) as f:
+        return json.load(f)
+
+
+def key(r):
+    return (r["B"], r["H"], r["q"], r["ctx"])
+
+
+def fmt_ms(x):
+    return "–" if x is None else f"{x:.4f}"
+
+
+def fmt_ratio(x):
+    return "–" if x is None else f"{x:.2f}x"
+
+
+def pct(floor_ms, ms):
+    return "–" if not ms else f"{100.0 * floor_ms / ms:.0f} %"
+
+
+def geomean(xs):
+    xs = [x for x in xs if x]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def meta_line(name, d, path):
+    m = d.get("meta", {})
+    parts = [f"**{name}**: `{path}`", m.get("device", "?"), m.get("date", "?"),
+             f"commit `{m.get('commit', '?')}`"]
+    if m.get("driver_version"):
+        parts.append(f"driver {m['driver_version']}")
+    if m.get("sm_clock_mhz"):
+        parts.append(f"SM clock {m['sm_clock_mhz']} MHz")
+    for k in ("flashinfer", "backend", "source"):
+        if m.get(k):
+            parts.append(f"{k} {m[k]}")
+    return "- " + ", ".join(str(p) for p in parts)
+
+
+def verify_attention_table(spec):
+    vd = load(spec["verifyd"])
+    fi = load(spec["flashinfer"]) if spec.get("flashinfer") else None
+    ref = load(spec["reference"]) if spec.get("reference") else None
+    ref_label = spec.get("reference_label", "reference")
+    fi_rows = {key(r): r for r in fi["results"]} if fi else {}
+    ref_rows = {key(r): r for r in ref["results"]} if ref else {}
+    out = []
+    head = ["B", "H", "q", "ctx", "verifyd ms (page 1, tree)"]
+    if fi:
+        head += ["FlashInfer ms (page 1)", "FlashInfer best ms (page)"]
+    if ref:
+        head += [f"{ref_label} ms"]
+    head += ["verifyd vs best same-run peer"]
+    if ref:
+        head += [f"verifyd vs {ref_label}"]
+    head += ["verifyd % of floor", "best same-run peer % of floor"]
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "---|" * len(head))
+    ratios, ref_ratios, ahead, ahead_ref = [], [], 0, 0
+    for r in vd["results"]:
+        k = key(r)
+        floor = max(r["mem_floor_ms"], r["compute_floor_ms"])
+        cells = [str(r["B"]), str(r["H"]), str(r["q"]), f"{r['ctx']:,}", fmt_ms(r["ms"])]
+        peer_ms = None
+        if fi:
+            f = fi_rows.get(k)
+            if f:
+                peer_ms = min(f["ms"], f.get("best_ms", f["ms"]))
+                cells += [fmt_ms(f["ms"]), f"{fmt_ms(f.get('best_ms'))} ({f.get('best_page_size')})"]
+            else:
+                cells += ["–", "–"]
+        if ref:
+            x = ref_rows.get(k)
+            cells.append(fmt_ms(x["ms"]) if x else "–")
+        ratio = peer_ms / r["ms"] if peer_ms else None
+        if ratio:
+            ratios.append(ratio)
+            ahead += ratio >= 1.0
+        cells.append(fmt_ratio(ratio))
+        if ref:
+            x = ref_rows.get(k)
+            rr = x["ms"] / r["ms"] if x else None
+            if rr:
+                ref_ratios.append(rr)
+                ahead_ref += rr >= 1.0
+            cells.append(fmt_ratio(rr))
+        cells += [pct(floor, r["ms"]), pct(floor, peer_ms)]
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    if ratios:
+        out.append(f"verifyd is at or ahead of the faster same-run peer on {ahead} of "
+                   f"{len(ratios)} shapes (geomean {fmt_ratio(geomean(ratios))}).")
+    if ref_ratios:
+        out.append(f"Against the {ref_label} column: at or ahead on {ahead_ref} of "
+                   f"{len(ref_ratios)} shapes (geomean {fmt_ratio(geomean(ref_ratios))}).")
+    out.append("")
+    out.append("Sources (raw JSON):")
+    out.append(meta_line("verifyd", vd, spec["verifyd"]))
+    if fi:
+        out.append(meta_line("FlashInfer (same run)", fi, spec["flashinfer"]))
+    if ref:
+        out.append(meta_line(ref_label, ref, spec["reference"]))
+    m = vd.get("meta", {})
+    if m.get("timing"):
+        out.append(f"- timing: {m['timing']}")
+    if m.get("copy_gbps"):
+        out.append(f"- floors: memory = ctx x 1152 B / {m['copy_gbps']:.0f} GB/s, compute = "
+                   f"ctx x q x H x 1088 x 2 FLOP / {m.get('mma_tflops', 790):.0f} TFLOP/s; "
+                   "% of floor = larger floor / time")
+    return "\n".join(out)
+
+
+def engine_table(spec):
+    d = load(spec["engine"])
+    out = []
+    head = ["context", "nodes", "batch", "step ms", "tokens/s", "GPU ms", "attention ms",
+            "GEMM ms", "comm ms", "other ms", "host ms", "in-engine / standalone attention"]
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "---|" * len(head))
+    for r in d["rows"]:
+        per_layer = r.get("attention_per_layer_us")
+        alone = r.get("standalone_kernel_us")
+        ratio = per_layer / alone if per_layer and alone else None
+        out.append("| " + " | ".join([
+            f"{r['context']:,}", str(r["nodes"]), str(r["batch"]), f"{r['step_ms']:.2f}",
+            f"{r['tokens_per_s']:.0f}", f"{r['gpu_ms']:.2f}", f"{r['attention_ms']:.2f}",
+            f"{r['gemm_ms']:.2f}", f"{r['comm_ms']:.2f}", f"{r['other_ms']:.2f}",
+            f"{r['host_ms']:.2f}", fmt_ratio(ratio)]) + " |")
+    out.append("")
+    m = d.get("meta", {})
+    out.append(f"Model `{d.get('model')}`, {d.get('layers')} layers, TP {d.get('tp', 1)}. "
+               "Source (raw JSON):")
+    out.append(meta_line("engine_bench", d, spec["engine"]))
+    return "\n".join(out)
+
+
+KINDS = {"verify_attention": verify_attention_table, "engine": engine_table}
+
+
+def render(name, spec):
+    return KINDS[spec["kind"]](spec)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="fail if docs/PERF.md is stale")
+    ap.add_argument("--tables", default="bench/results/tables.json")
+    ap.add_argument("--doc", default="docs/PERF.md")
+    args = ap.parse_args()
+    tables = load(args.tables)["tables"]
+    doc_path = os.path.join(ROOT, args.doc)
+    with open(doc_path) as f:
+        doc = f.read()
+    new = doc
+    for name, spec in tables.items():
+        pat = re.compile(r"(<!-- perf_report: %s -->\n)(.*?)(<!-- /perf_report: %s -->)"
+                         % (re.escape(name), re.escape(name)), re.S)
+        if not pat.search(new):
+            sys.exit(f"perf_report: {args.doc} has no block for table '{name}'")
+        body = render(name, spec)
+        new = pat.sub(lambda m: m.group(1) + body + "\n" + m.group(3), new)
+    for name in re.findall(r"<!-- perf_report: ([\w.-]+) -->", new):
+        if name not in tables:
+            sys.exit(f"perf_report: {args.doc} names table '{name}', which {args.tables} lacks")
+    if args.check:
+        if new != doc:
+            sys.exit(f"perf_report: {args.doc} is stale: run bench/perf_report.py")
+        print(f"perf_report: {len(tables)} tables of {args.doc} match their JSON")
+        return
+    if new != doc:
+        with open(doc_path, "w") as f:
+            f.write(new)
+    print(f"perf_report: wrote {len(tables)} tables into {args.doc}")
+
+
+if __name__ == "__main__":
+    main()

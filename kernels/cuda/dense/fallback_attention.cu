@@ -1,0 +1,124 @@
+// The fallback verify attention (see fallback_attention.h).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dense/fallback_attention.h"
+
+namespace verifyd::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kMaxQk = 1024;
+constexpr int kMaxVPerLane = 16;  // v_dim <= 512
+
+// One CTA per (row, head). Warp w handles keys w, w + kWarps, ...: the 32 lanes split the
+// dot product over qk_dim and the value columns (lane owns columns lane + 32 i); each warp
+// keeps its own running max / sum / accumulator, merged at the end (log-sum-exp merge).
+__global__ void __launch_bounds__(kWarps * 32) FallbackAttentionKernel(
+    const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ kv,
+    const int32_t* __restrict__ q_indptr, const int32_t* __restrict__ kv_indptr,
+    const int32_t* __restrict__ kv_indices, const uint64_t* __restrict__ mask, int mask_words,
+    int batch, int heads, int qk_dim, int v_dim, float scale, __nv_bfloat16* __restrict__ out) {
+  __shared__ float qs[kMaxQk];
+  __shared__ float wm[kWarps], wl[kWarps];
+  __shared__ float wacc[kWarps][kMaxVPerLane * 32];
+  const int r = blockIdx.x, h = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Request of row r: the last b with q_indptr[b] <= r.
+  int lo = 0, hi = batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (q_indptr[mid] <= r)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int b = lo;
+  const int n = q_indptr[b + 1] - q_indptr[b];
+  const int kv0 = kv_indptr[b], L = kv_indptr[b + 1] - kv0, P = L - n;
+  const __nv_bfloat16* qr = q + (static_cast<int64_t>(r) * heads + h) * qk_dim;
+  for (int i = threadIdx.x; i < qk_dim; i += blockDim.x) qs[i] = __bfloat162float(qr[i]);
+  __syncthreads();
+  const uint64_t* mrow = mask + static_cast<int64_t>(r) * mask_words;
+  float m = -INFINITY, l = 0.f;
+  float acc[kMaxVPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxVPerLane; ++i) acc[i] = 0.f;
+  const int vper = (v_dim + 31) / 32;
+  for (int j = warp; j < L; j += kWarps) {
+    if (j >= P) {
+      const int tj = j - P;
+      if (((mrow[tj / 64] >> (tj % 64)) & 1ull) == 0) continue;
+    }
+    const __nv_bfloat16* k = kv + static_cast<int64_t>(kv_indices[kv0 + j]) * qk_dim;
+    float s = 0.f;
+    for (int i = lane; i < qk_dim; i += 32) s += qs[i] * __bfloat162float(k[i]);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    s *= scale;
+    const float m_new = fmaxf(m, s);
+    const float corr = expf(m - m_new);  // exp(-inf) = 0 on the first key
+    const float p = expf(s - m_new);
+    l = l * corr + p;
+#pragma unroll
+    for (int i = 0; i < kMaxVPerLane; ++i) {
+      if (i < vper) {
+        const int c = lane + 32 * i;
+        const float v = c < v_dim ? __bfloat162float(k[c]) : 0.f;
+        acc[i] = acc[i] * corr + p * v;
+      }
+    }
+    m = m_new;
+  }
+  if (lane == 0) {
+    wm[warp] = m;
+    wl[warp] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxVPerLane; ++i) {
+    if (i < vper) wacc[warp][lane + 32 * i] = acc[i];
+  }
+  __syncthreads();
+  float gm = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) gm = fmaxf(gm, wm[w]);
+  float gl = 0.f;
+  for (int w = 0; w < kWarps; ++w) {
+    if (wm[w] != -INFINITY) gl += wl[w] * expf(wm[w] - gm);
+  }
+  __nv_bfloat16* o = out + (static_cast<int64_t>(r) * heads + h) * v_dim;
+  for (int c = threadIdx.x; c < v_dim; c += blockDim.x) {
+    float a = 0.f;
+    for (int w = 0; w < kWarps; ++w) {
+      if (wm[w] != -INFINITY) a += wacc[w][c] * expf(wm[w] - gm);
+    }
+    o[c] = __float2bfloat16_rn(gl > 0.f ? a / gl : 0.f);  // a row that sees nothing: 0
+  }
+}
+
+}  // namespace
+
+absl::Status FallbackAttentionCuda(const FallbackAttentionParams& p) {
+  if (p.qk_dim <= 0 || p.qk_dim > kMaxQk) {
+    return absl::UnimplementedError(
+        absl::StrCat("fallback verify attention: qk_dim ", p.qk_dim, " > ", kMaxQk));
+  }
+  if (p.v_dim <= 0 || p.v_dim > 32 * kMaxVPerLane || p.v_dim > p.qk_dim) {
+    return absl::UnimplementedError(absl::StrCat("fallback verify attention: v_dim ", p.v_dim));
+  }
+  if (p.batch < 0 || p.total_rows < 0 || p.num_heads <= 0) {
+    return absl::InvalidArgumentError("fallback verify attention: bad batch/total_rows/num_heads");
+  }
+  if (p.total_rows == 0 || p.batch == 0) return absl::OkStatus();
+  dim3 grid(static_cast<unsigned>(p.total_rows), static_cast<unsigned>(p.num_heads));
+  FallbackAttentionKernel<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(p.stream)>>>(
+      static_cast<const __nv_bfloat16*>(p.q), static_cast<const __nv_bfloat16*>(p.kv), p.q_indptr,
+      p.kv_indptr, p.kv_indices, p.tree_mask, p.mask_words, p.batch, p.num_heads, p.qk_dim, p.v_dim,
+      p.softmax_scale, static_cast<__nv_bfloat16*>(p.out));
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("FallbackAttentionKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace verifyd::kernels::cuda

@@ -1,0 +1,164 @@
+// CUDA verify attention for MLA (absorbed latent, page size 1, tree-masked tail): the public
+// plan / run API around the kernel family in this directory.
+//
+// Plan once per batch, run once per layer:
+//   1. VerifyAttentionDeviceInfo::Query() reads the SM count, architecture and the opt-in
+//      shared-memory limit of the current device (once per process / device).
+//   2. PlanVerifyAttention() runs on the host from host copies of q_indptr / kv_indptr. It
+//      picks the kernel configuration (rows per CTA, keys per tile) and splits each request's
+//      keys over CTAs so the work (with a per-split overhead term) is balanced over the SMs.
+//      Requests that end up with one split are written directly; split requests write fp32
+//      partial outputs + log2-LSE into the workspace and a combine kernel merges them.
+//   3. UploadVerifyAttentionPlan() copies the plan's work lists into the fixed device
+//      workspace (one async copy on the stream; pageable source, so the plan may be dropped
+//      once it returns).
+//   4. VerifyAttentionCuda() launches the attention kernel and (when needed) the combine
+//      kernel on params.stream: no host synchronisation, no allocation, so a layer (or a
+//      whole step of layers) can be captured in a CUDA graph and replayed while the plan and
+//      workspace contents stay the same.
+//
+// The semantics are those of kernels/verify_attention.h (the reference). Supported here:
+// dtype bf16, qk_dim 576, v_dim 512, mask_words <= 2 (<= 128 tail rows per request), any
+// head count >= 1. SupportsVerifyAttentionCuda() says which case is not supported.
+//
+// Kernel configurations (VerifyKernelConfig; the planner picks one per batch, the variants
+// behind them are declared once in verify_attention/variants.h):
+//   kM16   16 folded rows per CTA, mma.sync m16n8k16: 5 stages on sm_90, 2 stages within
+//          99 KB of shared memory on sm_80 / sm_120. Tiny decode batches and non-sm_90.
+//   kS64   64 folded rows, 64-key tiles, warp-specialised wgmma "seesaw" schedule (sm_90a;
+//          docs/KERNEL_NOTES.md): kAuto's choice on sm_90 for every other batch.
+// Tested on an H200 (sm_90a); the sm_120 build compiles but has not run on a device.
+//
+// Plain C++ header (no CUDA types): includable from host code that is not compiled by nvcc.
+// The planner half (Supports, Plan, BytesFor) is plain C++ too (target
+// verifyd_verify_attention_plan, built without CUDA); Query, Allocate, Free, Upload and
+// VerifyAttentionCuda need the CUDA library (verifyd_kernels_cuda).
+// Thread-safety: the functions are reentrant; a workspace must be used by one stream at a
+// time; a plan is immutable after PlanVerifyAttention() returns.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/verify_attention.h"
+
+namespace verifyd::kernels::cuda {
+
+// What the planner needs to know about the device. A plain struct: tests fill it by hand.
+struct VerifyAttentionDeviceInfo {
+  int num_sms = 0;   // multiprocessors
+  int cc_major = 0;  // compute capability
+  int cc_minor = 0;
+  int max_smem_per_block = 0;  // opt-in dynamic shared memory limit per block (bytes)
+  int max_smem_per_sm = 0;     // shared memory per multiprocessor (bytes)
+  // Queries the current CUDA device (defined in the CUDA library).
+  static absl::StatusOr<VerifyAttentionDeviceInfo> Query();
+};
+
+// Kernel configurations (chosen by the planner; callers may force one for benchmarks).
+// Values 2..4 belonged to retired variants and are not reused.
+enum class VerifyKernelConfig : int {
+  kAuto = 0,
+  kM16 = 1,  // 16 folded rows per CTA, Q fragments in registers: the memory-bound path
+  // 64 rows, 64-key tiles, wgmma "seesaw" schedule with a cp.async producer warpgroup
+  // (sm_90a only): kAuto's many-rows choice on sm_90. docs/KERNEL_NOTES.md.
+  kS64 = 5,
+};
+
+// One CTA's work: a tile of one request's folded rows (row = node * heads + head) against a
+// range of that request's keys. 8 int32, copied verbatim to the device.
+struct VerifyWorkItem {
+  int32_t q_row0;      // q_indptr[b]: first query row of the request
+  int32_t num_nodes;   // n_b: tail rows of the request
+  int32_t kv_off;      // kv_indptr[b]
+  int32_t kv_len;      // L_b (keys = context P_b = L_b - n_b, then n_b tail keys)
+  int32_t fold_begin;  // first folded row of this tile (within the request)
+  int32_t kv_begin;    // key range [kv_begin, kv_end) within the request
+  int32_t kv_end;
+  int32_t partial_row;  // -1: write out/lse directly; else first workspace partial row
+};
+
+// Merge of the splits of one row tile of one split request. 8 int32.
+struct VerifyCombineItem {
+  int32_t out_row0;  // first global folded output row: q_indptr[b] * heads + fold_begin
+  int32_t num_rows;  // rows in this tile (<= rows per CTA)
+  int32_t num_splits;
+  int32_t partial_row0;  // split s of local row i: partial row partial_row0 + s*rows_per_cta + i
+  int32_t pad[4];
+};
+
+struct VerifyAttentionPlan {
+  VerifyKernelConfig config = VerifyKernelConfig::kM16;
+  int rows_per_cta = 16;
+  int keys_per_tile = 32;
+  int num_heads = 0;
+  int batch = 0;
+  int total_rows = 0;
+  int max_splits = 1;                      // largest number of splits of any request
+  int64_t partial_rows = 0;                // workspace partial rows used
+  std::vector<VerifyWorkItem> work;        // one per CTA of the attention kernel
+  std::vector<VerifyCombineItem> combine;  // one per split row tile
+};
+
+// Fixed device workspace: work lists + fp32 partial outputs + their log2-LSE. Allocated
+// once, reused. The planner reads only the capacities (a zero `device` is fine there).
+struct VerifyAttentionWorkspace {
+  void* device = nullptr;  // base of the device allocation
+  size_t bytes = 0;
+  int max_work_items = 0;
+  int max_combine_items = 0;
+  int64_t max_partial_rows = 0;  // each holds 512 fp32 + one fp32 LSE
+
+  // Bytes of a workspace of this capacity (plain C++).
+  static size_t BytesFor(int max_work_items, int max_combine_items, int64_t max_partial_rows);
+  // cudaMalloc's a workspace of the given capacity; Free() releases it.
+  static absl::StatusOr<VerifyAttentionWorkspace> Allocate(int max_work_items,
+                                                           int max_combine_items,
+                                                           int64_t max_partial_rows);
+  // Capacity that any batch within verifyd's limits fits (about 70 MB).
+  static absl::StatusOr<VerifyAttentionWorkspace> AllocateDefault();
+  absl::Status Free();
+};
+
+// OkStatus when the CUDA path computes this case; else UNIMPLEMENTED naming the field
+// (dtype, qk_dim, v_dim, mask_words) or the device, or INVALID_ARGUMENT for malformed scalar
+// fields.
+absl::Status SupportsVerifyAttentionCuda(const VerifyAttentionParams& params,
+                                         const VerifyAttentionDeviceInfo& device);
+
+struct VerifyPlanOptions {
+  VerifyKernelConfig config = VerifyKernelConfig::kAuto;
+  // Cost of one split in keys' worth of streaming (prologue, Q load, epilogue, combine).
+  int split_overhead_keys = 256;
+  // Upper bound on splits of one request (0: no bound other than the workspace).
+  int max_splits = 0;
+  // Shortest split in key tiles of the chosen configuration (>= 1).
+  int min_split_tiles = 2;
+};
+
+// Computes the plan from host copies of q_indptr / kv_indptr ([batch + 1] each). Checks the
+// index arrays (monotone, L_b >= n_b, n_b <= 64 * mask_words) and that the plan fits the
+// workspace capacity (splits are reduced until it does).
+absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionParams& params,
+                                                        const int32_t* host_q_indptr,
+                                                        const int32_t* host_kv_indptr,
+                                                        const VerifyAttentionDeviceInfo& device,
+                                                        const VerifyAttentionWorkspace& workspace,
+                                                        const VerifyPlanOptions& options = {});
+
+// Copies plan.work / plan.combine into the workspace on `stream` (cudaStream_t) with
+// cudaMemcpyAsync from the plan's host vectors (pageable: the copy is staged, so the plan may
+// be dropped once this returns). Not graph-capturable; run it before capture.
+absl::Status UploadVerifyAttentionPlan(const VerifyAttentionPlan& plan,
+                                       const VerifyAttentionWorkspace& workspace, void* stream);
+
+// Runs the attention (and combine) kernels for a plan made from the same batch shape.
+// Device pointers in params. Graph-capturable.
+absl::Status VerifyAttentionCuda(const VerifyAttentionParams& params,
+                                 const VerifyAttentionPlan& plan,
+                                 const VerifyAttentionWorkspace& workspace);
+
+}  // namespace verifyd::kernels::cuda

@@ -1,0 +1,179 @@
+// The CUDA half of the verify attention's host API: device query, workspace allocation, plan
+// upload, and VerifyAttentionCuda (argument checks, variant dispatch through the table in
+// variants.h, the combine launch).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/verify_attention/api.h"
+#include "kernels/cuda/verify_attention/combine.cuh"
+#include "kernels/cuda/verify_attention/kernel_args.cuh"
+#include "kernels/cuda/verify_attention/plan.h"
+#include "kernels/cuda/verify_attention/variants.h"
+#include "kernels/status.h"
+
+namespace verifyd::kernels::cuda {
+
+absl::StatusOr<VerifyAttentionDeviceInfo> VerifyAttentionDeviceInfo::Query() {
+  int dev = 0;
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  VerifyAttentionDeviceInfo info;
+  VERIFYD_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&info.num_sms, cudaDevAttrMultiProcessorCount, dev));
+  VERIFYD_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, dev));
+  VERIFYD_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, dev));
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
+      &info.max_smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
+      &info.max_smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  return info;
+}
+
+absl::StatusOr<VerifyAttentionWorkspace> VerifyAttentionWorkspace::Allocate(
+    int max_work_items, int max_combine_items, int64_t max_partial_rows) {
+  if (max_work_items < 1 || max_combine_items < 0 || max_partial_rows < 0) {
+    return absl::InvalidArgumentError("workspace: capacities must be positive");
+  }
+  VerifyAttentionWorkspace ws;
+  ws.bytes = BytesFor(max_work_items, max_combine_items, max_partial_rows);
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaMalloc(&ws.device, ws.bytes));
+  ws.max_work_items = max_work_items;
+  ws.max_combine_items = max_combine_items;
+  ws.max_partial_rows = max_partial_rows;
+  return ws;
+}
+
+absl::StatusOr<VerifyAttentionWorkspace> VerifyAttentionWorkspace::AllocateDefault() {
+  return Allocate(/*max_work_items=*/65536, /*max_combine_items=*/16384,
+                  /*max_partial_rows=*/32768);
+}
+
+absl::Status VerifyAttentionWorkspace::Free() {
+  if (device != nullptr) VERIFYD_CUDA_RETURN_IF_ERROR(cudaFree(device));
+  device = nullptr;
+  bytes = 0;
+  return absl::OkStatus();
+}
+
+absl::Status UploadVerifyAttentionPlan(const VerifyAttentionPlan& plan,
+                                       const VerifyAttentionWorkspace& ws, void* stream) {
+  if (static_cast<int64_t>(plan.work.size()) > ws.max_work_items ||
+      static_cast<int64_t>(plan.combine.size()) > ws.max_combine_items ||
+      plan.partial_rows > ws.max_partial_rows) {
+    return absl::InvalidArgumentError("verify plan: does not fit the workspace");
+  }
+  const detail::WorkspaceLayout l =
+      detail::LayoutWorkspace(ws.max_work_items, ws.max_combine_items, ws.max_partial_rows);
+  auto* base = static_cast<unsigned char*>(ws.device);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (!plan.work.empty()) {
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(base + l.work, plan.work.data(),
+                                                 plan.work.size() * sizeof(VerifyWorkItem),
+                                                 cudaMemcpyHostToDevice, s));
+  }
+  if (!plan.combine.empty()) {
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(base + l.combine, plan.combine.data(),
+                                                 plan.combine.size() * sizeof(VerifyCombineItem),
+                                                 cudaMemcpyHostToDevice, s));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAttentionPlan& plan,
+                                 const VerifyAttentionWorkspace& ws) {
+  if (p.batch != plan.batch || p.num_heads != plan.num_heads || p.total_rows != plan.total_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("verify attention: plan was made for batch ",
+                                                   plan.batch, ", heads ", plan.num_heads,
+                                                   ", rows ", plan.total_rows, "; params have ",
+                                                   p.batch, ", ", p.num_heads, ", ", p.total_rows));
+  }
+  if (p.dtype != DType::kBFloat16 || p.qk_dim != detail::kQkDim || p.v_dim != detail::kVDim ||
+      p.mask_words < 1 || p.mask_words > kMaxTailRows / 64) {
+    return absl::UnimplementedError(
+        "verify attention (CUDA): unsupported params "
+        "(see SupportsVerifyAttentionCuda)");
+  }
+  if (plan.work.empty()) return absl::OkStatus();
+  if (p.q == nullptr) return absl::InvalidArgumentError("verify attention: q is null");
+  if (p.kv == nullptr) return absl::InvalidArgumentError("verify attention: kv is null");
+  if (p.kv_indices == nullptr)
+    return absl::InvalidArgumentError("verify attention: kv_indices is null");
+  if (p.tree_mask == nullptr)
+    return absl::InvalidArgumentError("verify attention: tree_mask is null");
+  if (p.out == nullptr) return absl::InvalidArgumentError("verify attention: out is null");
+  // The kernels move q / kv rows with 16-byte copies and out rows with bulk copies (16-byte
+  // granules): rows are 1152 / 1024 bytes, so the base pointers must be 16-byte aligned.
+  for (const auto& [name, ptr] :
+       {std::pair<const char*, const void*>{"q", p.q}, {"kv", p.kv}, {"out", p.out}}) {
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("verify attention: ", name, " must be 16-byte aligned"));
+    }
+  }
+  if (ws.device == nullptr || static_cast<int64_t>(plan.work.size()) > ws.max_work_items ||
+      plan.partial_rows > ws.max_partial_rows ||
+      static_cast<int64_t>(plan.combine.size()) > ws.max_combine_items) {
+    return absl::InvalidArgumentError("verify attention: workspace too small for the plan");
+  }
+  const detail::WorkspaceLayout l =
+      detail::LayoutWorkspace(ws.max_work_items, ws.max_combine_items, ws.max_partial_rows);
+  auto* base = static_cast<unsigned char*>(ws.device);
+
+  detail::VerifyKernelArgs a{};
+  a.q = static_cast<const __nv_bfloat16*>(p.q);
+  a.kv = static_cast<const __nv_bfloat16*>(p.kv);
+  a.kv_indices = p.kv_indices;
+  a.tree_mask = p.tree_mask;
+  a.mask_words = p.mask_words;
+  a.num_heads = p.num_heads;
+  a.scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  a.out = static_cast<__nv_bfloat16*>(p.out);
+  a.lse = p.lse;
+  a.part_o = reinterpret_cast<float*>(base + l.part_o);
+  a.part_lse = reinterpret_cast<float*>(base + l.lse);
+  a.work = reinterpret_cast<const VerifyWorkItem*>(base + l.work);
+  const int grid = static_cast<int>(plan.work.size());
+
+  int dev = 0, major = 0, sms = 0;
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  VERIFYD_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  // The variant of the plan's configuration on this device's architecture (shared memory was
+  // checked by the planner).
+  const detail::VariantInfo* variant = nullptr;
+  for (const detail::VariantInfo& v : detail::kVariantTable) {
+    if (v.config == plan.config && v.runs_on(major)) {
+      variant = &v;
+      break;
+    }
+  }
+  if (variant == nullptr || variant->rows != plan.rows_per_cta ||
+      variant->keys != plan.keys_per_tile) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("verify attention: the plan (configuration ", static_cast<int>(plan.config),
+                     ") was made for another architecture than this sm_", major, "x device"));
+  }
+  VERIFYD_RETURN_IF_ERROR(detail::DispatchVariant(
+      variant->index, [&](auto v) { return decltype(v)::Launch(a, grid, p.stream); }));
+
+  if (!plan.combine.empty()) {
+    detail::VerifyCombineArgs c{};
+    c.items = reinterpret_cast<const VerifyCombineItem*>(base + l.combine);
+    c.part_o = a.part_o;
+    c.part_lse = a.part_lse;
+    c.out = a.out;
+    c.lse = p.lse;
+    c.rows_per_cta = plan.rows_per_cta;
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    VERIFYD_RETURN_IF_ERROR(detail::LaunchCombine(c, static_cast<int>(plan.combine.size()), sms,
+                                                  /*dependent_launch=*/major >= 9, p.stream));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace verifyd::kernels::cuda

@@ -1,0 +1,334 @@
+// The host half of the CUDA verify attention: Supports, variant resolution and the kAuto
+// rule (from the table in variants.h), the split planner and the workspace layout. Plain
+// C++: built and tested without CUDA.
+#include "kernels/cuda/verify_attention/plan.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <queue>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/status.h"
+
+namespace verifyd::kernels::cuda {
+namespace detail {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+size_t AlignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// VERIFYD_VA_KERNEL=mma: kAuto picks kM16 everywhere (what non-sm_90 devices run).
+bool AutoForcedToMma() {
+  static const bool forced = [] {
+    const char* v = std::getenv("VERIFYD_VA_KERNEL");
+    return v != nullptr && std::strcmp(v, "mma") == 0;
+  }();
+  return forced;
+}
+
+bool Fits(const VariantInfo& v, const VerifyAttentionDeviceInfo& device) {
+  return static_cast<int64_t>(v.smem_bytes) <= device.max_smem_per_block;
+}
+
+// Makespan (in key units) of items with these costs when handed out in order to `slots`
+// identical workers, each taking the next item when free (how CTAs are dispatched).
+double Makespan(const std::vector<double>& costs, int slots) {
+  std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
+  for (int i = 0; i < slots; ++i) free_at.push(0.0);
+  double end = 0.0;
+  for (double c : costs) {
+    const double t = free_at.top() + c;
+    free_at.pop();
+    free_at.push(t);
+    end = std::max(end, t);
+  }
+  return end;
+}
+
+}  // namespace
+
+absl::StatusOr<VariantInfo> ResolveVariant(VerifyKernelConfig config,
+                                           const VerifyAttentionDeviceInfo& device) {
+  std::string wanted;
+  const char* name = nullptr;
+  for (const VariantInfo& v : kVariantTable) {
+    if (v.config != config) continue;
+    if (name == nullptr) name = v.name;
+    if (v.runs_on(device.cc_major)) {
+      if (!Fits(v, device)) {
+        return absl::UnimplementedError(absl::StrCat(
+            "verify attention: the ", v.name, " configuration needs ", v.smem_bytes,
+            " bytes of shared memory per block; the device allows ", device.max_smem_per_block));
+      }
+      return v;
+    }
+    absl::StrAppend(&wanted, wanted.empty() ? "" : " or ", v.arch);
+  }
+  if (name == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("verify attention: no kernel configuration ", static_cast<int>(config)));
+  }
+  return absl::UnimplementedError(absl::StrCat("verify attention: the ", name,
+                                               " configuration needs ", wanted, ", got sm_",
+                                               device.cc_major, device.cc_minor));
+}
+
+absl::StatusOr<VariantInfo> AutoVariant(const VerifyAttentionDeviceInfo& device,
+                                        int64_t max_folded_rows_per_request, int64_t total_keys) {
+  const bool tiny = IsTinyDecodeBatch(max_folded_rows_per_request, total_keys);
+  for (const VariantInfo& v : kVariantTable) {
+    if (AutoForcedToMma() && v.config != VerifyKernelConfig::kM16) continue;
+    if (!v.runs_on(device.cc_major) || !Fits(v, device)) continue;
+    if (v.auto_use == AutoUse::kNotTinyDecode && tiny) continue;
+    return v;
+  }
+  // Nothing runs here: the error of the portable configuration names the reason.
+  return ResolveVariant(VerifyKernelConfig::kM16, device);
+}
+
+WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items,
+                                int64_t max_partial_rows) {
+  WorkspaceLayout l;
+  l.work = 0;
+  l.combine = AlignUp(l.work + sizeof(VerifyWorkItem) * max_work_items, 256);
+  l.lse = AlignUp(l.combine + sizeof(VerifyCombineItem) * max_combine_items, 256);
+  l.part_o = AlignUp(l.lse + sizeof(float) * max_partial_rows, 256);
+  l.total = AlignUp(l.part_o + sizeof(float) * kVDim * max_partial_rows, 256);
+  return l;
+}
+
+}  // namespace detail
+
+size_t VerifyAttentionWorkspace::BytesFor(int max_work_items, int max_combine_items,
+                                          int64_t max_partial_rows) {
+  return detail::LayoutWorkspace(max_work_items, max_combine_items, max_partial_rows).total;
+}
+
+absl::Status SupportsVerifyAttentionCuda(const VerifyAttentionParams& p,
+                                         const VerifyAttentionDeviceInfo& device) {
+  if (p.batch < 0) return absl::InvalidArgumentError("verify attention: batch < 0");
+  if (p.total_rows < 0) return absl::InvalidArgumentError("verify attention: total_rows < 0");
+  if (p.num_heads < 1) return absl::InvalidArgumentError("verify attention: num_heads < 1");
+  if (p.dtype != DType::kBFloat16) {
+    return absl::UnimplementedError(absl::StrCat("verify attention (CUDA): dtype ",
+                                                 std::string(DTypeName(p.dtype)),
+                                                 " unsupported (bfloat16 only)"));
+  }
+  if (p.qk_dim != detail::kQkDim) {
+    return absl::UnimplementedError(
+        absl::StrCat("verify attention (CUDA): qk_dim ", p.qk_dim, " unsupported (576 only)"));
+  }
+  if (p.v_dim != detail::kVDim) {
+    return absl::UnimplementedError(
+        absl::StrCat("verify attention (CUDA): v_dim ", p.v_dim, " unsupported (512 only)"));
+  }
+  if (p.mask_words < 1 || p.mask_words > kMaxTailRows / 64) {
+    return absl::UnimplementedError(absl::StrCat("verify attention (CUDA): mask_words ",
+                                                 p.mask_words, " unsupported (1..",
+                                                 kMaxTailRows / 64, ")"));
+  }
+  if (device.cc_major < 8) {
+    return absl::UnimplementedError(
+        absl::StrCat("verify attention (CUDA): needs sm_80 or newer, device is sm_",
+                     device.cc_major, device.cc_minor));
+  }
+  // Every supported device runs the 16-row configuration.
+  return detail::ResolveVariant(VerifyKernelConfig::kM16, device).status();
+}
+
+absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionParams& params,
+                                                        const int32_t* hq, const int32_t* hkv,
+                                                        const VerifyAttentionDeviceInfo& device,
+                                                        const VerifyAttentionWorkspace& ws,
+                                                        const VerifyPlanOptions& options) {
+  VERIFYD_RETURN_IF_ERROR(SupportsVerifyAttentionCuda(params, device));
+  const int B = params.batch;
+  const int H = params.num_heads;
+  if (B > 0 && (hq == nullptr || hkv == nullptr)) {
+    return absl::InvalidArgumentError("verify plan: q_indptr / kv_indptr host copies are null");
+  }
+  std::vector<int> n(B), L(B);
+  int max_rows = 0;
+  if (B > 0 && (hq[0] != 0 || hkv[0] != 0)) {
+    return absl::InvalidArgumentError("verify plan: q_indptr[0] and kv_indptr[0] must be 0");
+  }
+  for (int b = 0; b < B; ++b) {
+    n[b] = hq[b + 1] - hq[b];
+    L[b] = hkv[b + 1] - hkv[b];
+    if (n[b] < 0) return absl::InvalidArgumentError(absl::StrCat("q_indptr decreases at ", b));
+    if (L[b] < n[b]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv_indptr: request ", b, " has ", L[b], " slots < ", n[b], " rows"));
+    }
+    if (n[b] > 64 * params.mask_words) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("q_indptr: request ", b, " has ", n[b], " rows > 64 * mask_words"));
+    }
+    max_rows = std::max<int64_t>(max_rows, static_cast<int64_t>(n[b]) * H);
+  }
+  if (B > 0 && hq[B] != params.total_rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("q_indptr[batch] = ", hq[B], " != total_rows ", params.total_rows));
+  }
+
+  int64_t total_keys = 0;
+  for (int b = 0; b < B; ++b) total_keys += L[b];
+  VERIFYD_ASSIGN_OR_RETURN(const detail::VariantInfo variant,
+                           options.config == VerifyKernelConfig::kAuto
+                               ? detail::AutoVariant(device, max_rows, total_keys)
+                               : detail::ResolveVariant(options.config, device));
+  const int BM = variant.rows;
+  const int BN = variant.keys;
+
+  VerifyAttentionPlan plan;
+  plan.config = variant.config;
+  plan.rows_per_cta = BM;
+  plan.keys_per_tile = BN;
+  plan.num_heads = H;
+  plan.batch = B;
+  plan.total_rows = params.total_rows;
+
+  // One CTA resident per SM for every variant (> 96 KB of shared memory, registers capped
+  // for one block).
+  const int slots = std::max(1, device.num_sms);
+  const double ov = options.split_overhead_keys;
+
+  std::vector<int> tiles(B);
+  double total_cost = 0.0;
+  for (int b = 0; b < B; ++b) {
+    tiles[b] = static_cast<int>(detail::CeilDiv(static_cast<int64_t>(n[b]) * H, BM));
+    total_cost += tiles[b] * (L[b] + ov);
+  }
+  if (total_cost == 0.0) return plan;
+
+  // Candidate split lengths: the keys one slot would stream if the work filled 1, 2, 3, ...
+  // waves exactly (the makespan below adds the per-split overhead), plus no split at all.
+  double total_tile_keys = 0.0;
+  for (int b = 0; b < B; ++b) total_tile_keys += static_cast<double>(tiles[b]) * L[b];
+  const int64_t min_split = static_cast<int64_t>(std::max(1, options.min_split_tiles)) * BN;
+  std::vector<int64_t> candidates = {std::numeric_limits<int32_t>::max()};
+  for (double waves : {0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0}) {
+    const double target = total_tile_keys / (waves * slots);
+    candidates.push_back(
+        std::max<int64_t>(min_split, detail::CeilDiv(static_cast<int64_t>(target), BN) * BN));
+  }
+  // When there are fewer row tiles than CTA slots, how many ways the longest request is
+  // split decides how many SMs work: also try every split count of it up to two waves
+  // (the wave targets above can miss the one that fills the SMs, e.g. 16 row tiles x 8
+  // splits = 128 CTAs where they gave 7 x 16 = 112).
+  int64_t all_tiles = 0;
+  int max_len = 0;
+  for (int b = 0; b < B; ++b) {
+    all_tiles += tiles[b];
+    max_len = std::max(max_len, L[b]);
+  }
+  if (all_tiles < slots) {
+    const int64_t max_s = std::min<int64_t>(2 * slots / std::max<int64_t>(1, all_tiles) + 1,
+                                            detail::CeilDiv(max_len, BN));
+    for (int64_t s = 2; s <= max_s; ++s) {
+      candidates.push_back(
+          std::max<int64_t>(min_split, detail::CeilDiv(detail::CeilDiv(max_len, s), BN) * BN));
+    }
+  }
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<int> best_splits;
+  std::vector<int> splits(B);
+  std::vector<double> costs;
+  for (int64_t chunk : candidates) {
+    int64_t items = 0, partial = 0, combine = 0;
+    costs.clear();
+    for (int b = 0; b < B; ++b) {
+      if (tiles[b] == 0) {
+        splits[b] = 0;
+        continue;
+      }
+      int64_t s = std::max<int64_t>(1, detail::CeilDiv(L[b], chunk));
+      s = std::min<int64_t>(s, detail::CeilDiv(L[b], BN));
+      if (options.max_splits > 0) s = std::min<int64_t>(s, options.max_splits);
+      s = std::min<int64_t>(s, detail::kMaxCombineSplits);
+      const int64_t len = detail::CeilDiv(detail::CeilDiv(L[b], s), BN) * BN;
+      s = detail::CeilDiv(L[b], len);
+      splits[b] = static_cast<int>(s);
+      items += s * tiles[b];
+      if (s > 1) {
+        partial += s * tiles[b] * BM;
+        combine += tiles[b];
+      }
+      for (int64_t i = 0; i < s; ++i) {
+        const double c = std::min<int64_t>(len, L[b] - i * len) + ov;
+        for (int t = 0; t < tiles[b]; ++t) costs.push_back(c);
+      }
+    }
+    if (items > ws.max_work_items || partial > ws.max_partial_rows ||
+        combine > ws.max_combine_items) {
+      continue;
+    }
+    std::stable_sort(costs.begin(), costs.end(), std::greater<double>());
+    const double m = detail::Makespan(costs, slots) * (1.0 + 1e-6 * static_cast<double>(items));
+    if (m < best) {
+      best = m;
+      best_splits = splits;
+    }
+  }
+  if (best_splits.empty()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("verify plan: batch needs more than the workspace holds (", ws.max_work_items,
+                     " work items, ", ws.max_partial_rows, " partial rows)"));
+  }
+
+  // Work list: per request, split, row tile; then longest first (stable: the row tiles of
+  // one key range stay adjacent, so they run together and share the KV tile in L2).
+  int64_t partial_cursor = 0;
+  struct Keyed {
+    int32_t len;
+    VerifyWorkItem item;
+  };
+  std::vector<Keyed> keyed;
+  for (int b = 0; b < B; ++b) {
+    const int s = best_splits[b];
+    if (s == 0) continue;
+    const int64_t len = detail::CeilDiv(detail::CeilDiv(L[b], s), BN) * BN;
+    plan.max_splits = std::max(plan.max_splits, s);
+    for (int t = 0; t < tiles[b]; ++t) {
+      int32_t prow = -1;
+      if (s > 1) {
+        prow = static_cast<int32_t>(partial_cursor);
+        VerifyCombineItem ci{};
+        ci.out_row0 = hq[b] * H + t * BM;
+        ci.num_rows =
+            static_cast<int32_t>(std::min<int64_t>(BM, static_cast<int64_t>(n[b]) * H - t * BM));
+        ci.num_splits = s;
+        ci.partial_row0 = prow;
+        plan.combine.push_back(ci);
+        partial_cursor += static_cast<int64_t>(s) * BM;
+      }
+      for (int i = 0; i < s; ++i) {
+        VerifyWorkItem w{};
+        w.q_row0 = hq[b];
+        w.num_nodes = n[b];
+        w.kv_off = hkv[b];
+        w.kv_len = L[b];
+        w.fold_begin = t * BM;
+        w.kv_begin = static_cast<int32_t>(i * len);
+        w.kv_end = static_cast<int32_t>(std::min<int64_t>(L[b], (i + 1) * len));
+        w.partial_row = s > 1 ? prow + i * BM : -1;
+        keyed.push_back({w.kv_end - w.kv_begin, w});
+      }
+    }
+  }
+  // Row tiles of the same key range are adjacent; sort by key count only.
+  std::stable_sort(keyed.begin(), keyed.end(),
+                   [](const Keyed& a, const Keyed& b) { return a.len > b.len; });
+  plan.work.reserve(keyed.size());
+  for (const Keyed& k : keyed) plan.work.push_back(k.item);
+  plan.partial_rows = partial_cursor;
+  return plan;
+}
+
+}  // namespace verifyd::kernels::cuda

@@ -1,0 +1,38 @@
+// Internal planner pieces of the CUDA verify attention shared by plan.cc (the planner), the
+// CUDA launcher (launch.cu) and the host-only tests: variant resolution against a device and
+// the workspace layout. Plain C++. Thread-safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/verify_attention/api.h"
+#include "kernels/cuda/verify_attention/variants.h"
+
+namespace verifyd::kernels::cuda::detail {
+
+// The variant that runs `config` (not kAuto) on `device`: the first one in the table with
+// that configuration that runs on the device's architecture. UNIMPLEMENTED naming the
+// configuration when none does or when its shared memory exceeds the device's limit.
+absl::StatusOr<VariantInfo> ResolveVariant(VerifyKernelConfig config,
+                                           const VerifyAttentionDeviceInfo& device);
+
+// kAuto: the first variant in table order that runs on the device, fits its shared memory and
+// whose AutoUse rule holds for a batch with this many folded rows in its largest request and
+// keys in all. VERIFYD_VA_KERNEL=mma (read once per process) restricts the choice to kM16.
+absl::StatusOr<VariantInfo> AutoVariant(const VerifyAttentionDeviceInfo& device,
+                                        int64_t max_folded_rows_per_request, int64_t total_keys);
+
+// Byte offsets of the workspace parts (256-byte aligned): work items, combine items, partial
+// log2-LSE [max_partial_rows] fp32, partial outputs [max_partial_rows][512] fp32.
+struct WorkspaceLayout {
+  size_t work = 0, combine = 0, lse = 0, part_o = 0, total = 0;
+};
+WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items,
+                                int64_t max_partial_rows);
+
+// Upper bound on splits of one request (the combine kernel's shared weight array).
+inline constexpr int kMaxCombineSplits = 1024;
+
+}  // namespace verifyd::kernels::cuda::detail

@@ -1,0 +1,633 @@
+// The seesaw verify attention kernel (variant SeesawS64 in variants.h; sm_90a: H100 / H200):
+// 64 folded rows per CTA, 64-key tiles, warp-specialised. kAuto's choice on sm_90 for every
+// batch but tiny decode ones. Same work items, partial-output and LSE contract as the mma.sync
+// family, so the planner, the combine kernel and the tests are shared. Design, measurements
+// and the reasoning behind the schedule: docs/KERNEL_NOTES.md. Shared memory: SeesawSmem
+// (seesaw_layout.h). Compiled for every configured architecture; the kernel has a body only
+// in the sm_90a build.
+//
+// CTA = 3 warpgroups (384 threads), one role each:
+//   SeesawProducer (WG2, setmaxnreg 24)  16-byte cp.async gathers of Q [64 x 576] and of the
+//        KV tiles [64 keys x 576] (page size 1: one row address per key, no TMA) into the
+//        2-buffer ring, in three column groups per tile (A: atoms 0-3 = columns 0..255,
+//        B: atoms 4-7, C: atom 8 = rope), each signalled with cp.async.mbarrier.arrive on
+//        full[group][buffer]. A group is refilled once its readers released it (empty_a /
+//        empty_bc): group A of buffer 0 is read only by WG0 (S0, P0 V0_L) and is released
+//        in the middle of the pair, groups B/C of buffer 0 after WG1's P0 V0_R.
+//   SeesawMathWg0 / SeesawMathWg1 (setmaxnreg 240)  the 64 x 512 fp32 output is split by
+//        columns: WG0 owns O_L = columns [0, 256), WG1 owns O_R = [256, 512) (128 fp32 per
+//        thread). Tiles come in pairs (t0 = 2p in buffer 0, t1 = 2p + 1 in buffer 1):
+//          WG0: S0 = Q K0^T (36 wgmma k-steps, n64) -> softmax against the running max m:
+//               m0 = max(m, rowmax S0), scale0 = 2^(m - m0), P0 = 2^(S0 - m0) -> P0 (bf16)
+//               and (m0, scale0) to smem -> O_L = O_L*scale0 + P0 V0_L (P0 from registers)
+//               -> wait for WG1's P1 -> O_L = O_L*scale1 + P1 V1_L (P1 from smem).
+//          WG1: S1 = Q K1^T (in parallel with WG0's S0 / softmax / PV) -> wait for P0 ->
+//               m1 = max(m0, rowmax S1), scale1 = 2^(m0 - m1), P1 = 2^(S1 - m1) -> P1 and
+//               (m1, scale1) to smem -> O_R = (O_R*scale0 + P0 V0_R)*scale1 + P1 V1_R
+//               (P0 is relative to m0, P1 to m1: the rescale sits between the products).
+//        so one warpgroup's softmax runs while the other one's wgmmas keep the tensor pipe
+//        busy, the scores never leave registers in fp32, and only bf16 P (8 KB) crosses.
+//        Each warpgroup keeps its own row-sum partial (relative to the same running max).
+//   SeesawEpilogue (both math warpgroups)  adds the row-sum partials, normalises, stages the
+//        rows in the KV ring and stores each with one bulk copy; writes the LSE.
+// Masking: only tiles that reach the request's tail keys or the end of the key range;
+// tree-mask words are read from global memory only there.
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/verify_attention/kernel_args.cuh"
+#include "kernels/cuda/verify_attention/ptx.cuh"
+#include "kernels/cuda/verify_attention/seesaw_layout.h"
+#include "kernels/cuda/verify_attention/variants.h"
+
+// The kernel body (and every device helper) exists only in the sm_90a build.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define VERIFYD_SEESAW_BODY 1
+#endif
+
+namespace verifyd::kernels::cuda::detail {
+namespace {
+#ifdef VERIFYD_SEESAW_BODY
+
+// Named barriers between the two math warpgroups (256 threads: one side arrives, the other
+// syncs). 0 is __syncthreads.
+// Reuse of P0 / m0 / scale0 and P1 / m1 / scale1 across pairs needs no barrier of its own:
+// P lives in its KV buffer (refilled only after both warpgroups arrived on "empty"), and
+// WG1 writes m1 / scale1 of pair p + 1 only after WG0's P0Ready of pair p + 1, which WG0
+// arrives after it has read m1 / scale1 of pair p (m0 / scale0: symmetric, via P1Ready and
+// the buffer-0 refill).
+enum SeesawBarrier : int {
+  kBarP0Ready = 1,   // WG0 -> WG1: P0, m0, scale0 of this pair are in smem
+  kBarP1Ready = 2,   // WG1 -> WG0: P1, m1, scale1 of this pair are in smem
+  kBarEpilogue = 3,  // both: row-sum partials exchanged
+  kBarStore = 4,     // both: output rows staged in shared memory
+};
+constexpr int kMathThreads = SeesawTraits::kMathThreads;
+
+// SeesawTraits plus the byte offsets of SeesawSmem's parts (the kernel addresses shared
+// memory as base + offset: shared-window addresses for PTX operands).
+struct Tr : SeesawTraits {
+  static constexpr int kQOff = offsetof(SeesawSmem, q);
+  static constexpr int kKvOff = offsetof(SeesawSmem, kv);
+  static constexpr int kStageBytes = kAtoms * kAtom;  // one KV buffer
+  static constexpr int kStatOff = offsetof(SeesawSmem, m0);
+  static constexpr int kBarOff = offsetof(SeesawSmem, full);
+};
+static_assert(offsetof(SeesawSmem, kv[1]) == Tr::kKvOff + Tr::kStageBytes, "KV ring");
+static_assert(offsetof(SeesawSmem, scale0) == Tr::kStatOff + 64 * 4 &&
+                  offsetof(SeesawSmem, m1) == Tr::kStatOff + 128 * 4 &&
+                  offsetof(SeesawSmem, scale1) == Tr::kStatOff + 192 * 4 &&
+                  offsetof(SeesawSmem, l) == Tr::kStatOff + 256 * 4,
+              "row statistics: s_m0 + 64 * i below");
+static_assert(offsetof(SeesawSmem, empty_a) == Tr::kBarOff + 48 &&
+                  offsetof(SeesawSmem, empty_bc) == Tr::kBarOff + 64 &&
+                  offsetof(SeesawSmem, q_full) == Tr::kBarOff + 80,
+              "mbarrier offsets used by the barrier accessors below");
+
+// Scales one 64-key score tile into the log2 domain, masks it when needed and returns the
+// row maxima (quad-reduced) of this thread's two rows. s: the wgmma m64n64 accumulator
+// (element i: row 16*wl + g + 8*((i >> 1) & 1), key (i >> 2)*8 + 2*q4 + (i & 1)).
+__device__ __forceinline__ void ScaleMaskMax(float* s, const VerifyKernelArgs& args,
+                                             const VerifyWorkItem& wi, int tile, int ctx_len, int M,
+                                             int fold_row0, int q4, float* mx) {
+  const int key0 = wi.kv_begin + tile * Tr::kKeys;  // request-local key of column 0
+  const bool masked = (key0 + Tr::kKeys > ctx_len) || (key0 + Tr::kKeys > wi.kv_end);
+  mx[0] = mx[1] = -INFINITY;
+  if (!masked) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      s[i] *= args.scale_log2;
+      mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+    }
+  } else {
+    // Tree-mask words of the two rows (rows past the request see every key; never written).
+    uint64_t w[2][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int f = fold_row0 + 8 * h;
+      w[h][0] = w[h][1] = ~0ull;
+      if (f < M) {
+        const uint64_t* mrow =
+            args.tree_mask + static_cast<int64_t>(wi.q_row0 + f / args.num_heads) * args.mask_words;
+        w[h][0] = __ldg(mrow);
+        w[h][1] = args.mask_words > 1 ? __ldg(mrow + 1) : 0ull;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int h = (i >> 1) & 1;
+      const int key = key0 + (i >> 2) * 8 + q4 * 2 + (i & 1);
+      bool vis = key < wi.kv_end;
+      if (vis && key >= ctx_len) {
+        const int t = key - ctx_len;
+        vis = (((t >> 6) ? w[h][1] : w[h][0]) >> (t & 63)) & 1ull;
+      }
+      s[i] = vis ? s[i] * args.scale_log2 : -INFINITY;
+      mx[h] = fmaxf(mx[h], s[i]);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+  }
+}
+
+// s <- 2^(s - m) (0 where m is -inf: the row has seen nothing yet); returns this thread's
+// partial sums of the two rows. m = max(running max, this tile) >= every s, so m = -inf
+// only when every s of the row is -inf: subtracting 0 then gives 2^-inf = 0 without a
+// per-element test.
+__device__ __forceinline__ void Exp2Rows(float* s, const float* m, float* sum) {
+  const float m_use[2] = {m[0] == -INFINITY ? 0.f : m[0], m[1] == -INFINITY ? 0.f : m[1]};
+  sum[0] = sum[1] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int h = (i >> 1) & 1;
+    const float p = FastExp2(s[i] - m_use[h]);
+    s[i] = p;
+    sum[h] += p;
+  }
+}
+
+// The running-max update factor 2^(m_old - m_new) (1 while both are -inf).
+__device__ __forceinline__ float RescaleFactor(float m_old, float m_new) {
+  return m_new == -INFINITY ? 1.f : exp2f(m_old - m_new);
+}
+
+// S[64 x 64] = Q K^T over the 576 columns (36 k16 steps, both operands K-major in smem).
+// Progressive: the 16 k-steps of column group A (atoms 0-3) are issued as soon as that
+// group has landed (full barrier full_a), those of B (atoms 4-7) and C (atom 8) after their
+// own barriers (full_a + 16, + 32), so the tensor pipe starts while the rest of the tile is
+// in flight. Returns with the wgmmas in flight (the caller waits). (With nvcc 13.0 this no
+// longer makes ptxas serialise the wgmmas, as it did with the earlier register budget:
+// ptxas only injects a warpgroup.arrive after each wait, C7519.)
+__device__ __forceinline__ void ComputeS(float* s, uint32_t sQ, uint32_t sK, uint32_t full_a,
+                                         uint32_t parity) {
+  // Descriptor address fields are addr >> 4 in 14 bits and smem < 256 KB: adding
+  // (offset >> 4) to a base descriptor never carries out of the field.
+  const uint64_t da0 = WgmmaDesc(sQ, 16, 1024);
+  const uint64_t db0 = WgmmaDesc(sK, 16, 1024);
+  MbarWait(full_a, parity);
+  FenceProxyAsyncShared();
+  WgmmaFence();
+  WgmmaM64N64SmemAFirst(s, da0, db0);
+#pragma unroll
+  for (int k = 1; k < 36; ++k) {
+    if (k == 16 || k == 32) {
+      MbarWait(full_a + (k == 16 ? 16u : 32u), parity);
+      FenceProxyAsyncShared();
+    }
+    const uint32_t off = (k >> 2) * Tr::kAtom + (k & 3) * 32;
+    WgmmaM64N64SmemA(s, da0 + (off >> 4), db0 + (off >> 4), 1);
+  }
+  WgmmaCommit();
+}
+
+// P (bf16) as wgmma A fragments: pa[j] covers keys 16j .. 16j + 15.
+__device__ __forceinline__ void PackP(const float* s, uint32_t (&pa)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      __nv_bfloat162 v = __floats2bfloat162_rn(s[8 * j + 2 * r], s[8 * j + 2 * r + 1]);
+      pa[j][r] = *reinterpret_cast<uint32_t*>(&v);
+    }
+}
+
+// Stores P into the 64 x 64 bf16 smem tile sP (one K-major 128-byte-swizzled atom: the
+// wgmma A operand of the other warpgroup). Conflict-free: the 8 rows of a quad column land
+// in 8 different 16-byte chunks.
+__device__ __forceinline__ void StoreP(unsigned char* sP, const uint32_t (&pa)[4][4], int wl, int g,
+                                       int q4) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = wl * 16 + g + 8 * (r & 1);
+      const int chunk = 2 * j + (r >> 1);  // keys 8*chunk .. 8*chunk + 7
+      *reinterpret_cast<uint32_t*>(sP + row * 128 + ((chunk ^ (row & 7)) << 4) + q4 * 4) = pa[j][r];
+    }
+}
+
+__device__ __forceinline__ void ScaleO(float (&o)[2][64], const float* f) {
+  if (__all_sync(0xffffffffu, f[0] == 1.f && f[1] == 1.f)) return;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[hf][i] *= f[(i >> 1) & 1];
+}
+
+// O[:, this warpgroup's 256 columns] += P V with P from registers. sV: the warpgroup's first
+// V atom (columns 256*wg ..) of a KV buffer; V is read as an MN-major operand.
+__device__ __forceinline__ void PvRegP(float (&o)[2][64], const uint32_t (&pa)[4][4], uint32_t sV) {
+  const uint64_t dv0 = WgmmaDesc(sV, Tr::kAtom, 1024);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      WgmmaM64N128RegA(o[hf], pa[j], dv0 + ((hf * 2 * Tr::kAtom + j * 2048) >> 4), 1);
+}
+
+// Same with P from the smem tile sP (the other warpgroup's P).
+__device__ __forceinline__ void PvSmemP(float (&o)[2][64], uint32_t sP, uint32_t sV) {
+  const uint64_t dp0 = WgmmaDesc(sP, 16, 1024);
+  const uint64_t dv0 = WgmmaDesc(sV, Tr::kAtom, 1024);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      WgmmaM64N128SmemAVTrans(o[hf], dp0 + ((j * 32) >> 4),
+                              dv0 + ((hf * 2 * Tr::kAtom + j * 2048) >> 4));
+}
+#endif  // VERIFYD_SEESAW_BODY
+
+}  // namespace
+
+__global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
+    VerifyAttentionSeesawKernel(const VerifyKernelArgs args) {
+#ifdef VERIFYD_SEESAW_BODY
+  extern __shared__ unsigned char smem_raw[];
+  // 128-byte swizzle atoms repeat every 1024 B: align the tiles to that.
+  const uint32_t raw_addr = SmemAddr(smem_raw);
+  const uint32_t base = (raw_addr + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - raw_addr);
+  const uint32_t sQ = base + Tr::kQOff;
+  const uint32_t sKV = base + Tr::kKvOff;
+  float* s_m0 = reinterpret_cast<float*>(smem + Tr::kStatOff);  // [64] per row
+  float* s_scale0 = s_m0 + 64;
+  float* s_m1 = s_m0 + 128;
+  float* s_scale1 = s_m0 + 192;
+  float* s_l = s_m0 + 256;  // [2][64]: each warpgroup's row sums
+  const uint32_t bar = base + Tr::kBarOff;
+  // mbarriers. full[group][buffer] (group A = atoms 0-3, B = 4-7, C = 8), count 128: one
+  // cp.async-tracked arrival per producer thread. Empty barriers, one arrival per math warp
+  // that reads the part (the other warpgroup's reads are ordered before it through the
+  // P-ready named barriers, see below):
+  //   emptyA[0]  (buffer 0, atoms 0-3)  WG0 after P0 V0_L            count 4
+  //   emptyBC[0] (buffer 0, atoms 4-8)  WG1 after P0 V0_R            count 4
+  //   emptyA[1]  (buffer 1, atoms 0-3)  WG0 after P1 V1_L            count 4
+  //   emptyBC[1] (buffer 1, atoms 4-8)  WG0 after P1 V1_L (P1 is in atom 8) and WG1 after
+  //                                     P1 V1_R                     count 8
+  // SeesawSmem::full[grp][b], empty_a[b], empty_bc[b], q_full (offsets asserted above).
+  auto full_bar = [&](SeesawColumnGroup grp, int b) { return bar + 8u * (2 * grp + b); };
+  auto empty_a_bar = [&](int b) { return bar + 48u + 8u * b; };
+  auto empty_bc_bar = [&](int b) { return bar + 64u + 8u * b; };
+  const uint32_t q_bar = bar + 80u;  // count 128
+
+  GridDepLaunchDependents();
+  const int tid = threadIdx.x;
+  // Warp-uniform by construction; the shuffle lets the compiler know (wgmma in a branch the
+  // compiler thinks divergent gets serialised).
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  const int t128 = tid & 127;
+  const int lane = tid & 31;
+
+  if (tid == 0) {
+    for (int i = 0; i < 6; ++i) MbarInit(bar + 8u * i, 128);
+    MbarInit(empty_a_bar(0), 4);
+    MbarInit(empty_bc_bar(0), 4);
+    MbarInit(empty_a_bar(1), 4);
+    MbarInit(empty_bc_bar(1), 8);
+    MbarInit(q_bar, 128);
+  }
+  __syncthreads();
+
+  if (wg == 2) {
+    // ================= producer warpgroup: cp.async gathers =================
+    SetMaxRegsDec<Tr::kProducerRegs>();
+    // Everything is computed after the register split (values live across it would have
+    // to fit the producer's 24 registers).
+    const VerifyWorkItem wi = args.work[blockIdx.x];
+    const int rows_here = min(Tr::kRows, wi.num_nodes * args.num_heads - wi.fold_begin);
+    const __nv_bfloat16* q_base =
+        args.q + (static_cast<int64_t>(wi.q_row0) * args.num_heads + wi.fold_begin) * kQkDim;
+    // Producer warp pw copies rows 16 pw .. 16 pw + 15 of each 64-row tile (Q, then every KV
+    // tile), four at a time: lane l copies 16-byte chunk (l & 7) of each 128-byte atom row of
+    // row 16 pw + 4 i + (l >> 3), i = 0..3, so one warp instruction moves four whole 128-byte
+    // rows (coalesced) and each lane keeps its own four slot ids (no shuffles). The per-lane
+    // destination offsets are fixed: the swizzle term (chunk ^ (row & 7)) depends only on the
+    // lane and on i & 1 (16 pw is a multiple of 8); atom and i add immediates. The slot ids
+    // of tile t + 1 are loaded while tile t is copied. (An L2 bulk prefetch of tile t + 1
+    // issued after tile t's copies made the compute-bound shapes 5-15 % slower on the H200:
+    // not done.)
+    const int pw = t128 >> 5;
+    const int sub = lane >> 3;   // row within a group of four
+    const int chunk = lane & 7;  // 16-byte chunk within a 128-byte atom row
+    const int key_lane = 16 * pw + sub;
+    const uint32_t off_even = key_lane * 128 + ((chunk ^ sub) << 4);
+    const uint32_t off_odd = key_lane * 128 + ((chunk ^ sub ^ 4) << 4);
+    // Copies atoms [a0, a1) of this lane's four rows into the 64-row tile at `tile`; row i's
+    // source is row_src(i) (an address inside the tensor even for invalid rows), zero-filled
+    // where row_valid(i) is false.
+    auto copy_rows = [&](uint32_t tile, int a0, int a1, auto row_valid, auto row_src) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const bool valid = row_valid(i);
+        const __nv_bfloat16* src = row_src(i);
+#pragma unroll
+        for (int a = a0; a < a1; ++a)
+          CpAsync16(tile + (i & 1 ? off_odd : off_even) + i * 512 + a * Tr::kAtom, src + a * 64,
+                    valid);
+      }
+    };
+    // Q (64 rows x 576), rows past the request zero-filled.
+    copy_rows(
+        sQ, 0, Tr::kAtoms, [&](int i) { return key_lane + 4 * i < rows_here; },
+        [&](int i) { return q_base + min(key_lane + 4 * i, rows_here - 1) * kQkDim + chunk * 8; });
+    CpAsyncMbarArrive(q_bar);
+    const int num_tiles = (wi.kv_end - wi.kv_begin + Tr::kKeys - 1) / Tr::kKeys;
+    const int32_t* idx = args.kv_indices + wi.kv_off + wi.kv_begin + key_lane;
+    const int keys = wi.kv_end - wi.kv_begin;
+    const __nv_bfloat16* kv_lane = args.kv + chunk * 8;
+    int32_t slot[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) slot[i] = key_lane + 4 * i < keys ? __ldg(idx + 4 * i) : -1;
+    for (int t = 0; t < num_tiles; ++t) {
+      const int b = t & 1;
+      const uint32_t dst = sKV + b * Tr::kStageBytes;
+      const uint32_t parity = ((t >> 1) - 1) & 1;  // buffer b last held tile t - 2
+      int32_t cur[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cur[i] = slot[i];
+      // Next tile's slot ids: in flight while this tile is copied.
+      const int next = (t + 1) * Tr::kKeys;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        slot[i] = key_lane + 4 * i + next < keys ? __ldg(idx + next + 4 * i) : -1;
+      // Row addresses are recomputed per column group (one IMAD each) rather than kept:
+      // the producer has 24 registers.
+      auto copy_atoms = [&](int a0, int a1) {
+        // Keys past the range (slot -1) are zero-filled (and masked).
+        copy_rows(
+            dst, a0, a1, [&](int i) { return cur[i] >= 0; },
+            [&](int i) {
+              return kv_lane + static_cast<int64_t>(static_cast<uint32_t>(max(cur[i], 0))) * kQkDim;
+            });
+      };
+      if (t >= 2) MbarWait(empty_a_bar(b), parity);
+      copy_atoms(0, 4);
+      CpAsyncMbarArrive(full_bar(kGroupA, b));
+      if (t >= 2) MbarWait(empty_bc_bar(b), parity);
+      copy_atoms(4, 8);
+      CpAsyncMbarArrive(full_bar(kGroupB, b));
+      copy_atoms(8, 9);
+      CpAsyncMbarArrive(full_bar(kGroupC, b));
+    }
+    CpAsyncWait<0>();  // no copies in flight when the warp exits
+    return;
+  }
+
+  // ================= math warpgroups =================
+  SetMaxRegsInc<Tr::kMathRegs>();
+  const VerifyWorkItem wi = args.work[blockIdx.x];
+  const int H = args.num_heads;
+  const int M = wi.num_nodes * H;
+  const int rows_here = min(Tr::kRows, M - wi.fold_begin);
+  const int ctx_len = wi.kv_len - wi.num_nodes;
+  const int num_tiles = (wi.kv_end - wi.kv_begin + Tr::kKeys - 1) / Tr::kKeys;
+  const int num_pairs = (num_tiles + 1) / 2;
+  const int wl = t128 >> 5;  // warp in the warpgroup: rows 16 wl ..
+  const int g = lane >> 2;
+  const int q4 = lane & 3;
+  const int row0 = wl * 16 + g;  // this thread's rows: row0, row0 + 8
+  const int fold_row0 = wi.fold_begin + row0;
+
+  float o[2][64];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[hf][i] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY};     // running max (log2 domain), same in both WGs
+  float l_run[2] = {0.f, 0.f};                 // this warpgroup's partial row sums
+  const uint32_t sV_own = wg * 4 * Tr::kAtom;  // first V atom of this warpgroup's columns
+
+  MbarWait(q_bar, 0);
+
+  for (int p = 0; p < num_pairs; ++p) {
+    const int t0 = 2 * p;
+    const int t1 = 2 * p + 1;
+    const bool has1 = t1 < num_tiles;
+    const uint32_t sK0 = sKV;
+    const uint32_t sK1 = sKV + Tr::kStageBytes;
+    const uint32_t sP0 = sK0 + Tr::kPAtom * Tr::kAtom;  // P0 / P1: see SeesawTraits::kPAtom
+    const uint32_t sP1 = sK1 + Tr::kPAtom * Tr::kAtom;
+    if (wg == 0) {
+      // ---- S0 = Q K0^T ----
+      float s[32];
+      ComputeS(s, sQ, sK0, full_bar(kGroupA, 0), p & 1);
+      WgmmaWait<0>();
+      // ---- softmax against the running max ----
+      float mx[2], m0[2], scale0[2], sum[2];
+      ScaleMaskMax(s, args, wi, t0, ctx_len, M, fold_row0, q4, mx);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m0[h] = fmaxf(m_run[h], mx[h]);
+        scale0[h] = RescaleFactor(m_run[h], m0[h]);
+      }
+      Exp2Rows(s, m0, sum);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * scale0[h] + sum[h];
+      uint32_t pa[4][4];
+      PackP(s, pa);
+      // ---- hand P0, m0, scale0 to WG1 ----
+      StoreP(smem + (sP0 - base), pa, wl, g, q4);
+      if (q4 == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          s_m0[row0 + 8 * h] = m0[h];
+          s_scale0[row0 + 8 * h] = scale0[h];
+        }
+      }
+      FenceProxyAsyncShared();  // P0 is read by WG1's wgmma (async proxy)
+      NamedBarArrive(kBarP0Ready, kMathThreads);
+      // ---- O_L = O_L * scale0 + P0 V0_L ----
+      ScaleO(o, scale0);
+      WgmmaFence();
+      PvRegP(o, pa, sK0 + sV_own);
+      WgmmaCommit();
+      WgmmaWait<0>();
+      // Buffer 0, atoms 0-3: nobody else reads them; the producer may refill them now.
+      if (lane == 0) MbarArrive(empty_a_bar(0));
+      // ---- WG1's P1: O_L = O_L * scale1 + P1 V1_L ----
+      NamedBarSync(kBarP1Ready, kMathThreads);
+      // V1 landed by cp.async (generic proxy) is read below by wgmma, and this warpgroup never
+      // waited on buffer 1's full barriers itself: order the two proxies on this side too.
+      FenceProxyAsyncShared();
+      float scale1[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        scale1[h] = s_scale1[row0 + 8 * h];
+        m_run[h] = s_m1[row0 + 8 * h];
+      }
+      if (has1) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) l_run[h] *= scale1[h];
+        ScaleO(o, scale1);
+        WgmmaFence();
+        PvSmemP(o, sP1, sK1 + sV_own);
+        WgmmaCommit();
+        WgmmaWait<0>();
+        if (lane == 0) {
+          MbarArrive(empty_a_bar(1));   // WG1's S1 reads are ordered before P1Ready
+          MbarArrive(empty_bc_bar(1));  // P1 (atom 8) read
+        }
+      }
+    } else {
+      // ---- S1 = Q K1^T (overlaps WG0's softmax / PV) ----
+      float s[32];
+      if (has1) {
+        ComputeS(s, sQ, sK1, full_bar(kGroupA, 1), p & 1);
+        WgmmaWait<0>();
+      }
+      // ---- WG0's m0 / scale0, then softmax of S1 against m0 ----
+      NamedBarSync(kBarP0Ready, kMathThreads);
+      float m0[2], scale0[2], m1[2], scale1[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m0[h] = s_m0[row0 + 8 * h];
+        scale0[h] = s_scale0[row0 + 8 * h];
+        m1[h] = m0[h];
+        scale1[h] = 1.f;
+      }
+      uint32_t pa[4][4];
+      if (has1) {
+        float mx[2];
+        ScaleMaskMax(s, args, wi, t1, ctx_len, M, fold_row0, q4, mx);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          m1[h] = fmaxf(m0[h], mx[h]);
+          scale1[h] = RescaleFactor(m0[h], m1[h]);
+        }
+        Exp2Rows(s, m1, sum);
+        PackP(s, pa);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        l_run[h] = l_run[h] * (scale0[h] * scale1[h]) + sum[h];
+        m_run[h] = m1[h];
+      }
+      // ---- hand P1, m1, scale1 to WG0 ----
+      if (has1) StoreP(smem + (sP1 - base), pa, wl, g, q4);
+      if (q4 == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          s_m1[row0 + 8 * h] = m1[h];
+          s_scale1[row0 + 8 * h] = scale1[h];
+        }
+      }
+      // P1 is read by WG0's wgmma; V0 (cp.async, never waited on by this warpgroup) is read
+      // by this warpgroup's wgmma below.
+      FenceProxyAsyncShared();
+      NamedBarArrive(kBarP1Ready, kMathThreads);
+      // ---- O_R = (O_R * scale0 + P0 V0_R) * scale1 + P1 V1_R ----
+      // P0 is relative to m0, P1 to m1: the P0 product must be rescaled by scale1 before P1's
+      // is added, so the two PV products of this warpgroup are waited for in between.
+      ScaleO(o, scale0);
+      WgmmaFence();
+      PvSmemP(o, sP0, sK0 + sV_own);
+      WgmmaCommit();
+      WgmmaWait<0>();
+      // Buffer 0, atoms 4-8 (V0_R, P0): WG0's reads (S0) and writes (P0) precede P0Ready.
+      if (lane == 0) MbarArrive(empty_bc_bar(0));
+      if (has1) {
+        ScaleO(o, scale1);
+        WgmmaFence();  // also orders this thread's pa writes before the wgmma reads them
+        PvRegP(o, pa, sK1 + sV_own);
+        WgmmaCommit();
+        WgmmaWait<0>();
+        if (lane == 0) MbarArrive(empty_bc_bar(1));
+      }
+    }
+  }
+
+  // ---- epilogue: add the two warpgroups' row sums, normalise, write ----
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (q4 == 0) s_l[wg * 64 + row0 + 8 * h] = l;
+  }
+  NamedBarSync(kBarEpilogue, kMathThreads);
+  // The output coordinates are re-read here rather than kept live across the loop (at 240
+  // registers that would cost a spill).
+  const int partial_row = LoadFresh(&args.work[blockIdx.x].partial_row);
+  const bool direct = partial_row < 0;
+  const int64_t out_row0 =
+      static_cast<int64_t>(LoadFresh(&args.work[blockIdx.x].q_row0)) * H + wi.fold_begin;
+  // The rows are staged in shared memory (the KV buffers: every wgmma that read them has
+  // completed, each warpgroup waited for its own before the barrier above) and stored with
+  // one bulk copy per row: a store from registers would be 64 scattered 8-byte (or 4-byte)
+  // stores per thread, which stalled the split CTAs of short contexts on the LSU. Row
+  // strides of 2080 (fp32) and 1040 (bf16) bytes keep the register -> smem writes free of
+  // bank conflicts and every row 16-byte aligned.
+  const int stride = direct ? 1040 : 2080;
+  unsigned char* stage = smem + Tr::kKvOff;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row0 + 8 * h;
+    if (r >= rows_here) continue;
+    // Same order in both warpgroups: identical l.
+    const float l_tot = s_l[r] + s_l[64 + r];
+    const float inv = l_tot > 0.f ? 1.f / l_tot : 0.f;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int col0 = wg * 256 + hf * 128 + q4 * 2;
+      if (direct) {
+        __nv_bfloat16* srow = reinterpret_cast<__nv_bfloat16*>(stage + r * stride) + col0;
+#pragma unroll
+        for (int nb = 0; nb < 16; ++nb) {
+          *reinterpret_cast<__nv_bfloat162*>(srow + nb * 8) =
+              __floats2bfloat162_rn(o[hf][nb * 4 + 2 * h] * inv, o[hf][nb * 4 + 2 * h + 1] * inv);
+        }
+      } else {
+        float* srow = reinterpret_cast<float*>(stage + r * stride) + col0;
+#pragma unroll
+        for (int nb = 0; nb < 16; ++nb) {
+          *reinterpret_cast<float2*>(srow + nb * 8) =
+              make_float2(o[hf][nb * 4 + 2 * h] * inv, o[hf][nb * 4 + 2 * h + 1] * inv);
+        }
+      }
+    }
+    if (wg == 0 && q4 == 0) {
+      const float lse2 = l_tot > 0.f ? m_run[h] + log2f(l_tot) : -INFINITY;
+      if (direct) {
+        if (args.lse != nullptr) args.lse[out_row0 + r] = lse2 * 0.69314718055994531f;
+      } else {
+        args.part_lse[partial_row + r] = lse2;
+      }
+    }
+  }
+  FenceProxyAsyncShared();  // the staged rows are read by the bulk copies (async proxy)
+  NamedBarSync(kBarStore, kMathThreads);
+  if (tid < rows_here) {
+    const uint32_t src = sKV + tid * stride;
+    if (direct) {
+      BulkStore(args.out + (out_row0 + tid) * kVDim, src, kVDim * 2);
+    } else {
+      BulkStore(args.part_o + static_cast<int64_t>(partial_row + tid) * kVDim, src, kVDim * 4);
+    }
+    // The copies must have read shared memory before the CTA exits and frees it.
+    BulkCommit();
+    BulkWaitRead0();
+  }
+#endif  // VERIFYD_SEESAW_BODY
+}
+
+absl::Status SeesawS64::Launch(const VerifyKernelArgs& args, int grid, void* stream) {
+  static std::atomic<uint64_t> configured_devices{0};
+  auto* kernel = &VerifyAttentionSeesawKernel;
+  // The body exists only in the sm_90a build: an image without it (e.g. built for plain
+  // sm_90) would run an empty kernel and leave the output unwritten. Its register count
+  // tells (the body needs the whole register file).
+  auto has_body = [kernel]() -> cudaError_t {
+    cudaFuncAttributes attr{};
+    const cudaError_t e = cudaFuncGetAttributes(&attr, kernel);
+    if (e != cudaSuccess) return e;
+    return attr.numRegs < 64 ? cudaErrorInvalidDeviceFunction : cudaSuccess;
+  };
+  return LaunchWithSmem(kernel, configured_devices, has_body, args, grid, SeesawTraits::kThreads,
+                        kSeesawSmemBytes, stream);
+}
+
+}  // namespace verifyd::kernels::cuda::detail

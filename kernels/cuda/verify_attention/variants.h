@@ -1,0 +1,133 @@
+// The verify attention kernel variants, each declared once: configuration, tile geometry,
+// pipeline stages, shared memory, the architectures it runs on, when kAuto may pick it, and
+// its launch function. The planner (ResolveVariant, the kAuto rule in plan.cc) and the
+// dispatcher (launch.cu: DispatchVariant) read this table; nothing else names a variant.
+//
+// Adding a variant: a struct like the ones below (its Launch defined in the .cu file that
+// instantiates its kernel), one entry in VerifyVariants, and a test case forcing it.
+// The order of VerifyVariants is kAuto's preference order.
+//
+// Plain C++ (no CUDA headers): the plan library includes it. Launch functions are only
+// declared here; only the CUDA library references them. Thread-safety: constants only.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/verify_attention/api.h"
+#include "kernels/cuda/verify_attention/mma_traits.h"
+#include "kernels/cuda/verify_attention/seesaw_layout.h"
+
+namespace verifyd::kernels::cuda::detail {
+
+struct VerifyKernelArgs;  // kernel_args.cuh: the device-side arguments of every variant
+
+// When kAuto may pick a variant (the first variant in table order that runs on the device,
+// fits its shared memory and whose rule holds for the batch).
+enum class AutoUse {
+  kNotTinyDecode,  // every batch but a tiny decode batch (IsTinyDecodeBatch)
+  kAlways,
+};
+
+// Tiny decode batch: <= 16 folded rows per request and <= 16k keys in all. There the 16-row
+// mma.sync kernel's shorter prologue won by ~1 us on the H200 (1 x 8 heads x 1 node at 1k /
+// 4k keys: 0.0083 / 0.0095 ms against 0.0095 / 0.0109 ms for the seesaw kernel).
+constexpr bool IsTinyDecodeBatch(int64_t max_folded_rows_per_request, int64_t total_keys) {
+  return max_folded_rows_per_request <= 16 && total_keys <= 16384;
+}
+
+// ---- the variants ------------------------------------------------------------------------
+
+// 64 rows, 64-key tiles, warp-specialised wgmma "seesaw" schedule (seesaw.cu).
+struct SeesawS64 {
+  static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kS64;
+  static constexpr const char* kName = "seesaw wgmma (s64)";
+  static constexpr int kRows = SeesawTraits::kRows;
+  static constexpr int kKeys = SeesawTraits::kKeys;
+  static constexpr int kStages = SeesawTraits::kStages;
+  static constexpr size_t kSmemBytes = kSeesawSmemBytes;
+  static constexpr const char* kArch = "an sm_90 device (sm_90a build)";
+  static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
+  static constexpr AutoUse kAuto = AutoUse::kNotTinyDecode;
+  static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
+};
+
+// 16 rows, 32-key tiles, mma.sync, 5 stages (four tiles in flight; ~207 KB): sm_90.
+struct MmaM16Sm90 {
+  static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kM16;
+  static constexpr const char* kName = "mma.sync 16-row, 5 stages (m16)";
+  static constexpr int kRows = 16;
+  static constexpr int kKeys = 32;
+  static constexpr int kStages = 5;
+  static constexpr size_t kSmemBytes = MmaTraits<kRows, kKeys, kStages>::kSmemBytes;
+  static constexpr const char* kArch = "an sm_90 device";
+  static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
+  static constexpr AutoUse kAuto = AutoUse::kAlways;
+  static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
+};
+
+// 16 rows, 32-key tiles, mma.sync, 2 stages within 99 KB of shared memory: sm_80, sm_120.
+struct MmaM16Portable {
+  static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kM16;
+  static constexpr const char* kName = "mma.sync 16-row, 2 stages (m16)";
+  static constexpr int kRows = 16;
+  static constexpr int kKeys = 32;
+  static constexpr int kStages = 2;
+  static constexpr size_t kSmemBytes = MmaTraits<kRows, kKeys, kStages>::kSmemBytes;
+  static constexpr const char* kArch = "sm_80 or newer";
+  static constexpr bool RunsOn(int cc_major) { return cc_major >= 8 && cc_major != 9; }
+  static constexpr AutoUse kAuto = AutoUse::kAlways;
+  static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
+};
+static_assert(MmaM16Portable::kSmemBytes <= 99 * 1024, "m16 portable: within 99 KB (sm_120)");
+
+template <class... V>
+struct VariantList {};
+// kAuto's preference order.
+using VerifyVariants = VariantList<SeesawS64, MmaM16Sm90, MmaM16Portable>;
+
+// ---- run-time view of the table (the planner) -------------------------------------------
+
+struct VariantInfo {
+  int index = -1;  // position in VerifyVariants (DispatchVariant's argument)
+  VerifyKernelConfig config = VerifyKernelConfig::kAuto;
+  const char* name = "";
+  const char* arch = "";
+  int rows = 0;
+  int keys = 0;
+  int stages = 0;
+  size_t smem_bytes = 0;
+  AutoUse auto_use = AutoUse::kAlways;
+  bool (*runs_on)(int cc_major) = nullptr;
+};
+
+template <class V>
+constexpr VariantInfo InfoOf(int index) {
+  return {index,    V::kConfig, V::kName,      V::kArch, V::kRows,
+          V::kKeys, V::kStages, V::kSmemBytes, V::kAuto, &V::RunsOn};
+}
+template <class... V>
+constexpr std::array<VariantInfo, sizeof...(V)> MakeVariantTable(VariantList<V...>) {
+  int i = 0;
+  return {{InfoOf<V>(i++)...}};
+}
+inline constexpr auto kVariantTable = MakeVariantTable(VerifyVariants{});
+
+// ---- compile-time dispatch (the CUDA launcher) ------------------------------------------
+
+// Calls f(V{}) for the variant at `index` and returns its status.
+template <class F, class... V>
+absl::Status DispatchVariantIn(int index, F&& f, VariantList<V...>) {
+  absl::Status status = absl::InternalError("verify attention: no kernel variant at this index");
+  int i = 0;
+  static_cast<void>(((i++ == index ? (status = f(V{}), true) : false) || ...));
+  return status;
+}
+template <class F>
+absl::Status DispatchVariant(int index, F&& f) {
+  return DispatchVariantIn(index, static_cast<F&&>(f), VerifyVariants{});
+}
+
+}  // namespace verifyd::kernels::cuda::detail

@@ -1,0 +1,231 @@
+// The CUDA verify attention's planner (kernels/cuda/verify_attention/plan.h), host only: no
+// CUDA needed to build or run (label cpu). Device descriptions are filled by hand: an H200
+// (sm_90, 132 SMs, 227 KB of shared memory per block) and an sm_120 part (99 KB).
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/verify_attention/api.h"
+#include "kernels/cuda/verify_attention/plan.h"
+#include "kernels/cuda/verify_attention/variants.h"
+
+namespace verifyd::kernels::cuda {
+namespace {
+
+constexpr VerifyAttentionDeviceInfo kH200{132, 9, 0, 232448, 233472};
+constexpr VerifyAttentionDeviceInfo kSm120{84, 12, 0, 101376, 102400};
+
+// A workspace of the default capacity, without device memory (the planner reads capacities).
+VerifyAttentionWorkspace CapacityOnly() {
+  VerifyAttentionWorkspace ws;
+  ws.max_work_items = 65536;
+  ws.max_combine_items = 16384;
+  ws.max_partial_rows = 32768;
+  return ws;
+}
+
+// The planner splits a long single request over the SMs, leaves a batch that already fills
+// the device unsplit, and keeps every key covered exactly once.
+TEST(VerifyAttentionPlan, CoversEveryKeyOnce) {
+  const VerifyAttentionWorkspace ws = CapacityOnly();
+  for (int trial = 0; trial < 3; ++trial) {
+    std::vector<int32_t> qi = {0}, ki = {0};
+    std::vector<int> n, L;
+    std::mt19937 rng(trial);
+    const int B = trial == 0 ? 1 : (trial == 1 ? 7 : 200);
+    for (int b = 0; b < B; ++b) {
+      n.push_back(1 + rng() % 16);
+      L.push_back(n.back() + (trial == 0 ? 185000 : static_cast<int>(rng() % 50000)));
+      qi.push_back(qi.back() + n.back());
+      ki.push_back(ki.back() + L.back());
+    }
+    VerifyAttentionParams p;
+    p.batch = B;
+    p.total_rows = qi.back();
+    p.num_heads = 8;
+    auto plan = PlanVerifyAttention(p, qi.data(), ki.data(), kH200, ws);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    // Coverage: for each (request, folded row tile), the key ranges tile [0, L_b).
+    std::vector<std::vector<std::pair<int, int>>> ranges(B * 64);
+    for (const VerifyWorkItem& w : plan->work) {
+      const int b =
+          static_cast<int>(std::upper_bound(qi.begin(), qi.end(), w.q_row0) - qi.begin()) - 1;
+      ASSERT_EQ(w.kv_len, L[b]);
+      ranges[b * 64 + w.fold_begin / plan->rows_per_cta].push_back({w.kv_begin, w.kv_end});
+    }
+    for (int b = 0; b < B; ++b) {
+      const int tiles = (n[b] * 8 + plan->rows_per_cta - 1) / plan->rows_per_cta;
+      for (int t = 0; t < tiles; ++t) {
+        auto r = ranges[b * 64 + t];
+        std::sort(r.begin(), r.end());
+        ASSERT_FALSE(r.empty());
+        int at = 0;
+        for (auto [lo, hi] : r) {
+          EXPECT_EQ(lo, at);
+          EXPECT_GT(hi, lo);
+          at = hi;
+        }
+        EXPECT_EQ(at, L[b]);
+      }
+    }
+    if (trial == 0) EXPECT_GE(plan->work.size(), 100u) << "one long request must be split";
+  }
+}
+
+// The seesaw configuration: 64-row, 64-key tiles; splits start on 64-key boundaries and cover
+// every key once; refused on a device that is not sm_90, naming the configuration.
+TEST(VerifyAttentionPlan, SeesawPlanShape) {
+  const VerifyAttentionWorkspace ws = CapacityOnly();
+  std::vector<int32_t> qi = {0, 16, 32}, ki = {0, 65536 + 16, 65536 + 16 + 1000 + 16};
+  VerifyAttentionParams p;
+  p.batch = 2;
+  p.total_rows = 32;
+  p.num_heads = 16;
+  VerifyPlanOptions opt;
+  opt.config = VerifyKernelConfig::kS64;
+  auto plan = PlanVerifyAttention(p, qi.data(), ki.data(), kH200, ws, opt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->config, VerifyKernelConfig::kS64);
+  EXPECT_EQ(plan->rows_per_cta, 64);
+  EXPECT_EQ(plan->keys_per_tile, 64);
+  EXPECT_GT(plan->max_splits, 1);
+  std::vector<int64_t> covered(2, 0);
+  for (const VerifyWorkItem& w : plan->work) {
+    EXPECT_EQ(w.kv_begin % 64, 0);
+    EXPECT_EQ(w.fold_begin % 64, 0);
+    const int b = w.q_row0 == 0 ? 0 : 1;
+    covered[b] += w.kv_end - w.kv_begin;
+  }
+  // Each request has 16 * 16 = 256 folded rows = 4 row tiles, each covering every key once.
+  EXPECT_EQ(covered[0], 4 * int64_t{ki[1] - ki[0]});
+  EXPECT_EQ(covered[1], 4 * int64_t{ki[2] - ki[1]});
+  auto refused = PlanVerifyAttention(p, qi.data(), ki.data(), kSm120, ws, opt);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(refused.status().message().find("seesaw"), std::string::npos) << refused.status();
+}
+
+// kAuto: on sm_90 the seesaw kernel except for tiny decode batches (<= 16 folded rows per
+// request and <= 16k keys), the 16-row mma.sync kernel there and on every other architecture
+// (2 stages within the 99 KB of sm_120).
+TEST(VerifyAttentionPlan, AutoRule) {
+  const VerifyAttentionWorkspace ws = CapacityOnly();
+  struct Row {
+    int heads, nodes, ctx;
+    VerifyKernelConfig sm90;
+  };
+  const Row rows[] = {
+      {8, 1, 1000, VerifyKernelConfig::kM16},     // 8 rows, 1k keys: tiny decode
+      {16, 1, 16000, VerifyKernelConfig::kM16},   // 16 rows, <= 16k keys: tiny decode
+      {16, 1, 20000, VerifyKernelConfig::kS64},   // 16 rows but > 16k keys
+      {8, 4, 1000, VerifyKernelConfig::kS64},     // 32 rows per request
+      {16, 16, 65536, VerifyKernelConfig::kS64},  // the verify shapes
+  };
+  for (const Row& r : rows) {
+    SCOPED_TRACE(testing::Message() << r.heads << " heads, " << r.nodes << " nodes, ctx " << r.ctx);
+    const std::vector<int32_t> qi = {0, r.nodes}, ki = {0, r.ctx + r.nodes};
+    VerifyAttentionParams p;
+    p.batch = 1;
+    p.total_rows = r.nodes;
+    p.num_heads = r.heads;
+    auto plan90 = PlanVerifyAttention(p, qi.data(), ki.data(), kH200, ws);
+    ASSERT_TRUE(plan90.ok()) << plan90.status();
+    EXPECT_EQ(plan90->config, r.sm90);
+    auto plan120 = PlanVerifyAttention(p, qi.data(), ki.data(), kSm120, ws);
+    ASSERT_TRUE(plan120.ok()) << plan120.status();
+    EXPECT_EQ(plan120->config, VerifyKernelConfig::kM16);
+    EXPECT_EQ(plan120->rows_per_cta, 16);
+  }
+}
+
+// The variant table: each (configuration, architecture) resolves to one variant whose shared
+// memory fits the device; the retired configuration values resolve to nothing.
+TEST(VerifyAttentionPlan, VariantTable) {
+  auto m16_90 = detail::ResolveVariant(VerifyKernelConfig::kM16, kH200);
+  ASSERT_TRUE(m16_90.ok()) << m16_90.status();
+  EXPECT_EQ(m16_90->stages, 5);
+  EXPECT_LE(m16_90->smem_bytes, 232448u);
+  auto m16_120 = detail::ResolveVariant(VerifyKernelConfig::kM16, kSm120);
+  ASSERT_TRUE(m16_120.ok()) << m16_120.status();
+  EXPECT_EQ(m16_120->stages, 2);
+  EXPECT_LE(m16_120->smem_bytes, 101376u);
+  auto s64 = detail::ResolveVariant(VerifyKernelConfig::kS64, kH200);
+  ASSERT_TRUE(s64.ok()) << s64.status();
+  EXPECT_EQ(s64->rows, 64);
+  EXPECT_EQ(s64->keys, 64);
+  for (int retired : {2, 3, 4}) {
+    EXPECT_FALSE(detail::ResolveVariant(static_cast<VerifyKernelConfig>(retired), kH200).ok());
+  }
+  // A device whose opt-in shared memory is below what the 5-stage variant needs.
+  VerifyAttentionDeviceInfo small90 = kH200;
+  small90.max_smem_per_block = 101376;
+  auto too_big = detail::ResolveVariant(VerifyKernelConfig::kM16, small90);
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(too_big.status().message().find("shared memory"), std::string::npos);
+}
+
+TEST(VerifyAttentionPlan, WorkspaceLayout) {
+  const detail::WorkspaceLayout l = detail::LayoutWorkspace(65536, 16384, 32768);
+  EXPECT_EQ(l.work, 0u);
+  EXPECT_GE(l.combine, 65536u * sizeof(VerifyWorkItem));
+  EXPECT_GE(l.lse, l.combine + 16384u * sizeof(VerifyCombineItem));
+  EXPECT_GE(l.part_o, l.lse + 32768u * 4);
+  EXPECT_GE(l.total, l.part_o + 32768u * 512 * 4);
+  for (size_t off : {l.combine, l.lse, l.part_o, l.total}) EXPECT_EQ(off % 256, 0u);
+  EXPECT_EQ(VerifyAttentionWorkspace::BytesFor(65536, 16384, 32768), l.total);
+}
+
+// Malformed index arrays and workspaces that are too small are refused, naming the problem.
+TEST(VerifyAttentionPlan, RefusesBadInputs) {
+  VerifyAttentionWorkspace ws = CapacityOnly();
+  VerifyAttentionParams p;
+  p.batch = 1;
+  p.total_rows = 4;
+  p.num_heads = 8;
+  const std::vector<int32_t> qi = {0, 4}, short_kv = {0, 3}, ki = {0, 100000};
+  EXPECT_EQ(PlanVerifyAttention(p, qi.data(), short_kv.data(), kH200, ws).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::vector<int32_t> many = {0, 129};
+  p.total_rows = 129;
+  EXPECT_EQ(PlanVerifyAttention(p, many.data(), ki.data(), kH200, ws).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  p.total_rows = 4;
+  ws.max_work_items = 1;
+  ws.max_partial_rows = 0;
+  ws.max_combine_items = 0;
+  auto fits = PlanVerifyAttention(p, qi.data(), ki.data(), kH200, ws);
+  ASSERT_TRUE(fits.ok()) << fits.status();  // unsplit: one work item
+  EXPECT_EQ(fits->work.size(), 1u);
+  ws.max_work_items = 0;
+  EXPECT_EQ(PlanVerifyAttention(p, qi.data(), ki.data(), kH200, ws).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST(VerifyAttentionPlan, SupportsNamesTheField) {
+  VerifyAttentionParams p;
+  p.batch = 1;
+  p.total_rows = 1;
+  p.num_heads = 8;
+  EXPECT_TRUE(SupportsVerifyAttentionCuda(p, kH200).ok());
+  p.dtype = DType::kFloat32;
+  EXPECT_NE(SupportsVerifyAttentionCuda(p, kH200).message().find("dtype"), std::string::npos);
+  p.dtype = DType::kBFloat16;
+  p.qk_dim = 192;
+  EXPECT_NE(SupportsVerifyAttentionCuda(p, kH200).message().find("qk_dim"), std::string::npos);
+  p.qk_dim = 576;
+  p.v_dim = 128;
+  EXPECT_NE(SupportsVerifyAttentionCuda(p, kH200).message().find("v_dim"), std::string::npos);
+  p.v_dim = 512;
+  p.mask_words = 3;
+  EXPECT_NE(SupportsVerifyAttentionCuda(p, kH200).message().find("mask_words"), std::string::npos);
+  p.mask_words = 2;
+  EXPECT_TRUE(SupportsVerifyAttentionCuda(p, kSm120).ok());
+  const VerifyAttentionDeviceInfo old{80, 7, 5, 65536, 65536};
+  EXPECT_EQ(SupportsVerifyAttentionCuda(p, old).code(), absl::StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace verifyd::kernels::cuda

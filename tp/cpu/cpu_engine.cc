@@ -1,0 +1,226 @@
+// The CPU engine: rank jobs, failure handling and acceptance (see cpu_engine.h).
+#include "tp/cpu/cpu_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/tree_accept.h"
+#include "kernels/verify_attention.h"
+#include "tp/batch_plan.h"
+#include "tp/presets.h"
+#include "tp/sharding.h"
+
+namespace verifyd::tp {
+namespace {
+
+absl::StatusOr<std::shared_ptr<const ModelWeights>> ResolveWeights(const EngineOptions& o) {
+  if (o.weights) return o.weights;
+  if (o.config) {
+    absl::StatusOr<ModelWeights> w = GenerateRandomWeights(*o.config, o.seed);
+    if (!w.ok()) return w.status();
+    return std::make_shared<const ModelWeights>(std::move(*w));
+  }
+  absl::StatusOr<ModelConfig> preset = PresetConfig(o.model, o.preset_layers);
+  if (preset.ok()) {
+    absl::StatusOr<ModelWeights> w = GenerateRandomWeights(*preset, o.seed);
+    if (!w.ok()) return w.status();
+    return std::make_shared<const ModelWeights>(std::move(*w));
+  }
+  if (preset.status().code() != absl::StatusCode::kNotFound) return preset.status();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(o.model, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("model: '", o.model, "' is neither a preset (",
+                                                   absl::StrJoin(PresetNames(), ", "),
+                                                   ") nor a checkpoint directory"));
+  }
+  absl::StatusOr<ModelWeights> w = LoadModelFromDirectory(o.model);
+  if (!w.ok()) return w.status();
+  return std::make_shared<const ModelWeights>(std::move(*w));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const EngineOptions& o) {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  const EngineLimits& lim = o.limits;
+  if (o.tp < 1) return bad("tp: ", o.tp, " must be >= 1");
+  if (o.kv_slots < 1 || o.kv_slots > INT32_MAX) {
+    return bad("kv_slots: ", o.kv_slots, " must be in [1, 2^31)");
+  }
+  if (lim.max_batch < 1) return bad("max_batch: ", lim.max_batch, " must be >= 1");
+  if (lim.max_tail_rows < 1 || lim.max_tail_rows > kernels::kMaxTailRows) {
+    return bad("max_tail_rows: ", lim.max_tail_rows, " must be in [1, ", kernels::kMaxTailRows,
+               "]");
+  }
+  if (lim.max_context < 0) return bad("max_context: ", lim.max_context, " must be >= 0");
+  if (o.comm_timeout_ms < 1) return bad("comm_timeout_ms: ", o.comm_timeout_ms, " must be >= 1");
+  if (o.cpu.step_timeout_ms < 0) {
+    return bad("step_timeout_ms: ", o.cpu.step_timeout_ms, " must be >= 0");
+  }
+  absl::StatusOr<std::shared_ptr<const ModelWeights>> weights = ResolveWeights(o);
+  if (!weights.ok()) return weights.status();
+  const ModelWeights& w = **weights;
+  if (absl::Status s = ValidateModelWeights(w); !s.ok()) return s;
+  if (absl::Status s = ValidateTpSize(w.config, o.tp); !s.ok()) return s;
+
+  std::unique_ptr<CpuEngine> e(new CpuEngine());
+  e->config_ = w.config;
+  e->tp_ = o.tp;
+  e->kv_slots_ = o.kv_slots;
+  e->limits_.max_tail_rows = lim.max_tail_rows;
+  e->limits_.max_batch = lim.max_batch;
+  e->limits_.max_context = lim.max_context == 0
+                               ? w.config.max_position_embeddings
+                               : std::min(lim.max_context, w.config.max_position_embeddings);
+  e->comm_timeout_ms_ = o.comm_timeout_ms;
+  e->step_timeout_ms_ = o.cpu.step_timeout_ms;
+  e->fault_hook_ = o.fault_hook;
+  e->comms_ = CreateInProcessGroup(o.tp, o.comm_timeout_ms);
+  for (int r = 0; r < o.tp; ++r) {
+    absl::StatusOr<RankWeights> shard = ShardWeights(w, o.tp, r);
+    if (!shard.ok()) return shard.status();
+    e->forwards_.push_back(
+        std::make_unique<RankForward>(w.config, std::move(*shard), e->comms_[r].get(), o.kv_slots));
+  }
+  e->group_ = std::make_unique<RankGroup>(o.tp);
+  return e;
+}
+
+CpuEngine::~CpuEngine() {
+  AbortComms();  // frees ranks waiting in a collective
+  if (group_) group_->Stop();
+}
+
+void CpuEngine::AbortComms() {
+  for (auto& c : comms_) c->Abort();
+}
+
+absl::StatusOr<std::vector<StepResult>> CpuEngine::Step(const std::vector<StepRequest>& batch,
+                                                        StepTiming* timing) {
+  return RunStep(batch, nullptr, timing);
+}
+
+absl::StatusOr<std::vector<StepResult>> CpuEngine::StepWithLogits(
+    const std::vector<StepRequest>& batch, std::vector<float>* logits, StepTiming* timing) {
+  if (logits == nullptr) return absl::InvalidArgumentError("StepWithLogits: logits is null");
+  return RunStep(batch, logits, timing);
+}
+
+absl::StatusOr<std::vector<StepResult>> CpuEngine::RunStep(const std::vector<StepRequest>& batch,
+                                                           std::vector<float>* logits,
+                                                           StepTiming* timing) {
+  std::lock_guard<std::mutex> step_lock(step_mu_);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (failed_.load()) return absl::UnavailableError("cpu engine: a rank failed earlier");
+  absl::StatusOr<BatchPlan> plan = BuildBatchPlan(batch, config_, limits_, kv_slots_);
+  if (!plan.ok()) return plan.status();
+  if (plan->total_rows == 0) {
+    if (logits) logits->clear();
+    return std::vector<StepResult>{};
+  }
+  auto shared_plan = std::make_shared<const BatchPlan>(std::move(*plan));
+  const BatchPlan& p = *shared_plan;
+
+  // What each rank produces; shared with the jobs so that a rank that outlives a failed step
+  // writes into memory that is still alive.
+  struct RankOutputs {
+    std::vector<std::vector<int32_t>> predictions;
+    std::vector<std::vector<float>> logits;
+  };
+  auto outputs = std::make_shared<RankOutputs>();
+  outputs->predictions.resize(tp_);
+  outputs->logits.resize(tp_);
+  const bool want_logits = logits != nullptr;
+  const int64_t step = step_index_++;
+  RankGroup::Job job = [this, shared_plan, outputs, want_logits, step](int r) -> absl::Status {
+    absl::Status s;
+    if (fault_hook_) s = fault_hook_(r, step);
+    if (s.ok() && failed_.load()) s = absl::UnavailableError("engine already failed");
+    if (s.ok()) {
+      s = forwards_[r]->Forward(*shared_plan, &outputs->predictions[r],
+                                want_logits ? &outputs->logits[r] : nullptr);
+    }
+    if (!s.ok()) comms_[r]->Abort();  // the other ranks stop waiting for this one
+    return s;
+  };
+  std::optional<RankGroup::Clock::time_point> deadline;
+  if (step_timeout_ms_ > 0) deadline = t0 + std::chrono::milliseconds(step_timeout_ms_);
+  RankGroup::Outcome run =
+      group_->Run(std::move(job), deadline, std::chrono::milliseconds(comm_timeout_ms_),
+                  [this] { AbortComms(); });
+  std::string failure = run.failure;
+  if (failure.empty()) {
+    for (int r = 1; r < tp_; ++r) {
+      if (outputs->predictions[r] != outputs->predictions[0]) {
+        failure = absl::StrCat("rank ", r, " predictions differ from rank 0's");
+        break;
+      }
+    }
+  }
+  if (!failure.empty()) {
+    failed_.store(true);
+    AbortComms();
+    return absl::UnavailableError(absl::StrCat("cpu engine step failed: ", failure));
+  }
+  const std::vector<int32_t>& preds = outputs->predictions[0];
+  if (logits) *logits = std::move(outputs->logits[0]);
+  if (timing) timing->per_rank_s = run.seconds;
+
+  // Acceptance, once, from the predictions every rank agrees on.
+  std::vector<StepResult> results(batch.size());
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const int32_t row0 = p.q_indptr[b], n = p.q_indptr[b + 1] - row0;
+    StepResult& res = results[b];
+    res.predictions.assign(preds.begin() + row0, preds.begin() + row0 + n);
+    if (!batch[b].accept) {
+      // Prefill chunk: every row is committed; bonus = the prediction after the last row.
+      res.bonus = res.predictions.back();
+      res.kept_slots = batch[b].tail_slots;
+      continue;
+    }
+    const int32_t indptr[2] = {0, n};
+    std::vector<int32_t> accepted(n), kept(n), freed(n);
+    int32_t num_accepted = 0, bonus = -1;
+    kernels::TreeAcceptParams ap;
+    ap.batch = 1;
+    ap.row_indptr = indptr;
+    ap.tokens = p.tokens.data() + row0;
+    ap.parents = p.parents.data() + row0;
+    ap.predictions = preds.data() + row0;
+    ap.tail_slots = p.tail_slots.data() + row0;
+    ap.accepted = accepted.data();
+    ap.num_accepted = &num_accepted;
+    ap.bonus = &bonus;
+    ap.kept_slots = kept.data();
+    ap.freed_slots = freed.data();
+    if (absl::Status s = kernels::TreeAcceptReference(ap); !s.ok()) {
+      return absl::InternalError(absl::StrCat("tree acceptance of batch[", b, "]: ", s.message()));
+    }
+    res.accepted_rows.assign(accepted.begin(), accepted.begin() + num_accepted);
+    res.bonus = bonus;
+    res.kept_slots.assign(kept.begin(), kept.begin() + 1 + num_accepted);
+    res.freed_slots.assign(freed.begin(), freed.begin() + (n - 1 - num_accepted));
+  }
+  if (timing) {
+    timing->total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return results;
+}
+
+std::vector<float> CpuEngine::LatentRow(int rank, int64_t layer, int32_t slot) const {
+  const int64_t lat = config_.latent_dim();
+  const float* base = forwards_.at(rank)->kv_layer(layer) + int64_t{slot} * lat;
+  return std::vector<float>(base, base + lat);
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> CreateCpuEngine(const EngineOptions& options) {
+  absl::StatusOr<std::unique_ptr<CpuEngine>> e = CpuEngine::Create(options);
+  if (!e.ok()) return e.status();
+  return std::unique_ptr<Engine>(std::move(*e));
+}
+
+}  // namespace verifyd::tp

@@ -1,0 +1,273 @@
+// The CPU backend's per-rank forward; see cpu_forward.h.
+#include "tp/cpu/cpu_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/reference/ops.h"
+#include "kernels/verify_attention.h"
+
+namespace verifyd::tp {
+namespace {
+
+namespace ref = kernels::ref;
+
+// Copies rows [row0, row0 + nrows) of a row-major [*, cols] tensor.
+std::vector<float> Rows(const HostTensor& t, int64_t row0, int64_t nrows) {
+  const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
+  return std::vector<float>(t.data.begin() + row0 * cols, t.data.begin() + (row0 + nrows) * cols);
+}
+
+// Copies columns [col0, col0 + ncols) of a row-major [rows, cols] tensor -> [rows, ncols].
+std::vector<float> Cols(const HostTensor& t, int64_t col0, int64_t ncols) {
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  std::vector<float> out(rows * ncols);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(out.data() + r * ncols, t.data.data() + r * cols + col0, ncols * sizeof(float));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<RankWeights> ShardWeights(const ModelWeights& mw, int world, int rank) {
+  const ModelConfig& c = mw.config;
+  if (absl::Status s = ValidateTpSize(c, world); !s.ok()) return s;
+  if (rank < 0 || rank >= world) return absl::InvalidArgumentError("ShardWeights: bad rank");
+  if (absl::Status s = ValidateModelWeights(mw); !s.ok()) return s;
+  RankWeights w;
+  w.world = world;
+  w.rank = rank;
+  w.heads = HeadShard(c.num_attention_heads, world, rank);
+  w.vocab = VocabShard(c.vocab_size, world, rank);
+  w.inter = IntermediateShard(c.intermediate_size, world, rank);
+  const int64_t qk = c.qk_head_dim(), nope = c.qk_nope_head_dim, v = c.v_head_dim;
+  const int64_t kvl = c.kv_lora_rank, Hl = w.heads.size, h0 = w.heads.begin;
+  auto T = [&](const std::string& name) -> const HostTensor& { return *mw.Find(name); };
+  w.embed = T("model.embed_tokens.weight").data;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    auto n = [&](const char* suffix) { return LayerTensorName(l, suffix); };
+    RankWeights::Layer L;
+    L.input_norm = T(n("input_layernorm.weight")).data;
+    if (c.q_lora_rank > 0) {
+      L.q_a = T(n("self_attn.q_a_proj.weight")).data;
+      L.q_a_norm = T(n("self_attn.q_a_layernorm.weight")).data;
+      L.q_b = Rows(T(n("self_attn.q_b_proj.weight")), h0 * qk, Hl * qk);
+    } else {
+      L.q_b = Rows(T(n("self_attn.q_proj.weight")), h0 * qk, Hl * qk);
+    }
+    L.kv_a = T(n("self_attn.kv_a_proj_with_mqa.weight")).data;
+    L.kv_a_norm = T(n("self_attn.kv_a_layernorm.weight")).data;
+    // kv_b_proj rows of head h: [h*(nope+v), +nope) = W_UK[h] [nope, kv_lora], then
+    // [+nope, +v) = W_UV[h] [v, kv_lora].
+    const HostTensor& kvb = T(n("self_attn.kv_b_proj.weight"));
+    L.w_uk_t.resize(Hl * kvl * nope);
+    L.w_uv.resize(Hl * v * kvl);
+    for (int64_t h = 0; h < Hl; ++h) {
+      const float* base = kvb.data.data() + (h0 + h) * (nope + v) * kvl;
+      for (int64_t d = 0; d < nope; ++d) {
+        for (int64_t j = 0; j < kvl; ++j) L.w_uk_t[(h * kvl + j) * nope + d] = base[d * kvl + j];
+      }
+      std::memcpy(L.w_uv.data() + h * v * kvl, base + nope * kvl, v * kvl * sizeof(float));
+    }
+    L.o_proj = Cols(T(n("self_attn.o_proj.weight")), h0 * v, Hl * v);
+    L.post_norm = T(n("post_attention_layernorm.weight")).data;
+    L.gate = Rows(T(n("mlp.gate_proj.weight")), w.inter.begin, w.inter.size);
+    L.up = Rows(T(n("mlp.up_proj.weight")), w.inter.begin, w.inter.size);
+    L.down = Cols(T(n("mlp.down_proj.weight")), w.inter.begin, w.inter.size);
+    w.layers.push_back(std::move(L));
+  }
+  w.final_norm = T("model.norm.weight").data;
+  const HostTensor& head =
+      c.tie_word_embeddings ? T("model.embed_tokens.weight") : T("lm_head.weight");
+  w.lm_head = Rows(head, w.vocab.begin, w.vocab.size);
+  return w;
+}
+
+absl::Status AbsorbedMlaAttention(const ModelConfig& c, int64_t heads, const BatchPlan& plan,
+                                  const float* q, const float* w_uk_t, const float* w_uv,
+                                  const float* kv, int64_t kv_slots, float* out) {
+  const int64_t R = plan.total_rows, qk = c.qk_head_dim(), nope = c.qk_nope_head_dim;
+  const int64_t rope = c.qk_rope_head_dim, kvl = c.kv_lora_rank, lat = c.latent_dim();
+  const int64_t v = c.v_head_dim;
+  // Absorbed query [R, heads, kv_lora + rope]: q_nope[h] · W_UK[h], then q_rope[h].
+  std::vector<float> qlat(R * heads * lat);
+  for (int64_t h = 0; h < heads; ++h) {
+    ref::Linear(q + h * qk, R, nope, heads * qk, w_uk_t + h * kvl * nope, kvl,
+                qlat.data() + h * lat, heads * lat);
+    for (int64_t r = 0; r < R; ++r) {
+      std::memcpy(qlat.data() + (r * heads + h) * lat + kvl, q + (r * heads + h) * qk + nope,
+                  rope * sizeof(float));
+    }
+  }
+  std::vector<float> olat(R * heads * kvl, std::numeric_limits<float>::quiet_NaN());
+  kernels::VerifyAttentionParams p;
+  p.batch = plan.batch;
+  p.total_rows = plan.total_rows;
+  p.num_heads = static_cast<int>(heads);
+  p.qk_dim = static_cast<int>(lat);
+  p.v_dim = static_cast<int>(kvl);
+  p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(qk));
+  p.dtype = kernels::DType::kFloat32;
+  p.q = qlat.data();
+  p.kv = kv;
+  p.kv_slots = kv_slots;
+  p.q_indptr = plan.q_indptr.data();
+  p.kv_indptr = plan.kv_indptr.data();
+  p.kv_indices = plan.kv_indices.data();
+  p.tree_mask = plan.tree_mask.data();
+  p.mask_words = kMaskWords;
+  p.out = olat.data();
+  if (absl::Status s = kernels::VerifyAttentionReference(p); !s.ok()) return s;
+  // attn[r, h*v + i] = o_lat[r, h] · W_UV[h][i]
+  for (int64_t h = 0; h < heads; ++h) {
+    ref::Linear(olat.data() + h * kvl, R, kvl, heads * kvl, w_uv + h * v * kvl, v, out + h * v,
+                heads * v);
+  }
+  return absl::OkStatus();
+}
+
+RankForward::RankForward(const ModelConfig& config, RankWeights weights, Communicator* comm,
+                         int64_t kv_slots)
+    : config_(config),
+      w_(std::move(weights)),
+      comm_(comm),
+      kv_slots_(kv_slots),
+      // Unused slots hold NaN: a stray read poisons the output and fails loudly.
+      kv_(config.num_hidden_layers * kv_slots * config.latent_dim(),
+          std::numeric_limits<float>::quiet_NaN()) {}
+
+absl::Status RankForward::Forward(const BatchPlan& plan, std::vector<int32_t>* predictions,
+                                  std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  const int64_t R = plan.total_rows, hid = c.hidden_size, Hl = w_.heads.size;
+  const int64_t qk = c.qk_head_dim(), lat = c.latent_dim(), kvl = c.kv_lora_rank;
+  const int64_t rope = c.qk_rope_head_dim, v = c.v_head_dim, Il = w_.inter.size;
+  const int64_t Vl = w_.vocab.size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float theta = static_cast<float>(c.rope_theta);
+  predictions->assign(R, -1);
+  if (R == 0) return absl::OkStatus();
+
+  // Residual stream x [R, hidden] = embeddings of the rows' tokens.
+  std::vector<float> x(R * hid);
+  for (int64_t r = 0; r < R; ++r) {
+    std::memcpy(x.data() + r * hid, w_.embed.data() + int64_t{plan.tokens[r]} * hid,
+                hid * sizeof(float));
+  }
+  std::vector<float> h(R * hid), qa, q(R * Hl * qk), kva(R * lat), attn(R * Hl * v);
+  std::vector<float> part(R * hid), gate(R * Il), up(R * Il), act(R * Il);
+  if (c.q_lora_rank > 0) qa.resize(R * c.q_lora_rank);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const RankWeights::Layer& L = w_.layers[l];
+    ref::RmsNorm(x.data(), R, hid, hid, L.input_norm.data(), eps, h.data());
+    // Queries of the local heads [R, H_l, nope + rope].
+    if (c.q_lora_rank > 0) {
+      const int64_t ql = c.q_lora_rank;
+      ref::Linear(h.data(), R, hid, hid, L.q_a.data(), ql, qa.data(), ql);
+      ref::RmsNorm(qa.data(), R, ql, ql, L.q_a_norm.data(), eps, qa.data());
+      ref::Linear(qa.data(), R, ql, ql, L.q_b.data(), Hl * qk, q.data(), Hl * qk);
+    } else {
+      ref::Linear(h.data(), R, hid, hid, L.q_b.data(), Hl * qk, q.data(), Hl * qk);
+    }
+    ref::ApplyRope(q.data(), R, Hl, qk, c.qk_nope_head_dim, rope, plan.positions.data(), theta);
+    // Latent rows [R, kv_lora + rope]: normed c_kv | roped k_pe, into the tail slots.
+    ref::Linear(h.data(), R, hid, hid, L.kv_a.data(), lat, kva.data(), lat);
+    ref::RmsNorm(kva.data(), R, kvl, lat, L.kv_a_norm.data(), eps, kva.data());
+    ref::ApplyRope(kva.data(), R, 1, lat, kvl, rope, plan.positions.data(), theta);
+    float* cache = kv_layer_mut(l);
+    for (int64_t r = 0; r < R; ++r) {
+      std::memcpy(cache + int64_t{plan.tail_slots[r]} * lat, kva.data() + r * lat,
+                  lat * sizeof(float));
+    }
+    if (absl::Status s = AbsorbedMlaAttention(c, Hl, plan, q.data(), L.w_uk_t.data(), L.w_uv.data(),
+                                              cache, kv_slots_, attn.data());
+        !s.ok()) {
+      return s;
+    }
+    // o_proj over the local heads' columns, summed over ranks.
+    ref::Linear(attn.data(), R, Hl * v, Hl * v, L.o_proj.data(), hid, part.data(), hid);
+    if (absl::Status s =
+            comm_->AllReduceSum(part.data(), part.size(), kernels::DType::kFloat32, nullptr);
+        !s.ok()) {
+      return s;
+    }
+    ref::AddInPlace(x.data(), part.data(), R * hid);
+    // SwiGLU MLP on the local intermediate columns, down-projection summed over ranks.
+    ref::RmsNorm(x.data(), R, hid, hid, L.post_norm.data(), eps, h.data());
+    if (Il > 0) {
+      ref::Linear(h.data(), R, hid, hid, L.gate.data(), Il, gate.data(), Il);
+      ref::Linear(h.data(), R, hid, hid, L.up.data(), Il, up.data(), Il);
+      ref::SwiGlu(gate.data(), up.data(), R, Il, Il, act.data());
+      ref::Linear(act.data(), R, Il, Il, L.down.data(), hid, part.data(), hid);
+    } else {
+      std::fill(part.begin(), part.end(), 0.0f);
+    }
+    if (absl::Status s =
+            comm_->AllReduceSum(part.data(), part.size(), kernels::DType::kFloat32, nullptr);
+        !s.ok()) {
+      return s;
+    }
+    ref::AddInPlace(x.data(), part.data(), R * hid);
+  }
+  // LM head on the local vocab rows, then the vocab-parallel argmax.
+  ref::RmsNorm(x.data(), R, hid, hid, w_.final_norm.data(), eps, h.data());
+  const int64_t Vmax = CeilShardMax(c.vocab_size, w_.world);
+  std::vector<float> local_logits(R * Vmax, -std::numeric_limits<float>::infinity());
+  struct ArgmaxEntry {
+    float value;
+    int32_t index;
+  };
+  std::vector<ArgmaxEntry> mine(R, {-std::numeric_limits<float>::infinity(), -1});
+  if (Vl > 0) {
+    ref::Linear(h.data(), R, hid, hid, w_.lm_head.data(), Vl, local_logits.data(), Vmax);
+    std::vector<float> mv(R);
+    std::vector<int32_t> mi(R);
+    ref::ArgmaxRows(local_logits.data(), R, Vl, Vmax, w_.vocab.begin, mv.data(), mi.data());
+    for (int64_t r = 0; r < R; ++r) mine[r] = {mv[r], mi[r]};
+  }
+  const int world = w_.world;
+  std::vector<ArgmaxEntry> all(R * world);
+  if (absl::Status s = comm_->AllGather(mine.data(), all.data(), R * sizeof(ArgmaxEntry), nullptr);
+      !s.ok()) {
+    return s;
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    float best = 0;
+    int32_t best_i = -1;
+    for (int k = 0; k < world; ++k) {  // ranks hold ascending vocab ranges
+      const ArgmaxEntry& e = all[k * R + r];
+      if (e.index < 0 || std::isnan(e.value)) continue;
+      if (best_i < 0 || e.value > best || (e.value == best && e.index < best_i)) {
+        best = e.value;
+        best_i = e.index;
+      }
+    }
+    if (best_i < 0) {
+      return absl::InternalError(absl::StrCat("forward: row ", r, " has no finite logit"));
+    }
+    (*predictions)[r] = best_i;
+  }
+  if (logits != nullptr) {
+    std::vector<float> gathered(static_cast<size_t>(world) * R * Vmax);
+    if (absl::Status s = comm_->AllGather(local_logits.data(), gathered.data(),
+                                          local_logits.size() * sizeof(float), nullptr);
+        !s.ok()) {
+      return s;
+    }
+    logits->assign(R * c.vocab_size, 0.0f);
+    for (int k = 0; k < world; ++k) {
+      const ShardRange vr = VocabShard(c.vocab_size, world, k);
+      for (int64_t r = 0; r < R; ++r) {
+        std::memcpy(logits->data() + r * c.vocab_size + vr.begin,
+                    gathered.data() + (k * R + r) * Vmax, vr.size * sizeof(float));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace verifyd::tp

@@ -1,0 +1,589 @@
+// The CUDA engine: creation, the step (plan upload, the decoder loop, acceptance) and the
+// rank jobs (see cuda_engine.h). Per-rank state: rank_context.h; the decoder's kernels:
+// mla_layer.h.
+#include "tp/cuda/cuda_engine.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dense/weight_gen.h"
+#include "kernels/cuda/tree_accept_cuda.h"
+#include "kernels/cuda/verify_attention/api.h"
+#include "kernels/status.h"
+#include "kernels/tree_accept.h"
+#include "kernels/verify_attention.h"
+#include "kernels/weight_init.h"
+#include "tp/batch_plan.h"
+#include "tp/cuda/mla_layer.h"
+#include "tp/cuda/nccl_communicator.h"
+#include "tp/cuda/rank_context.h"
+#include "tp/presets.h"
+#include "tp/rank_group.h"
+#include "tp/sharding.h"
+#include "tp/weights.h"
+
+namespace verifyd::tp {
+namespace {
+
+namespace kc = kernels::cuda;
+using bf16 = kernels::bf16_bits;
+using Clock = std::chrono::steady_clock;
+
+// Offsets (bytes) of the step plan's arrays in one arena (host pinned and device copies).
+struct PlanLayout {
+  size_t mask = 0, tokens = 0, positions = 0, slots = 0, parents = 0, q_indptr = 0, kv_indptr = 0,
+         kv_indices = 0, total = 0;
+  static PlanLayout For(int64_t rows, int64_t batch, int64_t kv_total) {
+    PlanLayout l;
+    size_t o = 0;
+    auto take = [&o](size_t bytes) {
+      const size_t at = o;
+      o += (bytes + 255) / 256 * 256;
+      return at;
+    };
+    l.mask = take(rows * kMaskWords * sizeof(uint64_t));
+    l.tokens = take(rows * 4);
+    l.positions = take(rows * 4);
+    l.slots = take(rows * 4);
+    l.parents = take(rows * 4);
+    l.q_indptr = take((batch + 1) * 4);
+    l.kv_indptr = take((batch + 1) * 4);
+    l.kv_indices = take(std::max<int64_t>(kv_total, 1) * 4);
+    l.total = o;
+    return l;
+  }
+};
+
+}  // namespace
+
+struct CudaEngine::Impl {
+  EngineOptions options;
+  ModelConfig config;
+  std::shared_ptr<const ModelWeights> host_weights;  // null: generate on the device
+  std::map<std::string, TensorSpec> specs;
+  int tp = 1;
+  int64_t kv_slots = 0;
+  EngineLimits limits;
+  int64_t max_rows = 0;
+  std::atomic<bool> failed{false};
+
+  std::vector<std::unique_ptr<CudaRankContext>> ranks;
+  std::unique_ptr<RankGroup> group;  // ranks[r] is used by group thread r only
+
+  std::mutex step_mu;  // serialises Step calls and the test / benchmark APIs
+  int64_t step_index = 0;
+
+  // Host plan arena (pinned), written by the Step thread before the ranks run.
+  char* plan_host = nullptr;
+  size_t plan_host_bytes = 0;
+
+  ~Impl();
+  // Runs fn on every rank's thread (RankGroup::Run): a rank that takes longer than twice the
+  // collective timeout is declared hung; then the NCCL group is aborted.
+  RankGroup::Outcome RunOnRanks(std::function<absl::Status(CudaRankContext&)> fn);
+  void AbortComms();
+  absl::Status Forward(CudaRankContext& rk, const BatchPlan& plan, const PlanLayout& lay,
+                       bool want_logits);
+  absl::StatusOr<std::vector<StepResult>> RunStep(const std::vector<StepRequest>& batch,
+                                                  std::vector<float>* logits, StepTiming* timing);
+};
+
+CudaEngine::Impl::~Impl() {
+  if (group) group->Stop();  // each rank thread frees its context on exit
+  if (plan_host != nullptr) cudaFreeHost(plan_host);
+}
+
+RankGroup::Outcome CudaEngine::Impl::RunOnRanks(std::function<absl::Status(CudaRankContext&)> fn) {
+  // A healthy step never takes the collective timeout; a rank that does is declared hung.
+  const auto guard = std::chrono::milliseconds(2 * options.comm_timeout_ms + 1000);
+  return group->Run([this, fn = std::move(fn)](int r) { return fn(*ranks[r]); },
+                    RankGroup::Clock::now() + guard,
+                    std::chrono::milliseconds(options.comm_timeout_ms), [this] { AbortComms(); });
+}
+
+void CudaEngine::Impl::AbortComms() {
+  for (auto& r : ranks) {
+    if (r->comm) r->comm->Abort();
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// The forward of one step on one rank.
+
+absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& plan,
+                                       const PlanLayout& lay, bool want_logits) {
+  const ModelConfig& c = config;
+  const int64_t R = plan.total_rows, B = plan.batch;
+  rk.profiling = options.cuda.profile && rk.rank == 0;
+  rk.events_used = 0;
+  MarkProfile(rk, ProfileCategory::kOther);
+
+  // Plan: one copy of the whole arena (grown when a step has more context slots).
+  if (rk.plan_dev_bytes < lay.total) {
+    if (rk.plan_dev != nullptr) {
+      VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rk.stream));
+      VERIFYD_CUDA_RETURN_IF_ERROR(cudaFree(rk.plan_dev));
+      rk.allocs.erase(std::find(rk.allocs.begin(), rk.allocs.end(), rk.plan_dev));
+      rk.plan_dev = nullptr;
+    }
+    absl::StatusOr<char*> p = rk.Alloc<char>(static_cast<int64_t>(lay.total * 5 / 4));
+    if (!p.ok()) return p.status();
+    rk.plan_dev = *p;
+    rk.plan_dev_bytes = lay.total * 5 / 4;
+  }
+  VERIFYD_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(rk.plan_dev, plan_host, lay.total, cudaMemcpyHostToDevice, rk.stream));
+  auto dev_i32 = [&](size_t off) { return reinterpret_cast<int32_t*>(rk.plan_dev + off); };
+  MlaStep step;
+  step.config = &c;
+  step.tp = tp;
+  step.kv_slots = kv_slots;
+  step.rows = R;
+  step.batch = B;
+  step.tokens = dev_i32(lay.tokens);
+  step.positions = dev_i32(lay.positions);
+  step.slots = dev_i32(lay.slots);
+  const int32_t* d_parents = dev_i32(lay.parents);
+  const int32_t* d_q_indptr = dev_i32(lay.q_indptr);
+
+  // RoPE table for the step's positions: shared by every layer.
+  VERIFYD_RETURN_IF_ERROR(ComputeRopeTable(step, rk));
+
+  // Attention parameters shared by every layer (only kv changes).
+  kernels::VerifyAttentionParams& ap = step.attention;
+  ap.batch = static_cast<int>(B);
+  ap.total_rows = static_cast<int>(R);
+  ap.num_heads = static_cast<int>(rk.heads.size);
+  ap.qk_dim = static_cast<int>(c.latent_dim());
+  ap.v_dim = static_cast<int>(c.kv_lora_rank);
+  ap.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
+  ap.dtype = kernels::DType::kBFloat16;
+  ap.q = rk.qatt;
+  ap.kv_slots = kv_slots;
+  ap.q_indptr = d_q_indptr;
+  ap.kv_indptr = dev_i32(lay.kv_indptr);
+  ap.kv_indices = dev_i32(lay.kv_indices);
+  ap.tree_mask = reinterpret_cast<const uint64_t*>(rk.plan_dev + lay.mask);
+  ap.mask_words = kMaskWords;
+  ap.out = rk.olat;
+  ap.stream = rk.stream;
+  kc::VerifyAttentionPlan vk_plan;
+  if (rk.have_vk) {
+    ap.kv = rk.kv.empty() ? nullptr : rk.kv[0];
+    if (kc::SupportsVerifyAttentionCuda(ap, rk.vk_info).ok()) {
+      absl::StatusOr<kc::VerifyAttentionPlan> p = kc::PlanVerifyAttention(
+          ap, plan.q_indptr.data(), plan.kv_indptr.data(), rk.vk_info, rk.vk_ws);
+      if (!p.ok()) return p.status();
+      vk_plan = std::move(*p);
+      VERIFYD_RETURN_IF_ERROR(kc::UploadVerifyAttentionPlan(vk_plan, rk.vk_ws, rk.stream));
+      step.verify_plan = &vk_plan;
+    }
+  }
+
+  VERIFYD_RETURN_IF_ERROR(EmbedTokens(step, rk));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    VERIFYD_RETURN_IF_ERROR(RunMlaLayer(step, l, rk));
+  }
+  VERIFYD_RETURN_IF_ERROR(RunLmHeadArgmax(step, rk));
+
+  if (want_logits && tp > 1) {
+    if (rk.logits_gathered == nullptr) {
+      absl::StatusOr<float*> g = rk.Alloc<float>(static_cast<int64_t>(tp) * max_rows * rk.vmax);
+      if (!g.ok()) return g.status();
+      rk.logits_gathered = *g;
+    }
+    VERIFYD_RETURN_IF_ERROR(
+        rk.comm->AllGather(rk.logits, rk.logits_gathered, R * rk.vmax * sizeof(float), rk.stream));
+  }
+  // Acceptance and the kept / freed slot lists, once, on rank 0; one copy out.
+  if (rk.rank == 0) {
+    kernels::TreeAcceptParams p;
+    p.batch = static_cast<int>(B);
+    p.row_indptr = d_q_indptr;
+    p.tokens = step.tokens;
+    p.parents = d_parents;
+    p.predictions = rk.preds;
+    p.tail_slots = step.slots;
+    p.accepted = rk.accepted;
+    p.num_accepted = rk.num_accepted;
+    p.bonus = rk.bonus;
+    p.kept_slots = rk.kept;
+    p.freed_slots = rk.freed;
+    p.stream = rk.stream;
+    VERIFYD_RETURN_IF_ERROR(kc::TreeAcceptCuda(p));
+    int32_t* h = reinterpret_cast<int32_t*>(rk.out_host);
+    const size_t rb = R * sizeof(int32_t), bb = B * sizeof(int32_t);
+    auto copy_out = [&](int32_t* dst, const int32_t* src, size_t bytes) {
+      return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, rk.stream);
+    };
+    VERIFYD_CUDA_RETURN_IF_ERROR(copy_out(h, rk.preds, rb));
+    VERIFYD_CUDA_RETURN_IF_ERROR(copy_out(h + R, rk.accepted, rb));
+    VERIFYD_CUDA_RETURN_IF_ERROR(copy_out(h + 2 * R, rk.kept, rb));
+    VERIFYD_CUDA_RETURN_IF_ERROR(copy_out(h + 3 * R, rk.freed, rb));
+    VERIFYD_CUDA_RETURN_IF_ERROR(copy_out(h + 4 * R, rk.num_accepted, bb));
+    VERIFYD_CUDA_RETURN_IF_ERROR(copy_out(h + 4 * R + B, rk.bonus, bb));
+  }
+  MarkProfile(rk, ProfileCategory::kOther);
+  VERIFYD_RETURN_IF_ERROR(WaitRankStream(rk, options.comm_timeout_ms));
+  if (rk.profiling) VERIFYD_RETURN_IF_ERROR(CollectProfile(rk));
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------------------------------
+// Step.
+
+absl::StatusOr<std::vector<StepResult>> CudaEngine::Impl::RunStep(
+    const std::vector<StepRequest>& batch, std::vector<float>* logits, StepTiming* timing) {
+  std::lock_guard<std::mutex> step_lock(step_mu);
+  const auto t0 = Clock::now();
+  if (failed.load()) return absl::UnavailableError("cuda engine: a rank failed earlier");
+  absl::StatusOr<BatchPlan> planned =
+      BuildBatchPlan(batch, config, limits, kv_slots, /*with_kv_indices=*/false);
+  if (!planned.ok()) return planned.status();
+  // Shared with the rank jobs by value: a rank that outlives a timed-out step still reads a
+  // live plan.
+  auto shared_plan = std::make_shared<const BatchPlan>(std::move(*planned));
+  const BatchPlan& plan = *shared_plan;
+  if (plan.total_rows == 0) {
+    if (logits) logits->clear();
+    return std::vector<StepResult>{};
+  }
+  const int64_t R = plan.total_rows, B = plan.batch;
+  const PlanLayout lay = PlanLayout::For(R, B, static_cast<int64_t>(plan.kv_indptr.back()));
+  if (plan_host_bytes < lay.total) {
+    if (plan_host != nullptr) cudaFreeHost(plan_host);
+    plan_host = nullptr;
+    plan_host_bytes = 0;
+    void* h = nullptr;
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h, lay.total * 5 / 4));
+    plan_host = static_cast<char*>(h);
+    plan_host_bytes = lay.total * 5 / 4;
+  }
+  auto put = [&](size_t off, const void* src, size_t bytes) {
+    if (bytes > 0) std::memcpy(plan_host + off, src, bytes);
+  };
+  put(lay.mask, plan.tree_mask.data(), plan.tree_mask.size() * sizeof(uint64_t));
+  put(lay.tokens, plan.tokens.data(), R * 4);
+  put(lay.positions, plan.positions.data(), R * 4);
+  put(lay.slots, plan.tail_slots.data(), R * 4);
+  put(lay.parents, plan.parents.data(), R * 4);
+  put(lay.q_indptr, plan.q_indptr.data(), (B + 1) * 4);
+  put(lay.kv_indptr, plan.kv_indptr.data(), (B + 1) * 4);
+  // Slot lists straight from the requests into the pinned buffer (the plan holds only their
+  // offsets): context slots then tail slots, per request.
+  {
+    size_t off = lay.kv_indices;
+    for (const StepRequest& q : batch) {
+      put(off, q.context_slots.data(), q.context_slots.size() * 4);
+      off += q.context_slots.size() * 4;
+      put(off, q.tail_slots.data(), q.tail_slots.size() * 4);
+      off += q.tail_slots.size() * 4;
+    }
+  }
+
+  const int64_t step_no = step_index++;
+  const bool want_logits = logits != nullptr;
+  RankGroup::Outcome run = RunOnRanks(
+      [this, shared_plan, lay, step_no, want_logits](CudaRankContext& rk) -> absl::Status {
+        if (options.fault_hook) VERIFYD_RETURN_IF_ERROR(options.fault_hook(rk.rank, step_no));
+        return Forward(rk, *shared_plan, lay, want_logits);
+      });
+  if (!run.status.ok()) {
+    failed.store(true);
+    AbortComms();
+    return absl::UnavailableError(absl::StrCat("cuda engine step failed: ", run.failure));
+  }
+
+  CudaRankContext& r0 = *ranks[0];
+  const int32_t* h = reinterpret_cast<const int32_t*>(r0.out_host);
+  const int32_t* preds = h;
+  const int32_t* accepted = h + R;
+  const int32_t* kept = h + 2 * R;
+  const int32_t* freed = h + 3 * R;
+  const int32_t* num_acc = h + 4 * R;
+  const int32_t* bonus = h + 4 * R + B;
+  for (int64_t r = 0; r < R; ++r) {
+    if (preds[r] < 0) {
+      return absl::InternalError(absl::StrCat("cuda forward: row ", r, " has no finite logit"));
+    }
+  }
+  std::vector<StepResult> results(batch.size());
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t row0 = plan.q_indptr[b], n = plan.q_indptr[b + 1] - row0;
+    StepResult& res = results[b];
+    res.predictions.assign(preds + row0, preds + row0 + n);
+    if (!batch[b].accept) {
+      // Prefill chunk: every row is committed; bonus = the prediction after the last row.
+      res.bonus = res.predictions.back();
+      res.kept_slots = batch[b].tail_slots;
+      continue;
+    }
+    const int32_t na = num_acc[b];
+    res.accepted_rows.assign(accepted + row0, accepted + row0 + na);
+    res.bonus = bonus[b];
+    res.kept_slots.assign(kept + row0, kept + row0 + 1 + na);
+    res.freed_slots.assign(freed + row0, freed + row0 + (n - 1 - na));
+  }
+  if (want_logits) {
+    // [world, R, Vmax] (TP > 1, gathered on every rank) or [R, Vmax] -> [R, vocab].
+    const int64_t V = config.vocab_size, vmax = r0.vmax;
+    std::vector<float> raw(static_cast<size_t>(tp) * R * vmax);
+    const float* src = tp > 1 ? r0.logits_gathered : r0.logits;
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaSetDevice(r0.device));
+    VERIFYD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(raw.data(), src, raw.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    logits->assign(R * V, 0.f);
+    for (int k = 0; k < tp; ++k) {
+      const ShardRange vr = VocabShard(V, tp, k);
+      for (int64_t r = 0; r < R; ++r) {
+        std::memcpy(logits->data() + r * V + vr.begin, raw.data() + (k * R + r) * vmax,
+                    vr.size * sizeof(float));
+      }
+    }
+  }
+  if (timing) {
+    timing->per_rank_s = run.seconds;
+    timing->total_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  return results;
+}
+
+// ------------------------------------------------------------------------------------------
+// Public API.
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return 0;
+  }
+  return n;
+}
+
+bool CudaDevicesAvailable() { return CudaDeviceCount() > 0; }
+
+CudaEngine::CudaEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaEngine::~CudaEngine() = default;
+
+const ModelConfig& CudaEngine::config() const { return impl_->config; }
+int CudaEngine::tp_size() const { return impl_->tp; }
+int64_t CudaEngine::kv_slots() const { return impl_->kv_slots; }
+EngineLimits CudaEngine::limits() const { return impl_->limits; }
+bool CudaEngine::failed() const { return impl_->failed.load(); }
+
+absl::StatusOr<std::vector<StepResult>> CudaEngine::Step(const std::vector<StepRequest>& batch,
+                                                         StepTiming* timing) {
+  return impl_->RunStep(batch, nullptr, timing);
+}
+
+absl::StatusOr<std::vector<StepResult>> CudaEngine::StepWithLogits(
+    const std::vector<StepRequest>& batch, std::vector<float>* logits, StepTiming* timing) {
+  if (logits == nullptr) return absl::InvalidArgumentError("logits must not be null");
+  return impl_->RunStep(batch, logits, timing);
+}
+
+void CudaEngine::set_profile(bool on) {
+  std::lock_guard<std::mutex> lock(impl_->step_mu);
+  impl_->options.cuda.profile = on;
+}
+
+CudaStepProfile CudaEngine::last_profile() const {
+  std::lock_guard<std::mutex> lock(impl_->step_mu);
+  return impl_->ranks.empty() ? CudaStepProfile{} : impl_->ranks[0]->profile;
+}
+
+absl::StatusOr<std::vector<float>> CudaEngine::LatentRow(int rank, int64_t layer, int32_t slot) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> step_lock(m.step_mu);
+  if (rank < 0 || rank >= m.tp) return absl::InvalidArgumentError("rank out of range");
+  if (layer < 0 || layer >= m.config.num_hidden_layers)
+    return absl::InvalidArgumentError("layer out of range");
+  if (slot < 0 || slot >= m.kv_slots) return absl::InvalidArgumentError("slot out of range");
+  const int64_t lat = m.config.latent_dim();
+  std::vector<bf16> raw(lat);
+  RankGroup::Outcome run = m.RunOnRanks([&](CudaRankContext& rk) -> absl::Status {
+    if (rk.rank != rank) return absl::OkStatus();
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpy(raw.data(), rk.kv[layer] + int64_t{slot} * lat,
+                                            lat * sizeof(bf16), cudaMemcpyDeviceToHost));
+    return absl::OkStatus();
+  });
+  if (!run.status.ok()) return run.status;
+  std::vector<float> out(lat);
+  for (int64_t i = 0; i < lat; ++i) out[i] = kernels::Bf16ToFloat(raw[i]);
+  return out;
+}
+
+absl::Status CudaEngine::FillLatentCacheRandom(uint64_t seed) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> step_lock(m.step_mu);
+  if (m.failed.load()) return absl::UnavailableError("cuda engine: a rank failed earlier");
+  const int64_t lat = m.config.latent_dim();
+  return m
+      .RunOnRanks([&](CudaRankContext& rk) -> absl::Status {
+        for (size_t l = 0; l < rk.kv.size(); ++l) {
+          kc::GenerateWeightsParams g;
+          // Same values on every rank (each keeps the full latent cache).
+          g.tensor_key =
+              kernels::WeightTensorKey(seed, kernels::WeightNameHash(absl::StrCat("kv_pool.", l)));
+          g.scale = 1.0f;
+          g.rows = m.kv_slots;
+          g.cols = lat;
+          g.full_cols = lat;
+          g.out = rk.kv[l];
+          g.ld_out = lat;
+          g.stream = rk.stream;
+          VERIFYD_RETURN_IF_ERROR(kc::GenerateWeightsCuda(g));
+        }
+        VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rk.stream));
+        return absl::OkStatus();
+      })
+      .status;
+}
+
+absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptions& o) {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  if (o.tp < 1) return bad("tp: ", o.tp, " must be >= 1");
+  const EngineLimits& lim = o.limits;
+  if (lim.max_batch < 1) return bad("max_batch: ", lim.max_batch, " must be >= 1");
+  if (lim.max_tail_rows < 1 || lim.max_tail_rows > kernels::kMaxTailRows) {
+    return bad("max_tail_rows: ", lim.max_tail_rows, " must be in [1, ", kernels::kMaxTailRows,
+               "]");
+  }
+  if (lim.max_context < 0) return bad("max_context: ", lim.max_context, " must be >= 0");
+  if (o.kv_slots < 0 || o.kv_slots > INT32_MAX)
+    return bad("kv_slots: ", o.kv_slots, " out of range");
+  const double kv_fraction = o.cuda.kv_memory_fraction;
+  if (o.kv_slots == 0 && !(kv_fraction > 0 && kv_fraction < 1)) {
+    return bad("kv_memory_fraction: ", kv_fraction, " must be in (0, 1)");
+  }
+  if (o.comm_timeout_ms <= 0) return bad("comm_timeout_ms must be > 0");
+  const int ndev = CudaDeviceCount();
+  if (ndev == 0) return absl::FailedPreconditionError("cuda engine: no CUDA device is visible");
+  std::vector<int> devices = o.cuda.devices;
+  if (devices.empty()) {
+    for (int r = 0; r < o.tp; ++r) devices.push_back(r);
+  }
+  if (static_cast<int>(devices.size()) != o.tp) {
+    return bad("devices: ", devices.size(), " entries for tp ", o.tp);
+  }
+  for (int d : devices) {
+    if (d < 0 || d >= ndev) return bad("devices: device ", d, " is not in [0, ", ndev, ")");
+  }
+  if (o.tp > 1 && !NcclCommunicator::Available()) {
+    return absl::UnimplementedError("tp > 1 needs a build with NCCL");
+  }
+
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  m.options = o;
+  m.tp = o.tp;
+  // The model.
+  if (o.weights) {
+    m.host_weights = o.weights;
+    m.config = o.weights->config;
+    VERIFYD_RETURN_IF_ERROR(ValidateModelWeights(*o.weights));
+  } else if (o.config) {
+    m.config = *o.config;
+  } else {
+    absl::StatusOr<ModelConfig> preset = PresetConfig(o.model, o.preset_layers);
+    if (preset.ok()) {
+      m.config = *preset;
+    } else if (preset.status().code() != absl::StatusCode::kNotFound) {
+      return preset.status();
+    } else {
+      std::error_code ec;
+      if (!std::filesystem::is_directory(o.model, ec)) {
+        return bad("model: '", o.model, "' is neither a preset (",
+                   absl::StrJoin(PresetNames(), ", "), ") nor a checkpoint directory");
+      }
+      absl::StatusOr<ModelWeights> w = LoadModelFromDirectory(o.model);
+      if (!w.ok()) return w.status();
+      VERIFYD_RETURN_IF_ERROR(ValidateModelWeights(*w));
+      m.config = w->config;
+      m.host_weights = std::make_shared<const ModelWeights>(std::move(*w));
+    }
+  }
+  VERIFYD_RETURN_IF_ERROR(ValidateModelConfig(m.config));
+  VERIFYD_RETURN_IF_ERROR(ValidateTpSize(m.config, o.tp));
+  if (m.config.qk_rope_head_dim % 2 != 0) return bad("qk_rope_head_dim must be even");
+  for (const TensorSpec& s : ModelTensorSpecs(m.config)) m.specs[s.name] = s;
+  m.limits.max_batch = lim.max_batch;
+  m.limits.max_tail_rows = lim.max_tail_rows;
+  m.limits.max_context = lim.max_context == 0
+                             ? m.config.max_position_embeddings
+                             : std::min(lim.max_context, m.config.max_position_embeddings);
+  RankSetup setup;
+  setup.config = &m.config;
+  setup.weights.host = m.host_weights.get();
+  setup.weights.specs = &m.specs;
+  setup.weights.seed = o.seed;
+  setup.max_rows = static_cast<int64_t>(lim.max_batch) * lim.max_tail_rows;
+  setup.max_batch = lim.max_batch;
+  setup.use_verify_kernel = o.cuda.use_verify_kernel;
+  setup.comm_timeout_ms = o.comm_timeout_ms;
+  m.max_rows = setup.max_rows;
+  if (o.tp > 1) {
+    absl::StatusOr<std::string> id = NcclCommunicator::NewUniqueId();
+    if (!id.ok()) return id.status();
+    setup.nccl_id = *id;
+    setup.nccl_group = std::make_shared<NcclGroupState>();
+  }
+  for (int r = 0; r < o.tp; ++r) {
+    auto rk = std::make_unique<CudaRankContext>();
+    rk->rank = r;
+    rk->device = devices[r];
+    rk->world = o.tp;
+    m.ranks.push_back(std::move(rk));
+  }
+  m.group = std::make_unique<RankGroup>(
+      o.tp, [&m](int r) { cudaSetDevice(m.ranks[r]->device); },
+      [&m](int r) { FreeRankContext(*m.ranks[r]); });
+
+  // Phase 1: devices, communicators, weights, buffers; phase 2: the KV pool, sized from the
+  // smallest free memory over the ranks.
+  RankGroup::Outcome run =
+      m.RunOnRanks([&setup](CudaRankContext& rk) { return InitRankContext(setup, rk); });
+  if (!run.status.ok()) {
+    return absl::Status(run.status.code(), absl::StrCat("cuda engine init: ", run.failure));
+  }
+  if (o.kv_slots > 0) {
+    m.kv_slots = o.kv_slots;
+  } else {
+    size_t free_min = std::numeric_limits<size_t>::max();
+    for (const auto& r : m.ranks) free_min = std::min(free_min, r->free_bytes);
+    const double per_slot =
+        static_cast<double>(m.config.num_hidden_layers) * m.config.latent_dim() * sizeof(bf16);
+    m.kv_slots =
+        std::min<int64_t>(INT32_MAX, static_cast<int64_t>(kv_fraction * free_min / per_slot));
+    if (m.kv_slots < 1) {
+      return absl::ResourceExhaustedError("cuda engine: no device memory left for the KV pool");
+    }
+  }
+  run =
+      m.RunOnRanks([&m](CudaRankContext& rk) { return AllocateKvPool(m.config, m.kv_slots, rk); });
+  if (!run.status.ok()) {
+    return absl::Status(run.status.code(), absl::StrCat("cuda engine init: ", run.failure));
+  }
+  return std::unique_ptr<CudaEngine>(new CudaEngine(std::move(impl)));
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> CreateCudaEngine(const EngineOptions& options) {
+  absl::StatusOr<std::unique_ptr<CudaEngine>> e = CudaEngine::Create(options);
+  if (!e.ok()) return e.status();
+  return std::unique_ptr<Engine>(std::move(*e));
+}
+
+}  // namespace verifyd::tp

@@ -1,0 +1,97 @@
+// The CUDA engine: the MLA decoder on N GPUs of one host with NCCL tensor parallelism,
+// behind tp::Engine (the server's backend for `--backend cuda`).
+//
+// One thread per rank (tp/rank_group.h) owns its GPU, a stream, a cuBLAS handle, its
+// NcclCommunicator (TP > 1) and its weight shard (bf16 on the device: generated on the GPU from the
+// preset seed with the same bits as the CPU backend, or loaded from a checkpoint directory). Every
+// rank keeps the full latent KV pool ([layers][kv_slots][kv_lora + rope] bf16, see DESIGN.md).
+//
+// A Step: the batch is validated and planned once on the caller's thread (tp::BuildBatchPlan:
+// InvalidArgument naming the field, before any KV write); each rank copies the plan (tokens,
+// positions, slot lists, tree masks) to its device in one transfer, computes the RoPE table
+// and the verify-attention split plan once, and runs every layer from them
+// (tp/cuda/mla_layer.h): cuBLAS GEMMs, fused RMSNorm / RoPE / latent-KV write / SwiGLU
+// kernels, the verify attention kernel (kernels/cuda/verify_attention/api.h where it
+// supports the shape, else kernels/cuda/dense/fallback_attention.h),
+// all-reduce after o_proj and the down-projection, then the vocab-parallel argmax
+// (all-gather of (value, index) per row). Tree acceptance and the kept/freed slot lists are
+// computed on rank 0's GPU; the results are copied out once per step. Per-rank device state:
+// tp/cuda/rank_context.h.
+//
+// Failure: a rank error, an NCCL async error or a collective / stream wait longer than
+// comm_timeout_ms aborts the NCCL group; Step answers Unavailable, failed() turns true and
+// stays true (the server reports NOT_SERVING and exits non-zero).
+//
+// Thread-safety: Step / StepWithLogits from one thread at a time (serialised by a mutex);
+// the accessors from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tp/engine.h"
+#include "tp/engine_options.h"
+#include "tp/model_config.h"
+
+namespace verifyd::tp {
+
+// Number of visible CUDA devices (0 when there is no driver or no device).
+int CudaDeviceCount();
+// True when at least one CUDA device is visible: `--backend auto` picks "cuda" then.
+bool CudaDevicesAvailable();
+
+// Time split of the last step on rank 0 (milliseconds of GPU stream time), when
+// EngineOptions::cuda.profile is set.
+struct CudaStepProfile {
+  double attention_ms = 0;     // verify attention kernels (+ combine)
+  double gemm_ms = 0;          // cuBLAS GEMMs incl. the absorbed per-head products, LM head
+  double comm_ms = 0;          // all-reduce / all-gather
+  double other_ms = 0;         // norms, rope, KV write, SwiGLU, argmax, acceptance, copies
+  double total_ms = 0;         // first to last event
+  bool verify_kernel = false;  // the optimised kernel ran (else the fallback)
+};
+
+class CudaEngine final : public Engine {
+ public:
+  // Reads every EngineOptions field but `cpu`.
+  static absl::StatusOr<std::unique_ptr<CudaEngine>> Create(const EngineOptions& options);
+  ~CudaEngine() override;
+
+  const ModelConfig& config() const override;
+  std::string backend() const override { return "cuda"; }
+  int tp_size() const override;
+  int64_t kv_slots() const override;
+  EngineLimits limits() const override;
+  bool failed() const override;
+
+  absl::StatusOr<std::vector<StepResult>> Step(const std::vector<StepRequest>& batch,
+                                               StepTiming* timing = nullptr) override;
+  // Step, and the full logits [total_rows, vocab_size] (fp32, gathered from every rank).
+  absl::StatusOr<std::vector<StepResult>> StepWithLogits(const std::vector<StepRequest>& batch,
+                                                         std::vector<float>* logits,
+                                                         StepTiming* timing = nullptr);
+  // Rank r's latent KV row of `slot` in `layer` (kv_lora + rope values). Test API.
+  absl::StatusOr<std::vector<float>> LatentRow(int rank, int64_t layer, int32_t slot);
+  // Fills every layer's whole latent KV pool with finite pseudo-random values from `seed`
+  // (bf16, uniform [-1, 1)): a benchmark can then attend over long contexts without
+  // prefilling them. Benchmark / test API.
+  absl::Status FillLatentCacheRandom(uint64_t seed);
+  // Turns the per-step time split on or off (EngineOptions::cuda.profile) between steps.
+  void set_profile(bool on);
+  // The time split of the last step (profile option), else zeros.
+  CudaStepProfile last_profile() const;
+
+  struct Impl;
+
+ private:
+  explicit CudaEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The Engine-typed factory (the server's entry point for --backend cuda).
+absl::StatusOr<std::unique_ptr<Engine>> CreateCudaEngine(const EngineOptions& options);
+
+}  // namespace verifyd::tp

@@ -1,0 +1,58 @@
+// The decoder's kernels on one rank of the CUDA engine, in launch order: the step's RoPE
+// table and embedding gather, one MLA decoder layer, and the LM head with the vocab-parallel
+// argmax. The engine's Forward (tp/cuda/cuda_engine.cc) is a loop over these.
+//
+// One layer (R rows, H_l local heads; tp/cuda/rank_context.h names the buffers):
+//   xn = RMSNorm(x); q = q_b(RMSNorm(q_a(xn))) (or q_proj(xn)); kva = kv_a(xn)
+//   qatt[:, h, :kv_lora] = q_nope[h] . W_UK[h]              (batched GEMM over heads)
+//   latent KV write: RMSNorm + RoPE of kva into the layer's cache at the tail slots
+//   qatt[:, h, kv_lora:] = RoPE(q_rope[h])
+//   olat = verify attention (optimised kernel, or the fallback)
+//   attn[:, h] = olat[h] . W_UV[h]^T; x += AllReduce(o_proj(attn))
+//   xn = RMSNorm(x); x += AllReduce(down(SwiGLU(gate_up(xn))))
+// At TP = 1 the o_proj and down GEMMs accumulate straight into x (beta = 1): no add kernel.
+//
+// Thread-safety: called on the rank's own thread only.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/verify_attention/api.h"
+#include "kernels/verify_attention.h"
+#include "tp/cuda/rank_context.h"
+#include "tp/model_config.h"
+
+namespace verifyd::tp {
+
+// What every kernel of one step reads besides the rank's buffers.
+struct MlaStep {
+  const ModelConfig* config = nullptr;
+  int tp = 1;
+  int64_t kv_slots = 0;
+  int64_t rows = 0;   // R: tail rows of the batch
+  int64_t batch = 0;  // B: requests
+  // The step plan on the device.
+  const int32_t* tokens = nullptr;     // [R]
+  const int32_t* positions = nullptr;  // [R]
+  const int32_t* slots = nullptr;      // [R] tail slots
+  // The attention of every layer (all but `kv`, set per layer), and the optimised kernel's
+  // split plan; null: the fallback attention.
+  kernels::VerifyAttentionParams attention;
+  const kernels::cuda::VerifyAttentionPlan* verify_plan = nullptr;
+};
+
+// cos / sin of the step's positions (rk.cos_t, rk.sin_t): shared by every layer.
+absl::Status ComputeRopeTable(const MlaStep& s, CudaRankContext& rk);
+
+// x = embed[tokens].
+absl::Status EmbedTokens(const MlaStep& s, CudaRankContext& rk);
+
+// Decoder layer `layer`: attention and MLP blocks, residual in rk.x, KV into rk.kv[layer].
+absl::Status RunMlaLayer(const MlaStep& s, int64_t layer, CudaRankContext& rk);
+
+// Final RMSNorm, the LM head on the local vocab rows and the vocab-parallel argmax
+// (all-gather of (value, index) per row when TP > 1): rk.preds, identical on every rank.
+absl::Status RunLmHeadArgmax(const MlaStep& s, CudaRankContext& rk);
+
+}  // namespace verifyd::tp

@@ -1,0 +1,315 @@
+// The CUDA engine's per-rank device state (see rank_context.h).
+#include "tp/cuda/rank_context.h"
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/dense/rope.h"
+#include "kernels/cuda/dense/weight_gen.h"
+#include "kernels/status.h"
+#include "kernels/weight_init.h"
+
+namespace verifyd::tp {
+namespace {
+
+namespace kc = kernels::cuda;
+using bf16 = kernels::bf16_bits;
+using Clock = std::chrono::steady_clock;
+
+// Waits for a stream with a deadline (TP = 1 has no communicator to poll).
+absl::Status WaitStream(cudaStream_t s, int timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (int it = 0;; ++it) {
+    const cudaError_t e = cudaStreamQuery(s);
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) {
+      return absl::UnavailableError(
+          absl::StrCat("stream failed: ", cudaGetErrorName(e), " ", cudaGetErrorString(e)));
+    }
+    if (Clock::now() > deadline) {
+      return absl::UnavailableError(absl::StrCat("stream not done after ", timeout_ms, " ms"));
+    }
+    if (it < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+}
+
+// Fills dst [rows, cols] (bf16) with the block [row0, +rows) x [col0, +cols) of tensor
+// `name`: generated on the device, or converted from the host weights.
+absl::Status FillTensor(const WeightSource& source, CudaRankContext& rk, const std::string& name,
+                        bf16* dst, int64_t rows, int64_t cols, int64_t row0, int64_t col0) {
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  if (source.host == nullptr) {
+    auto it = source.specs->find(name);
+    if (it == source.specs->end()) {
+      return absl::InternalError(absl::StrCat("no spec for tensor ", name));
+    }
+    const TensorSpec& s = it->second;
+    const int64_t full_cols = s.shape.size() > 1 ? s.shape[1] : s.shape[0];
+    kc::GenerateWeightsParams g;
+    g.tensor_key = kernels::WeightTensorKey(source.seed, kernels::WeightNameHash(name));
+    g.scale = s.init_scale;
+    g.offset = s.init_offset;
+    g.rows = rows;
+    g.cols = cols;
+    g.full_cols = full_cols;
+    g.row0 = row0;
+    g.col0 = col0;
+    g.out = dst;
+    g.ld_out = cols;
+    g.stream = rk.stream;
+    return kc::GenerateWeightsCuda(g);
+  }
+  const HostTensor* t = source.host->Find(name);
+  if (t == nullptr) {
+    return absl::NotFoundError(absl::StrCat("weights: tensor '", name, "' is missing"));
+  }
+  const int64_t full_cols = t->shape.size() > 1 ? t->shape[1] : t->shape[0];
+  std::vector<bf16> tmp(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = t->data.data() + (row0 + r) * full_cols + col0;
+    for (int64_t c = 0; c < cols; ++c) tmp[r * cols + c] = kernels::FloatToBf16(src[c]);
+  }
+  // Synchronous copy: tmp dies at return.
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, tmp.data(), tmp.size() * sizeof(bf16),
+                                               cudaMemcpyHostToDevice, rk.stream));
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rk.stream));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
+  const ModelConfig& c = *setup.config;
+  const int tp = rk.world;
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaSetDevice(rk.device));
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&rk.stream, cudaStreamNonBlocking));
+  VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasCreate(&rk.cublas));
+  VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasSetStream(rk.cublas, rk.stream));
+  {
+    // A fixed cuBLAS workspace: no allocation inside a step (graph-capture safe).
+    constexpr size_t kCublasWs = size_t{32} << 20;
+    absl::StatusOr<char*> ws = rk.Alloc<char>(kCublasWs);
+    if (!ws.ok()) return ws.status();
+    VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(rk.cublas, *ws, kCublasWs));
+  }
+  if (tp > 1) {
+    auto comm = NcclCommunicator::Create(setup.nccl_id, rk.rank, tp, rk.device,
+                                         setup.comm_timeout_ms, setup.nccl_group);
+    if (!comm.ok()) return comm.status();
+    rk.comm = std::move(*comm);
+  }
+  rk.heads = HeadShard(c.num_attention_heads, tp, rk.rank);
+  rk.vocab = VocabShard(c.vocab_size, tp, rk.rank);
+  rk.inter = IntermediateShard(c.intermediate_size, tp, rk.rank);
+  rk.vmax = CeilShardMax(c.vocab_size, tp);
+  const int64_t hid = c.hidden_size, qk = c.qk_head_dim(), nope = c.qk_nope_head_dim;
+  const int64_t v = c.v_head_dim, kvl = c.kv_lora_rank, lat = c.latent_dim();
+  const int64_t Hl = rk.heads.size, h0 = rk.heads.begin, Il = rk.inter.size;
+  const int64_t ql = c.q_lora_rank, R = setup.max_rows;
+
+  // Weights (bf16): the rank's shard of every tensor.
+  VERIFYD_ASSIGN_OR_RETURN(rk.embed, rk.Alloc<bf16>(c.vocab_size * hid));
+  VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, "model.embed_tokens.weight", rk.embed,
+                                     c.vocab_size, hid, 0, 0));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    auto n = [&](const char* suffix) { return LayerTensorName(l, suffix); };
+    CudaLayerWeights L;
+    VERIFYD_ASSIGN_OR_RETURN(L.input_norm, rk.Alloc<bf16>(hid));
+    VERIFYD_RETURN_IF_ERROR(
+        FillTensor(setup.weights, rk, n("input_layernorm.weight"), L.input_norm, 1, hid, 0, 0));
+    if (ql > 0) {
+      VERIFYD_ASSIGN_OR_RETURN(L.q_a, rk.Alloc<bf16>(ql * hid));
+      VERIFYD_RETURN_IF_ERROR(
+          FillTensor(setup.weights, rk, n("self_attn.q_a_proj.weight"), L.q_a, ql, hid, 0, 0));
+      VERIFYD_ASSIGN_OR_RETURN(L.q_a_norm, rk.Alloc<bf16>(ql));
+      VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("self_attn.q_a_layernorm.weight"),
+                                         L.q_a_norm, 1, ql, 0, 0));
+      VERIFYD_ASSIGN_OR_RETURN(L.q_b, rk.Alloc<bf16>(Hl * qk * ql));
+      VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("self_attn.q_b_proj.weight"), L.q_b,
+                                         Hl * qk, ql, h0 * qk, 0));
+    } else {
+      VERIFYD_ASSIGN_OR_RETURN(L.q_b, rk.Alloc<bf16>(Hl * qk * hid));
+      VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("self_attn.q_proj.weight"), L.q_b,
+                                         Hl * qk, hid, h0 * qk, 0));
+    }
+    VERIFYD_ASSIGN_OR_RETURN(L.kv_a, rk.Alloc<bf16>(lat * hid));
+    VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("self_attn.kv_a_proj_with_mqa.weight"),
+                                       L.kv_a, lat, hid, 0, 0));
+    VERIFYD_ASSIGN_OR_RETURN(L.kv_a_norm, rk.Alloc<bf16>(kvl));
+    VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("self_attn.kv_a_layernorm.weight"),
+                                       L.kv_a_norm, 1, kvl, 0, 0));
+    // kv_b rows of the local heads, in the checkpoint layout: per head W_UK [nope, kv_lora]
+    // then W_UV [v, kv_lora]; the batched GEMMs read both in place.
+    VERIFYD_ASSIGN_OR_RETURN(L.kv_b, rk.Alloc<bf16>(Hl * (nope + v) * kvl));
+    VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("self_attn.kv_b_proj.weight"), L.kv_b,
+                                       Hl * (nope + v), kvl, h0 * (nope + v), 0));
+    VERIFYD_ASSIGN_OR_RETURN(L.o_proj, rk.Alloc<bf16>(hid * Hl * v));
+    VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("self_attn.o_proj.weight"), L.o_proj,
+                                       hid, Hl * v, 0, h0 * v));
+    VERIFYD_ASSIGN_OR_RETURN(L.post_norm, rk.Alloc<bf16>(hid));
+    VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("post_attention_layernorm.weight"),
+                                       L.post_norm, 1, hid, 0, 0));
+    if (Il > 0) {
+      // [gate rows | up rows] of the local intermediate columns: one GEMM for both.
+      VERIFYD_ASSIGN_OR_RETURN(L.gate_up, rk.Alloc<bf16>(2 * Il * hid));
+      VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("mlp.gate_proj.weight"), L.gate_up,
+                                         Il, hid, rk.inter.begin, 0));
+      VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("mlp.up_proj.weight"),
+                                         L.gate_up + Il * hid, Il, hid, rk.inter.begin, 0));
+      VERIFYD_ASSIGN_OR_RETURN(L.down, rk.Alloc<bf16>(hid * Il));
+      VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("mlp.down_proj.weight"), L.down, hid,
+                                         Il, 0, rk.inter.begin));
+    }
+    rk.layers.push_back(L);
+  }
+  VERIFYD_ASSIGN_OR_RETURN(rk.final_norm, rk.Alloc<bf16>(hid));
+  VERIFYD_RETURN_IF_ERROR(
+      FillTensor(setup.weights, rk, "model.norm.weight", rk.final_norm, 1, hid, 0, 0));
+  if (rk.vocab.size > 0) {
+    VERIFYD_ASSIGN_OR_RETURN(rk.lm_head, rk.Alloc<bf16>(rk.vocab.size * hid));
+    VERIFYD_RETURN_IF_ERROR(FillTensor(
+        setup.weights, rk, c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
+        rk.lm_head, rk.vocab.size, hid, rk.vocab.begin, 0));
+  }
+
+  // Activations for the largest step.
+  VERIFYD_ASSIGN_OR_RETURN(rk.x, rk.Alloc<float>(R * hid));
+  VERIFYD_ASSIGN_OR_RETURN(rk.xn, rk.Alloc<bf16>(R * hid));
+  if (ql > 0) {
+    VERIFYD_ASSIGN_OR_RETURN(rk.qa, rk.Alloc<float>(R * ql));
+    VERIFYD_ASSIGN_OR_RETURN(rk.qan, rk.Alloc<bf16>(R * ql));
+  }
+  VERIFYD_ASSIGN_OR_RETURN(rk.q, rk.Alloc<bf16>(R * Hl * qk));
+  VERIFYD_ASSIGN_OR_RETURN(rk.kva, rk.Alloc<float>(R * lat));
+  VERIFYD_ASSIGN_OR_RETURN(rk.qatt, rk.Alloc<bf16>(R * Hl * lat));
+  VERIFYD_ASSIGN_OR_RETURN(rk.olat, rk.Alloc<bf16>(R * Hl * kvl));
+  VERIFYD_ASSIGN_OR_RETURN(rk.attn, rk.Alloc<bf16>(R * Hl * v));
+  VERIFYD_ASSIGN_OR_RETURN(rk.part, rk.Alloc<float>(R * hid));
+  VERIFYD_ASSIGN_OR_RETURN(rk.gu, rk.Alloc<float>(R * 2 * std::max<int64_t>(Il, 1)));
+  VERIFYD_ASSIGN_OR_RETURN(rk.act, rk.Alloc<bf16>(R * std::max<int64_t>(Il, 1)));
+  VERIFYD_ASSIGN_OR_RETURN(rk.logits, rk.Alloc<float>(R * rk.vmax));
+  VERIFYD_ASSIGN_OR_RETURN(rk.cos_t, rk.Alloc<float>(R * c.qk_rope_head_dim / 2));
+  VERIFYD_ASSIGN_OR_RETURN(rk.sin_t, rk.Alloc<float>(R * c.qk_rope_head_dim / 2));
+  VERIFYD_ASSIGN_OR_RETURN(rk.inv_freq, rk.Alloc<float>(c.qk_rope_head_dim / 2));
+  VERIFYD_ASSIGN_OR_RETURN(rk.pairs, rk.Alloc<kc::ArgmaxPair>(R));
+  VERIFYD_ASSIGN_OR_RETURN(rk.gathered, rk.Alloc<kc::ArgmaxPair>(R * tp));
+  VERIFYD_ASSIGN_OR_RETURN(rk.preds, rk.Alloc<int32_t>(R));
+  VERIFYD_ASSIGN_OR_RETURN(rk.accepted, rk.Alloc<int32_t>(R));
+  VERIFYD_ASSIGN_OR_RETURN(rk.kept, rk.Alloc<int32_t>(R));
+  VERIFYD_ASSIGN_OR_RETURN(rk.freed, rk.Alloc<int32_t>(R));
+  VERIFYD_ASSIGN_OR_RETURN(rk.num_accepted, rk.Alloc<int32_t>(setup.max_batch));
+  VERIFYD_ASSIGN_OR_RETURN(rk.bonus, rk.Alloc<int32_t>(setup.max_batch));
+  {
+    const std::vector<float> inv =
+        kc::RopeInvFreq(static_cast<int>(c.qk_rope_head_dim), c.rope_theta);
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        rk.inv_freq, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice, rk.stream));
+  }
+  {
+    void* h = nullptr;
+    VERIFYD_CUDA_RETURN_IF_ERROR(
+        cudaMallocHost(&h, (4 * R + 2 * setup.max_batch) * sizeof(int32_t)));
+    rk.host_allocs.push_back(h);
+    rk.out_host = static_cast<char*>(h);
+  }
+  if (setup.use_verify_kernel) {
+    absl::StatusOr<kc::VerifyAttentionDeviceInfo> info = kc::VerifyAttentionDeviceInfo::Query();
+    if (!info.ok()) return info.status();
+    rk.vk_info = *info;
+    absl::StatusOr<kc::VerifyAttentionWorkspace> ws =
+        kc::VerifyAttentionWorkspace::AllocateDefault();
+    if (!ws.ok()) return ws.status();
+    rk.vk_ws = *ws;
+    rk.have_vk = true;
+  }
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rk.stream));
+  size_t free_b = 0, total_b = 0;
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+  rk.free_bytes = free_b;
+  return absl::OkStatus();
+}
+
+absl::Status AllocateKvPool(const ModelConfig& config, int64_t kv_slots, CudaRankContext& rk) {
+  const int64_t lat = config.latent_dim();
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    absl::StatusOr<bf16*> p = rk.Alloc<bf16>(kv_slots * lat);
+    if (!p.ok()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("latent KV pool of ", kv_slots, " slots: ", p.status().message()));
+    }
+    // Poison: every byte 0xFF is a bf16 NaN, so a read of a slot nothing wrote shows up.
+    VERIFYD_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(*p, 0xFF, kv_slots * lat * sizeof(bf16), rk.stream));
+    rk.kv.push_back(*p);
+  }
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rk.stream));
+  return absl::OkStatus();
+}
+
+void FreeRankContext(CudaRankContext& rk) {
+  cudaSetDevice(rk.device);
+  if (rk.stream != nullptr) cudaStreamSynchronize(rk.stream);
+  rk.comm.reset();
+  if (rk.vk_ws.device != nullptr) (void)rk.vk_ws.Free();
+  for (cudaEvent_t e : rk.events) cudaEventDestroy(e);
+  rk.events.clear();
+  if (rk.cublas != nullptr) cublasDestroy(rk.cublas);
+  rk.cublas = nullptr;
+  for (void* p : rk.allocs) cudaFree(p);
+  rk.allocs.clear();
+  for (void* p : rk.host_allocs) cudaFreeHost(p);
+  rk.host_allocs.clear();
+  if (rk.stream != nullptr) cudaStreamDestroy(rk.stream);
+  rk.stream = nullptr;
+}
+
+absl::Status WaitRankStream(CudaRankContext& rk, int timeout_ms) {
+  if (rk.comm) return rk.comm->Synchronize(rk.stream);
+  return WaitStream(rk.stream, timeout_ms);
+}
+
+void MarkProfile(CudaRankContext& rk, ProfileCategory cat) {
+  if (!rk.profiling) return;
+  if (rk.events_used == rk.events.size()) {
+    cudaEvent_t e;
+    if (cudaEventCreate(&e) != cudaSuccess) return;
+    rk.events.push_back(e);
+    rk.event_cat.push_back(ProfileCategory::kOther);
+  }
+  cudaEventRecord(rk.events[rk.events_used], rk.stream);
+  rk.event_cat[rk.events_used] = cat;
+  ++rk.events_used;
+}
+
+absl::Status CollectProfile(CudaRankContext& rk) {
+  CudaStepProfile p;
+  p.verify_kernel = rk.have_vk;
+  for (size_t i = 0; i + 1 < rk.events_used; ++i) {
+    float ms = 0;
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, rk.events[i], rk.events[i + 1]));
+    switch (rk.event_cat[i]) {
+      case ProfileCategory::kGemm:
+        p.gemm_ms += ms;
+        break;
+      case ProfileCategory::kAttention:
+        p.attention_ms += ms;
+        break;
+      case ProfileCategory::kComm:
+        p.comm_ms += ms;
+        break;
+      default:
+        p.other_ms += ms;
+        break;
+    }
+    p.total_ms += ms;
+  }
+  rk.profile = p;
+  return absl::OkStatus();
+}
+
+}  // namespace verifyd::tp

@@ -1,0 +1,160 @@
+// One rank of the CUDA engine: its device state (stream, cuBLAS handle, NCCL communicator,
+// bf16 weight shard, latent KV pool, activation buffers, verify-attention workspace, profile
+// events) and the functions that set it up on the rank's own thread and tear it down.
+//
+// Buffers (R = max_batch * max_tail_rows rows at most; H_l local heads; lat = kv_lora + rope;
+// I_l local intermediate; V_l local vocab rows, vmax the largest shard):
+//   x     [R, hidden] fp32    residual stream
+//   xn    [R, hidden] bf16    RMSNorm(x): input of the projections
+//   qa    [R, q_lora] fp32 -> qan bf16 (q_a_layernorm)
+//   q     [R, H_l, nope + rope] bf16
+//   kva   [R, lat] fp32       kv_a output, normed + roped into the layer's cache
+//   qatt  [R, H_l, lat] bf16  absorbed query [q_nope . W_UK | roped q_rope]
+//   olat  [R, H_l, kv_lora] bf16  attention output in the latent space
+//   attn  [R, H_l * v] bf16   olat . W_UV^T
+//   part  [R, hidden] fp32    o_proj / down partial sums (all-reduced when TP > 1)
+//   gu    [R, 2 * I_l] fp32   [gate | up];  act [R, I_l] bf16 = silu(gate) * up
+//   logits [R, vmax] fp32;  pairs [R] / gathered [world, R] (value, index)
+//
+// Thread-safety: a CudaRankContext is used only by its rank's thread once created (the
+// engine reads the results in out_host / profile after the rank finished its job).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/common.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dense/argmax.h"
+#include "kernels/cuda/verify_attention/api.h"
+#include "tp/cuda/cuda_engine.h"
+#include "tp/cuda/nccl_communicator.h"
+#include "tp/model_config.h"
+#include "tp/sharding.h"
+#include "tp/weights.h"
+
+namespace verifyd::tp {
+
+// Profile categories of the step's time split (CudaStepProfile).
+enum class ProfileCategory : int { kOther = 0, kGemm = 1, kAttention = 2, kComm = 3 };
+
+// One decoder layer's weight shard on the device (bf16).
+struct CudaLayerWeights {
+  using bf16 = kernels::bf16_bits;
+  bf16 *input_norm = nullptr, *q_a = nullptr, *q_a_norm = nullptr, *q_b = nullptr;
+  bf16 *kv_a = nullptr, *kv_a_norm = nullptr, *kv_b = nullptr, *o_proj = nullptr;
+  bf16 *post_norm = nullptr, *gate_up = nullptr, *down = nullptr;
+};
+
+struct CudaRankContext {
+  using bf16 = kernels::bf16_bits;
+
+  int rank = 0;
+  int device = 0;
+  int world = 1;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  std::unique_ptr<NcclCommunicator> comm;  // TP > 1
+  std::vector<void*> allocs;               // freed on this rank's thread at shutdown
+  std::vector<void*> host_allocs;
+  ShardRange heads, vocab, inter;
+  int64_t vmax = 0;
+
+  // Weights.
+  bf16* embed = nullptr;
+  bf16* final_norm = nullptr;
+  bf16* lm_head = nullptr;
+  std::vector<CudaLayerWeights> layers;
+  std::vector<bf16*> kv;  // [layers] -> [kv_slots, lat]: the latent KV pool
+
+  // Activations for the largest step (see the top of the file).
+  float *x = nullptr, *qa = nullptr, *kva = nullptr, *part = nullptr, *gu = nullptr;
+  float *logits = nullptr, *cos_t = nullptr, *sin_t = nullptr, *inv_freq = nullptr;
+  bf16 *xn = nullptr, *qan = nullptr, *q = nullptr, *qatt = nullptr, *olat = nullptr;
+  bf16 *attn = nullptr, *act = nullptr;
+  kernels::cuda::ArgmaxPair *pairs = nullptr, *gathered = nullptr;
+  int32_t *preds = nullptr, *accepted = nullptr, *num_accepted = nullptr, *bonus = nullptr;
+  int32_t *kept = nullptr, *freed = nullptr;
+  float* logits_gathered = nullptr;  // [world, R, vmax] on demand (StepWithLogits, TP > 1)
+
+  char* plan_dev = nullptr;  // the step plan's device arena (grown on demand)
+  size_t plan_dev_bytes = 0;
+  char* out_host = nullptr;  // pinned: preds, accepted, kept, freed [R] + num_accepted, bonus [B]
+
+  // The optimised verify attention (kernels/cuda/verify_attention/api.h), when enabled.
+  bool have_vk = false;
+  kernels::cuda::VerifyAttentionDeviceInfo vk_info;
+  kernels::cuda::VerifyAttentionWorkspace vk_ws;
+
+  // Profiling (rank 0 with the profile option): events in stream order and the category of
+  // the segment each opens.
+  bool profiling = false;  // this step records events
+  std::vector<cudaEvent_t> events;
+  std::vector<ProfileCategory> event_cat;
+  size_t events_used = 0;
+  CudaStepProfile profile;
+
+  size_t free_bytes = 0;  // device memory free after InitRankContext
+
+  template <typename T>
+  absl::StatusOr<T*> Alloc(int64_t count) {
+    void* p = nullptr;
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T);
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
+    allocs.push_back(p);
+    return static_cast<T*>(p);
+  }
+};
+
+// Where a rank's weights come from.
+struct WeightSource {
+  const ModelWeights* host = nullptr;  // host weights, or null: generate on the device
+  const std::map<std::string, TensorSpec>* specs = nullptr;  // by name (generation)
+  uint64_t seed = 0;                                         // generation seed
+};
+
+// What InitRankContext needs besides the context's rank / device / world.
+struct RankSetup {
+  const ModelConfig* config = nullptr;
+  WeightSource weights;
+  int64_t max_rows = 0;  // max_batch * max_tail_rows
+  int max_batch = 0;
+  bool use_verify_kernel = true;
+  // NCCL (TP > 1): the group's unique id and shared failure flag.
+  std::string nccl_id;
+  std::shared_ptr<NcclGroupState> nccl_group;
+  int comm_timeout_ms = 60000;
+};
+
+// On the rank's thread: selects the device, creates the stream, cuBLAS handle (fixed
+// workspace) and communicator, uploads or generates the weight shard, allocates the
+// activation buffers, sets up the verify attention, and records the free device memory.
+absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk);
+
+// On the rank's thread: the latent KV pool, every byte 0xFF (bf16 NaN: a read of a slot
+// nothing wrote shows up). ResourceExhausted when it does not fit.
+absl::Status AllocateKvPool(const ModelConfig& config, int64_t kv_slots, CudaRankContext& rk);
+
+// On the rank's thread: frees everything (after draining the stream).
+void FreeRankContext(CudaRankContext& rk);
+
+// Waits for the rank's stream with a deadline: through the communicator when there is one
+// (it also watches the group), else polling the stream. Unavailable on error or timeout.
+absl::Status WaitRankStream(CudaRankContext& rk, int timeout_ms);
+
+// Records a profile event opening a segment of category `cat` (when rk.profiling).
+void MarkProfile(CudaRankContext& rk, ProfileCategory cat);
+
+// Sums the recorded segments into rk.profile (after the stream is done).
+absl::Status CollectProfile(CudaRankContext& rk);
+
+}  // namespace verifyd::tp
