@@ -17,6 +17,8 @@ Table kinds:
                     (bench/peers/flashinfer_mla.py --json) of the SAME run, plus an optional
                     reference column (e.g. FlashMLA, measured elsewhere, labelled as such).
   engine            the CUDA engine step (bench/engine/engine_bench --json).
+  verify_attention_change, engine_change
+                    the same benchmark of two builds in one GPU run (before / after a change).
 Only the Python standard library: runs on the CI machine.
 """
 import argparse
@@ -59,8 +61,11 @@ def meta_line(name, d, path):
     m = d.get("meta", {})
     parts = [f"**{name}**: `{path}`", m.get("device", "?"), m.get("date", "?"),
              f"commit `{m.get('commit', '?')}`"]
-    if m.get("driver_version"):
-        parts.append(f"driver {m['driver_version']}")
+    drv = m.get("driver_version")
+    if isinstance(drv, int) and drv:
+        parts.append(f"CUDA driver API {drv // 1000}.{drv % 1000 // 10}")
+    elif drv:
+        parts.append(f"driver {drv}")
     if m.get("sm_clock_mhz"):
         parts.append(f"SM clock {m['sm_clock_mhz']} MHz")
     for k in ("flashinfer", "backend", "source"):
@@ -79,7 +84,7 @@ def verify_attention_table(spec):
     out = []
     head = ["B", "H", "q", "ctx", "verifyd ms (page 1, tree)"]
     if fi:
-        head += ["FlashInfer ms (page 1)", "FlashInfer best ms (page)"]
+        head += ["FlashInfer ms (page 1)", "FlashInfer best ms (page, layout)"]
     if ref:
         head += [f"{ref_label} ms"]
     head += ["verifyd vs best same-run peer"]
@@ -98,7 +103,10 @@ def verify_attention_table(spec):
             f = fi_rows.get(k)
             if f:
                 peer_ms = min(f["ms"], f.get("best_ms", f["ms"]))
-                cells += [fmt_ms(f["ms"]), f"{fmt_ms(f.get('best_ms'))} ({f.get('best_page_size')})"]
+                where = f"page {f.get('best_page_size')}"
+                if f.get("best_layout"):
+                    where += f", {f['best_layout']}"
+                cells += [fmt_ms(f["ms"]), f"{fmt_ms(f.get('best_ms'))} ({where})"]
             else:
                 cells += ["–", "–"]
         if ref:
@@ -166,7 +174,58 @@ def engine_table(spec):
     return "\n".join(out)
 
 
-KINDS = {"verify_attention": verify_attention_table, "engine": engine_table}
+def results_of(d):
+    """Result rows of a verify-attention JSON (older builds wrote them under "shapes")."""
+    return d["results"] if "results" in d else d["shapes"]
+
+
+def change_line(ratios):
+    lo, hi = min(ratios), max(ratios)
+    return (f"after / before: geomean {geomean(ratios):.3f}, range {lo:.3f}-{hi:.3f} "
+            f"over {len(ratios)} rows.")
+
+
+def verify_attention_change_table(spec):
+    before, after = load(spec["before"]), load(spec["after"])
+    b_rows = {key(r): r for r in results_of(before)}
+    out = ["| B | H | q | ctx | before ms | after ms | after / before |", "|---|---|---|---|---|---|---|"]
+    ratios = []
+    for r in results_of(after):
+        b = b_rows.get(key(r))
+        if not b:
+            continue
+        ratios.append(r["ms"] / b["ms"])
+        out.append(f"| {r['B']} | {r['H']} | {r['q']} | {r['ctx']:,} | {fmt_ms(b['ms'])} | "
+                   f"{fmt_ms(r['ms'])} | {ratios[-1]:.3f} |")
+    out += ["", change_line(ratios), "",
+            f"- **before**: `{spec['before']}` ({spec.get('before_label', '')})",
+            meta_line("after", after, spec["after"])]
+    return "\n".join(out)
+
+
+def engine_change_table(spec):
+    before, after = load(spec["before"]), load(spec["after"])
+    k = lambda r: (r["context"], r["nodes"], r["batch"])
+    b_rows = {k(r): r for r in before["rows"]}
+    out = ["| context | nodes | batch | before step ms | after step ms | after / before |",
+           "|---|---|---|---|---|---|"]
+    ratios = []
+    for r in after["rows"]:
+        b = b_rows.get(k(r))
+        if not b:
+            continue
+        ratios.append(r["step_ms"] / b["step_ms"])
+        out.append(f"| {r['context']:,} | {r['nodes']} | {r['batch']} | {b['step_ms']:.2f} | "
+                   f"{r['step_ms']:.2f} | {ratios[-1]:.3f} |")
+    out += ["", change_line(ratios), "",
+            f"- **before**: `{spec['before']}` ({spec.get('before_label', '')})",
+            meta_line("after", after, spec["after"])]
+    return "\n".join(out)
+
+
+KINDS = {"verify_attention": verify_attention_table, "engine": engine_table,
+         "verify_attention_change": verify_attention_change_table,
+         "engine_change": engine_change_table}
 
 
 def render(name, spec):

@@ -18,6 +18,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests bench flashinfer)
 commit=${VERIFYD_COMMIT:-unknown}
+driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
 rc=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv > "$OUT/gpu.txt" 2>&1
@@ -45,7 +46,8 @@ for step in "${steps[@]}"; do
       PYTHONPATH="${FLASHINFER_PATH:-}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
         FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a} \
         timeout "${FLASHINFER_TIMEOUT:-420}" python3 "$here/bench/peers/flashinfer_mla.py" \
-        --commit="$commit" --json "$OUT/flashinfer.json" > "$OUT/flashinfer.log" 2>&1 || rc=1
+        --commit="$commit" --nvidia-driver="$driver" --json "$OUT/flashinfer.json" \
+        > "$OUT/flashinfer.log" 2>&1 || rc=1
       ;;
     tune)
       # Planner / configuration sweep: one bench run per (config, split overhead), then a
@@ -91,4 +93,5 @@ done
 tar czf "$FINAL_OUT/results.tgz" -C "$OUT" .
 [ -f "$OUT/bench_auto.json" ] && cp "$OUT/bench_auto.json" "$FINAL_OUT/verifyd.json"
 [ -f "$OUT/flashinfer.json" ] && cp "$OUT/flashinfer.json" "$FINAL_OUT/flashinfer.json"
+cp "$OUT/gpu.txt" "$FINAL_OUT/nvidia-smi.csv"
 exit $rc

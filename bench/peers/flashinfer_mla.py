@@ -11,8 +11,11 @@ timing method:
     of --iters graph replays after --warmup.
 FlashInfer (BatchMLAPagedAttentionWrapper, backend fa3 on sm_90) supports only a causal
 chain (no tree mask): q rows per request are a chain, which is what verifyd's bench runs
-too. It is timed at page size 1 (what page-size-1 verify needs) and at each of --page-sizes
-(its own best is reported separately).
+too. It is timed at page size 1 (what page-size-1 verify needs) and at each of --page-sizes,
+with the latent cache in each of --layouts: "joint" (one [pages, page, 576] buffer, ckv and
+kpe strided views of it: the layout serving systems and verifyd use, one 1152-byte row per
+token) and "separate" (two buffers, [pages, page, 512] and [pages, page, 64]). "ms" is its
+best at page size 1, "best_ms" its best over every page size and layout.
 
 FlashInfer is a PyPI package (flashinfer-python); its sdist JIT-compiles on the GPU machine.
 Writes JSON (--json) in the schema of verify_attention_bench ("impl": "flashinfer"), prints a
@@ -52,17 +55,24 @@ def num_sets(B, q, ctx, rotate_bytes):
     return int(min(max(-(-rotate_bytes // set_bytes), 2), 64))
 
 
-def time_shape(flashinfer, B, H, q, ctx, page, args, dev):
+def make_cache(pages, page, layout, dev, g):
+    """(ckv, kpe) of `pages` pages: views of one joint buffer, or two separate buffers."""
+    if layout == "joint":
+        kv = torch.empty(pages, page, QK, dtype=torch.bfloat16, device=dev).uniform_(-1, 1, generator=g)
+        return kv[..., :CKV], kv[..., CKV:]
+    ckv = torch.empty(pages, page, CKV, dtype=torch.bfloat16, device=dev).uniform_(-1, 1, generator=g)
+    kpe = torch.empty(pages, page, KPE, dtype=torch.bfloat16, device=dev).uniform_(-1, 1, generator=g)
+    return ckv, kpe
+
+
+def time_shape(flashinfer, B, H, q, ctx, page, layout, args, dev):
     """Median per-call ms of the graph-timed run, and the eager median, for one page size."""
     L = ctx + q                              # keys per request: context + its own q rows
     pages_per_req = -(-L // page)
     sets = num_sets(B, q, ctx, args.rotate_bytes)
     total_pages = B * pages_per_req * sets
     g = torch.Generator(device=dev).manual_seed(12345)
-    ckv = torch.empty(total_pages, page, CKV, dtype=torch.bfloat16, device=dev)
-    kpe = torch.empty(total_pages, page, KPE, dtype=torch.bfloat16, device=dev)
-    ckv.uniform_(-1, 1, generator=g)
-    kpe.uniform_(-1, 1, generator=g)
+    ckv, kpe = make_cache(total_pages, page, layout, dev, g)
     perm = torch.randperm(total_pages, device=dev, generator=g).int()
     rows = B * q
     float_ws = torch.empty(args.workspace_mb << 20, dtype=torch.int8, device=dev)
@@ -128,10 +138,9 @@ def sanity_check(flashinfer, args, dev):
     L = ctx + q
     g = torch.Generator(device=dev).manual_seed(7)
     errs = {}
-    for page in sorted({1, *(int(p) for p in args.page_sizes.split(",") if p)}):
+    for page, layout in configs(args):
         per = -(-L // page)
-        ckv = torch.empty(B * per + 3, page, CKV, device=dev).uniform_(-1, 1, generator=g).bfloat16()
-        kpe = torch.empty(B * per + 3, page, KPE, device=dev).uniform_(-1, 1, generator=g).bfloat16()
+        ckv, kpe = make_cache(B * per + 3, page, layout, dev, g)
         idx = torch.randperm(B * per + 3, device=dev, generator=g)[:B * per].int()
         qn = torch.empty(B * q, H, CKV, device=dev).uniform_(-2, 2, generator=g).bfloat16()
         qp = torch.empty(B * q, H, KPE, device=dev).uniform_(-2, 2, generator=g).bfloat16()
@@ -158,8 +167,13 @@ def sanity_check(flashinfer, args, dev):
             ref = torch.einsum("thk,kd->thd", torch.softmax(s, -1), k_c)
             num += float(((out[b * q:(b + 1) * q] - ref) ** 2).sum())
             den += float((ref ** 2).sum())
-        errs[str(page)] = math.sqrt(num / den)
+        errs[f"{layout}/{page}"] = math.sqrt(num / den)
     return errs
+
+
+def configs(args):
+    pages = sorted({1, *(int(p) for p in args.page_sizes.split(",") if p)})
+    return [(p, lay) for lay in args.layouts.split(",") if lay for p in pages]
 
 
 def main():
@@ -170,10 +184,12 @@ def main():
     ap.add_argument("--rotate-bytes", type=int, default=512 << 20)
     ap.add_argument("--page-sizes", default="1,16,64",
                     help="page sizes to time; page size 1 is always included")
+    ap.add_argument("--layouts", default="joint,separate", help="latent cache layouts to time")
     ap.add_argument("--backend", default="fa3")
     ap.add_argument("--workspace-mb", type=int, default=256)
     ap.add_argument("--shapes", default="", help="B:H:q:ctx[,...] instead of the 16 shapes")
     ap.add_argument("--commit", default="unknown", help="verifyd commit of the same run")
+    ap.add_argument("--nvidia-driver", default="", help="driver version (nvidia-smi) to record")
     ap.add_argument("--copy-gbps", type=float, default=4242.0)
     ap.add_argument("--mma-tflops", type=float, default=790.0)
     args = ap.parse_args()
@@ -181,34 +197,39 @@ def main():
 
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
-    pages = sorted({1, *(int(p) for p in args.page_sizes.split(",") if p)})
+    if not set(args.layouts.split(",")) <= {"joint", "separate"}:
+        sys.exit("--layouts: joint and/or separate")
+    cfgs = configs(args)
+    names = [f"{lay}/{p}" for p, lay in cfgs]
     shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
     sanity = sanity_check(flashinfer, args, dev)
-    print("sanity: FlashInfer vs float32 torch, rel L2 by page size:", sanity, flush=True)
+    print("sanity: FlashInfer vs float32 torch, rel L2 by layout/page size:", sanity, flush=True)
     if any(e > 2e-2 for e in sanity.values()):
         sys.exit("flashinfer_mla: the sanity check failed: not timing it")
     results = []
-    print(f"{'B':>3} {'H':>4} {'q':>3} {'ctx':>7} " +
-          " ".join(f"{'p' + str(p) + ' ms':>10}" for p in pages) + f" {'best':>6}")
+    print(f"{'B':>3} {'H':>4} {'q':>3} {'ctx':>7} " + " ".join(f"{n:>12}" for n in names) +
+          f" {'best':>12}")
     for B, H, q, ctx in shapes:
-        row = {"B": B, "H": H, "q": q, "ctx": ctx, "mask": "causal-chain", "by_page_size": {}}
-        for p in pages:
-            ms, eager_ms, sets = time_shape(flashinfer, B, H, q, ctx, p, args, dev)
-            row["by_page_size"][str(p)] = {"ms": ms, "eager_ms": eager_ms, "sets": sets}
-        best = min(pages, key=lambda p: row["by_page_size"][str(p)]["ms"])
-        row.update(page_size=1, ms=row["by_page_size"]["1"]["ms"],
-                   eager_ms=row["by_page_size"]["1"]["eager_ms"],
-                   sets=row["by_page_size"]["1"]["sets"], best_page_size=best,
-                   best_ms=row["by_page_size"][str(best)]["ms"])
+        row = {"B": B, "H": H, "q": q, "ctx": ctx, "mask": "causal-chain", "by_config": {}}
+        for (p, lay), name in zip(cfgs, names):
+            ms, eager_ms, sets = time_shape(flashinfer, B, H, q, ctx, p, lay, args, dev)
+            row["by_config"][name] = {"ms": ms, "eager_ms": eager_ms, "sets": sets,
+                                      "page_size": p, "layout": lay}
+        by = row["by_config"]
+        p1 = min((n for n in names if by[n]["page_size"] == 1), key=lambda n: by[n]["ms"])
+        best = min(names, key=lambda n: by[n]["ms"])
+        row.update(page_size=1, layout=by[p1]["layout"], ms=by[p1]["ms"],
+                   eager_ms=by[p1]["eager_ms"], sets=by[p1]["sets"],
+                   best_page_size=by[best]["page_size"], best_layout=by[best]["layout"],
+                   best_ms=by[best]["ms"])
+        print(f"{B:>3} {H:>4} {q:>3} {ctx:>7} " + " ".join(f"{by[n]['ms']:>12.4f}" for n in names) +
+              f" {best:>12}", flush=True)
         kv_bytes = B * (ctx + q) * QK * 2
         flops = 2.0 * B * q * H * (ctx + q) * (QK + CKV)
         row["mem_floor_ms"] = kv_bytes / (args.copy_gbps * 1e9) * 1e3
         row["compute_floor_ms"] = flops / (args.mma_tflops * 1e12) * 1e3
         results.append(row)
-        print(f"{B:>3} {H:>4} {q:>3} {ctx:>7} " +
-              " ".join(f"{row['by_page_size'][str(p)]['ms']:>10.4f}" for p in pages) +
-              f" {best:>6}", flush=True)
-    drv = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else None
+    drv = args.nvidia_driver or None
     meta = {
         "commit": args.commit,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -216,11 +237,12 @@ def main():
         "num_sms": props.multi_processor_count, "driver_version": drv,
         "runtime_version": torch.version.cuda, "torch": torch.__version__,
         "flashinfer": getattr(flashinfer, "__version__", "unknown"), "backend": args.backend,
+        "layouts": args.layouts, "page_sizes": [p for p in sorted({p for p, _ in cfgs})],
         "timing": "inputs rotated over >= rotate_bytes of KV; one CUDA graph runs every input "
                   "set once; per-call = graph time / sets; median of iters replays",
         "rotate_bytes": args.rotate_bytes, "iters": args.iters, "warmup": args.warmup,
         "copy_gbps": args.copy_gbps, "mma_tflops": args.mma_tflops,
-        "sanity_rel_l2_by_page_size": sanity,
+        "sanity_rel_l2_by_layout_page_size": sanity,
     }
     with open(args.json, "w") as f:
         json.dump({"bench": "verify_attention", "impl": "flashinfer", "meta": meta,
