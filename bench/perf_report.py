@@ -243,7 +243,16 @@ def main():
     ap.add_argument("--check", action="store_true", help="fail if docs/PERF.md is stale")
     ap.add_argument("--tables", default="bench/results/tables.json")
     ap.add_argument("--doc", default="docs/PERF.md")
+    ap.add_argument("--print-run", nargs="+", metavar="JSON",
+                    help="print the same-run kernel table of a GPU run instead: verifyd's "
+                         "JSON, then FlashInfer's (optional); paths as given")
     args = ap.parse_args()
+    if args.print_run:
+        spec = {"kind": "verify_attention", "verifyd": os.path.abspath(args.print_run[0])}
+        if len(args.print_run) > 1:
+            spec["flashinfer"] = os.path.abspath(args.print_run[1])
+        print(render("run", spec))
+        return
     tables = load(args.tables)["tables"]
     doc_path = os.path.join(ROOT, args.doc)
     with open(doc_path) as f:

@@ -90,6 +90,11 @@ done
 for f in "$OUT"/bench_*.log "$OUT/flashinfer.log" "$OUT/torch.log"; do
   [ -f "$f" ] && { echo "== $(basename "$f")"; grep -E "^\||^ *[0-9]|device|sanity|rror" "$f" | tail -40; }
 done
+if [ -f "$OUT/bench_auto.json" ]; then  # verifyd and its same-run peer side by side
+  echo "== same run"
+  python3 "$here/bench/perf_report.py" --print-run "$OUT/bench_auto.json" \
+    $([ -f "$OUT/flashinfer.json" ] && echo "$OUT/flashinfer.json") || rc=1
+fi
 tar czf "$FINAL_OUT/results.tgz" -C "$OUT" .
 [ -f "$OUT/bench_auto.json" ] && cp "$OUT/bench_auto.json" "$FINAL_OUT/verifyd.json"
 [ -f "$OUT/flashinfer.json" ] && cp "$OUT/flashinfer.json" "$FINAL_OUT/flashinfer.json"
