@@ -11,7 +11,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -27,6 +29,10 @@ ABSL_FLAG(std::string, model, "tiny", "model preset name or checkpoint directory
 ABSL_FLAG(uint64_t, seed, 0, "weight seed for presets");
 ABSL_FLAG(std::string, backend, "auto", "cpu | cuda | auto (cpu when no GPU) | toy (test)");
 ABSL_FLAG(int, tp, 1, "tensor-parallel ranks");
+ABSL_FLAG(std::string, cuda_devices, "",
+          "cuda backend: the CUDA device of each rank, comma-separated (default 0..tp-1); one "
+          "device repeated for every rank (e.g. 0,0,0,0) runs the ranks on that GPU through the "
+          "loopback communicator (testing tensor parallelism on one GPU)");
 ABSL_FLAG(int64_t, kv_slots, 65536, "latent KV pool capacity in tokens");
 ABSL_FLAG(int, max_batch, 64, "requests per engine step");
 ABSL_FLAG(int, max_queue, 1024, "requests waiting for the engine before RESOURCE_EXHAUSTED");
@@ -97,6 +103,16 @@ int main(int argc, char** argv) {
   spec.engine.tp = absl::GetFlag(FLAGS_tp);
   spec.engine.kv_slots = absl::GetFlag(FLAGS_kv_slots);
   spec.engine.limits.max_batch = absl::GetFlag(FLAGS_max_batch);
+  for (absl::string_view d :
+       absl::StrSplit(absl::GetFlag(FLAGS_cuda_devices), ',', absl::SkipEmpty())) {
+    int dev = -1;
+    if (!absl::SimpleAtoi(d, &dev) || dev < 0) {
+      std::fprintf(stderr, "verifyd: --cuda_devices: '%s' is not a device number\n",
+                   std::string(d).c_str());
+      return 2;
+    }
+    spec.engine.cuda.devices.push_back(dev);
+  }
   spec.testing_fault = absl::GetFlag(FLAGS_testing_fault);
   spdlog::info("loading model={} backend={} tp={} kv_slots={}", spec.engine.model, spec.backend,
                spec.engine.tp, spec.engine.kv_slots);

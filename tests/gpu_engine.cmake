@@ -9,6 +9,9 @@ if(VERIFYD_WITH_CUDA)
   verifyd_add_test(gpu_engine_test LABEL gpu TIMEOUT 900
     SOURCES gpu_engine_test.cc
     LIBS verifyd_tp_cuda verifyd_tp verifyd_kernels_ref)
+  verifyd_add_test(gpu_loopback_test LABEL gpu
+    SOURCES gpu_loopback_test.cc
+    LIBS verifyd_tp_cuda CUDA::cudart)
   if(VERIFYD_WITH_NCCL)
     verifyd_add_test(gpu_engine_nccl_test LABEL gpu
       SOURCES gpu_engine_nccl_test.cc

@@ -51,7 +51,10 @@ struct EngineOptions {
   } cpu;
 
   struct Cuda {
-    std::vector<int> devices;         // CUDA device of each rank; empty = 0 .. tp-1
+    // CUDA device of each rank; empty = 0 .. tp-1. One device listed for every rank (e.g.
+    // {0, 0, 0, 0}): the ranks share that GPU through the loopback communicator (testing TP
+    // on one GPU); distinct devices: NCCL.
+    std::vector<int> devices;
     double kv_memory_fraction = 0.5;  // used when kv_slots = 0; in (0, 1)
     bool use_verify_kernel = true;    // false: always the fallback attention
     bool profile = false;             // time the step's parts with CUDA events (rank 0)

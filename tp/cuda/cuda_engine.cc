@@ -15,6 +15,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -482,8 +483,20 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   for (int d : devices) {
     if (d < 0 || d >= ndev) return bad("devices: device ", d, " is not in [0, ", ndev, ")");
   }
-  if (o.tp > 1 && !NcclCommunicator::Available()) {
-    return absl::UnimplementedError("tp > 1 needs a build with NCCL");
+  // Ranks sharing one device talk through the loopback communicator (every rank on that
+  // device); ranks on distinct devices through NCCL.
+  const bool shared_device = std::set<int>(devices.begin(), devices.end()).size() < devices.size();
+  if (shared_device) {
+    for (int d : devices) {
+      if (d != devices[0]) {
+        return bad("devices: ranks that share a GPU (loopback) must all be on one device; got ",
+                   absl::StrJoin(devices, ","));
+      }
+    }
+    if (o.tp > kMaxLoopbackRanks)
+      return bad("devices: at most ", kMaxLoopbackRanks, " loopback ranks");
+  } else if (o.tp > 1 && !NcclCommunicator::Available()) {
+    return absl::UnimplementedError("tp > 1 on distinct GPUs needs a build with NCCL");
   }
 
   auto impl = std::make_unique<Impl>();
@@ -535,7 +548,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   setup.use_verify_kernel = o.cuda.use_verify_kernel;
   setup.comm_timeout_ms = o.comm_timeout_ms;
   m.max_rows = setup.max_rows;
-  if (o.tp > 1) {
+  if (o.tp > 1 && shared_device) {
+    setup.loopback = std::make_shared<LoopbackGroup>(o.tp, o.comm_timeout_ms);
+  } else if (o.tp > 1) {
     absl::StatusOr<std::string> id = NcclCommunicator::NewUniqueId();
     if (!id.ok()) return id.status();
     setup.nccl_id = *id;

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "tp/communicator.h"
+#include "tp/cuda/device_communicator.h"
 
 namespace verifyd::tp {
 
@@ -33,7 +33,7 @@ struct NcclGroupState {
   std::atomic<bool> failed{false};
 };
 
-class NcclCommunicator : public Communicator {
+class NcclCommunicator : public DeviceCommunicator {
  public:
   // True when this build has NCCL (tp > 1 possible on the CUDA engine).
   static bool Available();
@@ -66,9 +66,9 @@ class NcclCommunicator : public Communicator {
 
   // Waits until the stream's work is done, polling NCCL's async error and the group flag;
   // Unavailable after an error, an abort or timeout_ms.
-  absl::Status Synchronize(void* stream);
+  absl::Status Synchronize(void* stream) override;
 
-  bool failed() const;
+  bool failed() const override;
 
  private:
   NcclCommunicator(void* comm, int rank, int world, int device, int timeout_ms,

@@ -97,11 +97,13 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
     if (!ws.ok()) return ws.status();
     VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(rk.cublas, *ws, kCublasWs));
   }
-  if (tp > 1) {
-    auto comm = NcclCommunicator::Create(setup.nccl_id, rk.rank, tp, rk.device,
-                                         setup.comm_timeout_ms, setup.nccl_group);
-    if (!comm.ok()) return comm.status();
-    rk.comm = std::move(*comm);
+  if (tp > 1 && setup.loopback != nullptr) {
+    VERIFYD_ASSIGN_OR_RETURN(rk.comm,
+                             LoopbackCommunicator::Create(setup.loopback, rk.rank, rk.device));
+  } else if (tp > 1) {
+    VERIFYD_ASSIGN_OR_RETURN(rk.comm,
+                             NcclCommunicator::Create(setup.nccl_id, rk.rank, tp, rk.device,
+                                                      setup.comm_timeout_ms, setup.nccl_group));
   }
   rk.heads = HeadShard(c.num_attention_heads, tp, rk.rank);
   rk.vocab = VocabShard(c.vocab_size, tp, rk.rank);

@@ -37,6 +37,7 @@
 #include "kernels/cuda/dense/argmax.h"
 #include "kernels/cuda/verify_attention/api.h"
 #include "tp/cuda/cuda_engine.h"
+#include "tp/cuda/loopback_communicator.h"
 #include "tp/cuda/nccl_communicator.h"
 #include "tp/model_config.h"
 #include "tp/sharding.h"
@@ -63,8 +64,8 @@ struct CudaRankContext {
   int world = 1;
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
-  std::unique_ptr<NcclCommunicator> comm;  // TP > 1
-  std::vector<void*> allocs;               // freed on this rank's thread at shutdown
+  std::unique_ptr<DeviceCommunicator> comm;  // TP > 1: NCCL, or loopback on a shared GPU
+  std::vector<void*> allocs;                 // freed on this rank's thread at shutdown
   std::vector<void*> host_allocs;
   ShardRange heads, vocab, inter;
   int64_t vmax = 0;
@@ -132,6 +133,7 @@ struct RankSetup {
   // NCCL (TP > 1): the group's unique id and shared failure flag.
   std::string nccl_id;
   std::shared_ptr<NcclGroupState> nccl_group;
+  std::shared_ptr<LoopbackGroup> loopback;  // set: the ranks share one GPU (loopback)
   int comm_timeout_ms = 60000;
 };
 
