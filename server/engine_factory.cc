@@ -58,6 +58,12 @@ absl::StatusOr<std::unique_ptr<tp::Engine>> CreateCuda(const EngineSpec& spec) {
   absl::StatusOr<std::unique_ptr<tp::Engine>> engine =
       absl::UnknownError("the CUDA engine module returned nothing");
   (*module)->create(&spec.engine, &engine);
+  if (!engine.ok()) {
+    // Passed through with its code (e.g. Unimplemented for a model feature the CUDA engine
+    // lacks: MoE, FP8, YaRN), prefixed with the flag that chose the backend.
+    return absl::Status(engine.status().code(),
+                        absl::StrCat("--backend ", spec.backend, ": ", engine.status().message()));
+  }
   return engine;
 }
 

@@ -12,3 +12,6 @@ verifyd_add_test(tree_accept_test LABEL cpu
 verifyd_add_test(kernels_verify_attention_plan_test LABEL cpu
   SOURCES kernels_verify_attention_plan_test.cc
   LIBS verifyd_verify_attention_plan)
+verifyd_add_test(kernels_moe_test LABEL cpu
+  SOURCES kernels_moe_test.cc
+  LIBS verifyd_kernels_ref)

@@ -1,4 +1,5 @@
 // ModelConfig JSON: round trip, Hugging Face keys, rejection of unsupported features.
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "gtest/gtest.h"
@@ -33,6 +34,11 @@ TEST(ModelConfig, RoundTripOfEveryPreset) {
     EXPECT_EQ(back->max_position_embeddings, c->max_position_embeddings);
     EXPECT_EQ(back->tie_word_embeddings, c->tie_word_embeddings);
     EXPECT_EQ(back->latent_dim(), c->kv_lora_rank + c->qk_rope_head_dim);
+    EXPECT_EQ(back->moe.n_routed_experts, c->moe.n_routed_experts);
+    EXPECT_EQ(back->moe.n_group, c->moe.n_group);
+    EXPECT_EQ(back->rope_scaling.type, c->rope_scaling.type);
+    EXPECT_EQ(back->rope_scaling.mscale_all_dim, c->rope_scaling.mscale_all_dim);
+    EXPECT_EQ(ModelConfigToJson(*back), ModelConfigToJson(*c)) << name;
   }
 }
 
@@ -86,20 +92,269 @@ TEST(ModelConfig, ParsesHuggingFaceKeys) {
   EXPECT_EQ(c->qk_head_dim(), 24);
 }
 
-TEST(ModelConfig, RejectsMoeLayers) {
-  json j = DenseConfig();
-  j["first_k_dense_replace"] = 1;
-  absl::StatusOr<ModelConfig> c = ParseModelConfigJson(j.dump());
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(c.status().message().find("n_routed_experts"), std::string::npos) << c.status();
+// DeepSeek-V3's published config.json (deepseek-ai/DeepSeek-V3), transformers <= 4 keys.
+json DeepSeekV3Config() {
+  return json::parse(R"({
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": false,
+    "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                 "AutoModel": "modeling_deepseek.DeepseekV3Model",
+                 "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+    "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1,
+    "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+    "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512,
+    "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+    "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8,
+    "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": true,
+    "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+    "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+                            "quant_method": "fp8", "weight_block_size": [128, 128]},
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+    "seq_aux": true, "tie_word_embeddings": false, "topk_group": 4,
+    "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "transformers_version": "4.33.1",
+    "use_cache": true, "v_head_dim": 128, "vocab_size": 129280})");
 }
 
-TEST(ModelConfig, RejectsRopeScaling) {
-  json j = DenseConfig();
-  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 40}};
+// Kimi-K2's published config.json (moonshotai/Kimi-K2-Instruct).
+json KimiK2Config() {
+  return json::parse(R"({
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                 "AutoModel": "modeling_deepseek.DeepseekV3Model",
+                 "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+    "aux_loss_alpha": 0.001, "bos_token_id": 163584, "eos_token_id": 163585,
+    "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 7168,
+    "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512,
+    "max_position_embeddings": 131072, "model_type": "kimi_k2",
+    "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 1,
+    "n_routed_experts": 384, "n_shared_experts": 1, "norm_topk_prob": true,
+    "num_attention_heads": 64, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+    "num_key_value_heads": 64, "num_nextn_predict_layers": 0, "pretraining_tp": 1,
+    "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+                            "quant_method": "fp8", "weight_block_size": [128, 128]},
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "rope_theta": 50000.0, "routed_scaling_factor": 2.827, "scoring_func": "sigmoid",
+    "seq_aux": true, "tie_word_embeddings": false, "topk_group": 1,
+    "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "transformers_version": "4.48.3",
+    "use_cache": true, "v_head_dim": 128, "vocab_size": 163840})");
+}
+
+TEST(ModelConfig, ParsesDeepSeekV3) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfigJson(DeepSeekV3Config().dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->hidden_size, 7168);
+  EXPECT_EQ(c->num_hidden_layers, 61);
+  EXPECT_EQ(c->moe.n_routed_experts, 256);
+  EXPECT_EQ(c->moe.num_experts_per_tok, 8);
+  EXPECT_EQ(c->moe.n_shared_experts, 1);
+  EXPECT_EQ(c->moe.moe_intermediate_size, 2048);
+  EXPECT_EQ(c->moe.first_k_dense_replace, 3);
+  EXPECT_EQ(c->moe.n_group, 8);
+  EXPECT_EQ(c->moe.topk_group, 4);
+  EXPECT_TRUE(c->moe.norm_topk_prob);
+  EXPECT_EQ(c->moe.routed_scaling_factor, 2.5);
+  EXPECT_FALSE(c->IsMoeLayer(2));
+  EXPECT_TRUE(c->IsMoeLayer(3));
+  EXPECT_TRUE(c->IsMoeLayer(60));
+  EXPECT_EQ(c->rope_scaling.type, "yarn");
+  EXPECT_EQ(c->rope_scaling.factor, 40);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_EQ(c->rope_scaling.beta_fast, 32);
+  EXPECT_EQ(c->rope_scaling.beta_slow, 1);
+  EXPECT_EQ(c->rope_scaling.mscale, 1.0);
+  EXPECT_EQ(c->rope_scaling.mscale_all_dim, 1.0);
+  EXPECT_EQ(c->quant.method, "fp8");
+  EXPECT_EQ(c->quant.block_rows, 128);
+  EXPECT_EQ(c->quant.block_cols, 128);
+  EXPECT_EQ(c->num_nextn_predict_layers, 1);
+  EXPECT_EQ(c->max_position_embeddings, 163840);
+  // Softmax scale: 192^-0.5 * (0.1 ln 40 + 1)^2.
+  const double m = 0.1 * std::log(40.0) + 1.0;
+  EXPECT_EQ(AttentionSoftmaxScale(*c), static_cast<float>(std::pow(192.0, -0.5) * m * m));
+  EXPECT_TRUE(ValidateTpSize(*c, 8).ok());
+}
+
+TEST(ModelConfig, ParsesKimiK2) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfigJson(KimiK2Config().dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe.n_routed_experts, 384);
+  EXPECT_EQ(c->moe.n_group, 1);
+  EXPECT_EQ(c->moe.topk_group, 1);
+  EXPECT_EQ(c->moe.routed_scaling_factor, 2.827);
+  EXPECT_EQ(c->moe.first_k_dense_replace, 1);
+  EXPECT_EQ(c->rope_scaling.factor, 32);
+  EXPECT_EQ(c->rope_scaling.beta_fast, 1.0);
+  EXPECT_EQ(c->rope_theta, 50000);
+  EXPECT_EQ(c->num_attention_heads, 64);
+  EXPECT_EQ(c->num_nextn_predict_layers, 0);
+}
+
+// transformers v5 writes rope_parameters (rope_type + rope_theta inside) instead.
+TEST(ModelConfig, ParsesRopeParameters) {
+  json j = DeepSeekV3Config();
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j["rope_parameters"] = {{"rope_type", "yarn"},   {"rope_theta", 12345.0},
+                          {"factor", 40},          {"beta_fast", 32},
+                          {"beta_slow", 1},        {"mscale", 1.0},
+                          {"mscale_all_dim", 0.5}, {"original_max_position_embeddings", 4096}};
+  absl::StatusOr<ModelConfig> c = ParseModelConfigJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_theta, 12345.0);
+  EXPECT_EQ(c->rope_scaling.type, "yarn");
+  EXPECT_EQ(c->rope_scaling.mscale_all_dim, 0.5);
+  // "default" and null mean plain RoPE.
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500.0}};
+  c = ParseModelConfigJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, "");
+  EXPECT_EQ(c->rope_theta, 500.0);
+  EXPECT_EQ(AttentionSoftmaxScale(*c), 1.0f / std::sqrt(192.0f));
+  j["rope_parameters"] = nullptr;
+  j["rope_scaling"] = nullptr;
+  c = ParseModelConfigJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, "");
+}
+
+TEST(ModelConfig, MoeAndYarnRoundTrip) {
+  for (json j : {DeepSeekV3Config(), KimiK2Config()}) {
+    absl::StatusOr<ModelConfig> c = ParseModelConfigJson(j.dump());
+    ASSERT_TRUE(c.ok()) << c.status();
+    absl::StatusOr<ModelConfig> back = ParseModelConfigJson(ModelConfigToJson(*c));
+    ASSERT_TRUE(back.ok()) << back.status();
+    const MoeConfig &a = c->moe, &b = back->moe;
+    EXPECT_EQ(b.n_routed_experts, a.n_routed_experts);
+    EXPECT_EQ(b.num_experts_per_tok, a.num_experts_per_tok);
+    EXPECT_EQ(b.n_shared_experts, a.n_shared_experts);
+    EXPECT_EQ(b.moe_intermediate_size, a.moe_intermediate_size);
+    EXPECT_EQ(b.first_k_dense_replace, a.first_k_dense_replace);
+    EXPECT_EQ(b.moe_layer_freq, a.moe_layer_freq);
+    EXPECT_EQ(b.n_group, a.n_group);
+    EXPECT_EQ(b.topk_group, a.topk_group);
+    EXPECT_EQ(b.norm_topk_prob, a.norm_topk_prob);
+    EXPECT_EQ(b.routed_scaling_factor, a.routed_scaling_factor);
+    EXPECT_EQ(back->rope_scaling.type, c->rope_scaling.type);
+    EXPECT_EQ(back->rope_scaling.factor, c->rope_scaling.factor);
+    EXPECT_EQ(back->rope_scaling.original_max_position_embeddings,
+              c->rope_scaling.original_max_position_embeddings);
+    EXPECT_EQ(back->rope_scaling.beta_fast, c->rope_scaling.beta_fast);
+    EXPECT_EQ(back->rope_scaling.beta_slow, c->rope_scaling.beta_slow);
+    EXPECT_EQ(back->rope_scaling.mscale, c->rope_scaling.mscale);
+    EXPECT_EQ(back->rope_scaling.mscale_all_dim, c->rope_scaling.mscale_all_dim);
+    EXPECT_EQ(back->quant.method, c->quant.method);
+    EXPECT_EQ(back->quant.block_rows, c->quant.block_rows);
+    EXPECT_EQ(back->quant.block_cols, c->quant.block_cols);
+    EXPECT_EQ(back->num_nextn_predict_layers, c->num_nextn_predict_layers);
+    EXPECT_EQ(back->rope_theta, c->rope_theta);
+  }
+}
+
+TEST(ModelConfig, UnsupportedFeaturesNameTheKey) {
+  struct Case {
+    const char* path;  // top-level key, or "parent.child"
+    json value;
+    const char* named;
+  };
+  const Case cases[] = {
+      {"rope_scaling.type", "linear", "rope_scaling.type"},
+      {"scoring_func", "softmax", "scoring_func"},
+      {"topk_method", "greedy", "topk_method"},
+      {"quantization_config.quant_method", "awq", "quantization_config.quant_method"},
+      {"quantization_config.fmt", "e5m2", "quantization_config.fmt"},
+      {"quantization_config.activation_scheme", "static", "quantization_config.activation_scheme"},
+      {"model_type", "llama", "model_type"},
+  };
+  for (const Case& cs : cases) {
+    json j = DeepSeekV3Config();
+    const std::string path = cs.path;
+    if (const size_t dot = path.find('.'); dot != std::string::npos) {
+      j[path.substr(0, dot)][path.substr(dot + 1)] = cs.value;
+    } else {
+      j[path] = cs.value;
+    }
+    absl::StatusOr<ModelConfig> c = ParseModelConfigJson(j.dump());
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << cs.path;
+    EXPECT_NE(c.status().message().find(cs.named), std::string::npos) << c.status();
+  }
+  json j = DeepSeekV3Config();
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
   absl::StatusOr<ModelConfig> c = ParseModelConfigJson(j.dump());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(c.status().message().find("rope_scaling"), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find("rope_parameters.rope_type"), std::string::npos)
+      << c.status();
+}
+
+TEST(ModelConfig, InconsistentMoeNamesTheKey) {
+  struct Case {
+    const char* key;
+    json value;
+  };
+  const Case cases[] = {
+      {"n_group", 7},                // 256 % 7 != 0
+      {"topk_group", 9},             // > n_group
+      {"num_experts_per_tok", 257},  // > experts
+      {"num_experts_per_tok", 0},
+      {"moe_intermediate_size", 0},
+      {"moe_layer_freq", 0},
+      {"routed_scaling_factor", -1.0},
+      {"n_routed_experts", -2},
+  };
+  for (const Case& cs : cases) {
+    json j = DeepSeekV3Config();
+    j[cs.key] = cs.value;
+    absl::StatusOr<ModelConfig> c = ParseModelConfigJson(j.dump());
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << cs.key;
+    EXPECT_NE(c.status().message().find(cs.key), std::string::npos) << c.status();
+  }
+  // top-k larger than the experts of the kept groups (1 group of 32 kept, top-k 40).
+  json j = DeepSeekV3Config();
+  j["topk_group"] = 1;
+  j["num_experts_per_tok"] = 40;
+  absl::StatusOr<ModelConfig> c = ParseModelConfigJson(j.dump());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("num_experts_per_tok"), std::string::npos) << c.status();
+  // YaRN without original_max_position_embeddings; factor < 1.
+  j = DeepSeekV3Config();
+  j["rope_scaling"].erase("original_max_position_embeddings");
+  c = ParseModelConfigJson(j.dump());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("original_max_position_embeddings"), std::string::npos);
+  j = DeepSeekV3Config();
+  j["rope_scaling"]["factor"] = 0.5;
+  c = ParseModelConfigJson(j.dump());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("rope_scaling.factor"), std::string::npos) << c.status();
+  j = DeepSeekV3Config();
+  j["quantization_config"]["weight_block_size"] = {128};
+  c = ParseModelConfigJson(j.dump());
+  EXPECT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("weight_block_size"), std::string::npos) << c.status();
+}
+
+TEST(ModelConfig, DenseConfigStaysDense) {
+  // n_routed_experts with first_k_dense_replace >= layers: no MoE layer.
+  absl::StatusOr<ModelConfig> c = ParseModelConfigJson(DenseConfig().dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (int64_t l = 0; l < c->num_hidden_layers; ++l) EXPECT_FALSE(c->IsMoeLayer(l));
+  EXPECT_EQ(c->rope_scaling.type, "");
+  EXPECT_EQ(c->quant.method, "");
+  json j = DenseConfig();
+  j["n_routed_experts"] = nullptr;
+  c = ParseModelConfigJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe.n_routed_experts, 0);
 }
 
 TEST(ModelConfig, RejectsBadValuesNamingTheKey) {

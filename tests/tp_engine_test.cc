@@ -17,9 +17,9 @@ namespace {
 constexpr uint64_t kSeed = 1234;
 
 std::unique_ptr<CpuEngine> MakeEngine(int tp, int64_t kv_slots = 4096, RankFaultHook hook = nullptr,
-                                      int timeout_ms = 60000) {
+                                      int timeout_ms = 60000, const std::string& model = "tiny") {
   EngineOptions o;
-  o.model = "tiny";
+  o.model = model;
   o.seed = kSeed;
   o.tp = tp;
   o.kv_slots = kv_slots;
@@ -173,8 +173,9 @@ TwoSteps RunTwoSteps(CpuEngine& e, uint32_t seed) {
   return out;
 }
 
-TEST(CpuEngine, TensorParallelLogitsMatchTp1) {
-  auto e1 = MakeEngine(1, 512);
+// TP = N against TP = 1 on `model`: logits within rel_tol of the logit scale, same predictions.
+void RunTpLogitsMatch(const std::string& model, double rel_tol, std::vector<int> tps) {
+  auto e1 = MakeEngine(1, 512, nullptr, 60000, model);
   const TwoSteps base = RunTwoSteps(*e1, 77);
   ASSERT_FALSE(base.logits1.empty());
   const int64_t V = e1->config().vocab_size;
@@ -188,8 +189,8 @@ TEST(CpuEngine, TensorParallelLogitsMatchTp1) {
     min_gap = std::min(min_gap, double{sorted[0] - sorted[1]});
   }
   std::printf("tp=1: smallest top-2 logit gap over %zu rows = %.3g\n", base.preds2.size(), min_gap);
-  for (int tp : {2, 4, 8}) {
-    auto e = MakeEngine(tp, 512);
+  for (int tp : tps) {
+    auto e = MakeEngine(tp, 512, nullptr, 60000, model);
     const TwoSteps got = RunTwoSteps(*e, 77);
     for (int step = 0; step < 2; ++step) {
       const auto& a = step == 0 ? base.logits1 : base.logits2;
@@ -201,11 +202,13 @@ TEST(CpuEngine, TensorParallelLogitsMatchTp1) {
         max_abs = std::max(max_abs, double{std::fabs(a[i])});
         max_diff = std::max(max_diff, double{std::fabs(a[i] - b[i])});
       }
-      // Tolerance: 1e-4 of the logit scale (only the float summation order differs: the
+      // Tolerance: rel_tol of the logit scale (only the float summation order differs: the
       // row-parallel o_proj / down sums and the in-rank-order all-reduce).
-      EXPECT_LE(max_diff, 1e-4 * std::max(1.0, max_abs)) << "tp " << tp << " step " << step;
-      RecordProperty("tp" + std::to_string(tp) + "_step" + std::to_string(step) + "_max_diff",
-                     std::to_string(max_diff));
+      EXPECT_LE(max_diff, rel_tol * std::max(1.0, max_abs))
+          << model << " tp " << tp << " step " << step;
+      ::testing::Test::RecordProperty(
+          model + "_tp" + std::to_string(tp) + "_step" + std::to_string(step) + "_max_diff",
+          std::to_string(max_diff));
       std::printf("tp=%d step %d: max |logit diff| vs tp=1 = %.3g (max |logit| %.3g)\n", tp, step,
                   max_diff, max_abs);
     }
@@ -214,8 +217,13 @@ TEST(CpuEngine, TensorParallelLogitsMatchTp1) {
   }
 }
 
-TEST(CpuEngine, BatchInvariantRows) {
-  auto e = MakeEngine(2, 1024);
+TEST(CpuEngine, TensorParallelLogitsMatchTp1) { RunTpLogitsMatch("tiny", 1e-4, {2, 4, 8}); }
+// MoE + YaRN: experts split over ranks by intermediate rows, one all-reduce per MoE layer.
+TEST(CpuEngine, MoeTensorParallelLogitsMatchTp1) { RunTpLogitsMatch("tiny-moe", 1e-5, {2, 4}); }
+
+// A tree's logits and KV rows are the same alone and inside a batch.
+void RunBatchInvariant(const std::string& model) {
+  auto e = MakeEngine(2, 1024, nullptr, 60000, model);
   std::mt19937 rng(3);
   SlotPool pool(e->kv_slots(), 3);
   std::vector<Session> ss;
@@ -260,12 +268,17 @@ TEST(CpuEngine, BatchInvariantRows) {
   }
 }
 
+TEST(CpuEngine, BatchInvariantRows) { RunBatchInvariant("tiny"); }
+// MoE rows: each expert gathers its rows, so batch composition changes the expert GEMMs' row
+// sets but never a row's arithmetic.
+TEST(CpuEngine, MoeBatchInvariantRows) { RunBatchInvariant("tiny-moe"); }
+
 // ---- Lossless speculative decoding ---------------------------------------------------------
 
-void RunLossless(int tp) {
+void RunLossless(int tp, const std::string& model = "tiny") {
   constexpr int kTokens = 40;
   constexpr int kSessions = 3;
-  auto e = MakeEngine(tp, 2048);
+  auto e = MakeEngine(tp, 2048, nullptr, 60000, model);
   ASSERT_NE(e, nullptr);
   std::mt19937 rng(1000 + tp);
   SlotPool pool(e->kv_slots(), 1000 + tp);
@@ -363,22 +376,27 @@ void RunLossless(int tp) {
 TEST(CpuEngine, LosslessSpeculativeTp1) { RunLossless(1); }
 TEST(CpuEngine, LosslessSpeculativeTp2) { RunLossless(2); }
 TEST(CpuEngine, LosslessSpeculativeTp4) { RunLossless(4); }
+TEST(CpuEngine, MoeLosslessSpeculativeTp1) { RunLossless(1, "tiny-moe"); }
+TEST(CpuEngine, MoeLosslessSpeculativeTp2) { RunLossless(2, "tiny-moe"); }
 
-TEST(CpuEngine, GreedyIsTheSameAtEveryTp) {
+void RunGreedySame(const std::string& model) {
   std::mt19937 rng(8);
   const std::vector<int32_t> prompt = RandomPrompt(rng, 12);
   std::vector<int32_t> base;
   for (int tp : {1, 2, 4}) {
-    auto e = MakeEngine(tp, 256);
+    auto e = MakeEngine(tp, 256, nullptr, 60000, model);
     SlotPool pool(e->kv_slots(), 8);
     std::vector<int32_t> g = PlainGreedy(*e, pool, prompt, 32);
     if (tp == 1) {
       base = g;
     } else {
-      EXPECT_EQ(g, base) << "tp " << tp;
+      EXPECT_EQ(g, base) << model << " tp " << tp;
     }
   }
 }
+
+TEST(CpuEngine, GreedyIsTheSameAtEveryTp) { RunGreedySame("tiny"); }
+TEST(CpuEngine, MoeGreedyIsTheSameAtEveryTp) { RunGreedySame("tiny-moe"); }
 
 // ---- Validation ------------------------------------------------------------------------------
 

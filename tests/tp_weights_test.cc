@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -250,6 +251,155 @@ TEST(Checkpoint, BadModelNameIsAnError) {
   auto e = CpuEngine::Create(o);
   EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(e.status().message().find("model"), std::string::npos);
+}
+
+TEST(Checkpoint, MoeTensorNamesAndRoundTrip) {
+  const ModelConfig c = *PresetConfig("tiny-moe");
+  const std::vector<TensorSpec> specs = ModelTensorSpecs(c);
+  std::map<std::string, std::vector<int64_t>> shape;
+  for (const TensorSpec& s : specs) shape[s.name] = s.shape;
+  // Layer 0 dense, layers 1-2 MoE (16 experts, moe_intermediate 64, 1 shared expert).
+  EXPECT_EQ(shape["model.layers.0.mlp.gate_proj.weight"], (std::vector<int64_t>{256, 128}));
+  EXPECT_EQ(shape.count("model.layers.1.mlp.gate_proj.weight"), 0u);
+  EXPECT_EQ(shape["model.layers.1.mlp.gate.weight"], (std::vector<int64_t>{16, 128}));
+  EXPECT_EQ(shape["model.layers.1.mlp.gate.e_score_correction_bias"], (std::vector<int64_t>{16}));
+  EXPECT_EQ(shape["model.layers.2.mlp.experts.15.up_proj.weight"], (std::vector<int64_t>{64, 128}));
+  EXPECT_EQ(shape["model.layers.2.mlp.experts.0.down_proj.weight"],
+            (std::vector<int64_t>{128, 64}));
+  EXPECT_EQ(shape["model.layers.1.mlp.shared_experts.gate_proj.weight"],
+            (std::vector<int64_t>{64, 128}));
+  EXPECT_EQ(shape["model.layers.1.mlp.shared_experts.down_proj.weight"],
+            (std::vector<int64_t>{128, 64}));
+  // embed + norm + lm_head, 3 x (attention 8 + 2 norms), 3 dense MLP, 2 x (2 + 16 x 3 + 3).
+  EXPECT_EQ(specs.size(), 3u + 3u * 9u + 3u + 2u * 53u);
+  // Written and read back (the directory's config round-trips the MoE and YaRN keys).
+  const std::string dir = TempDir("moe") + "/tiny-moe-ckpt";
+  ASSERT_TRUE(WritePresetToDirectory("tiny-moe", 4, dir).ok());
+  absl::StatusOr<ModelWeights> loaded = LoadModelFromDirectory(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->config.moe.n_routed_experts, 16);
+  EXPECT_EQ(loaded->config.rope_scaling.type, "yarn");
+  const ModelWeights gen = *MakePresetWeights("tiny-moe", 4);
+  for (const TensorSpec& spec : specs) {
+    ASSERT_EQ(loaded->Find(spec.name)->data, gen.Find(spec.name)->data) << spec.name;
+  }
+  fs::remove_all(fs::path(dir).parent_path());
+}
+
+// Writes one safetensors file of raw little-endian tensors: name -> (dtype, shape, bytes).
+struct RawTensor {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+void WriteRawSafetensors(const std::string& path, const std::map<std::string, RawTensor>& ts) {
+  nlohmann::json h;
+  uint64_t off = 0;
+  for (const auto& [name, t] : ts) {
+    h[name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
+    off += t.bytes.size();
+  }
+  const std::string hs = h.dump();
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t n = hs.size();
+  out.write(reinterpret_cast<const char*>(&n), 8);  // little-endian host
+  out.write(hs.data(), hs.size());
+  for (const auto& [name, t] : ts) out.write(t.bytes.data(), t.bytes.size());
+}
+
+// An FP8 checkpoint: one Linear weight stored as F8_E4M3 with blockwise float32 scale_inv
+// (blocks 100 x 48 over [256, 128]: a [3, 3] scale with partial edge blocks).
+class Fp8Checkpoint : public ::testing::Test {
+ protected:
+  const std::string kName = "model.layers.0.mlp.gate_proj.weight";
+  void SetUp() override {
+    dir_ = TempDir("fp8") + "/fp8-ckpt";
+    fs::create_directories(dir_);
+    config_ = *PresetConfig("tiny");
+    config_.quant.method = "fp8";
+    config_.quant.block_rows = 100;
+    config_.quant.block_cols = 48;
+    const ModelWeights w = *GenerateRandomWeights(config_, 3);
+    TensorMap rest = w.tensors;
+    rest.erase(kName);
+    ASSERT_TRUE(
+        WriteSafetensorsFile(dir_ + "/model.safetensors", rest, SafetensorsDType::kBF16).ok());
+    WriteConfig(config_);
+    std::mt19937 rng(5);
+    codes_.resize(256 * 128);
+    for (auto& c : codes_) {
+      do {
+        c = static_cast<uint8_t>(rng());
+      } while ((c & 0x7f) == 0x7f);  // no NaN codes
+    }
+    scale_ = {0.5f, 1.25f, 3.0f, 0.001f, 2.0f, 7.5f, 0.03125f, 1.0f, 10.0f};
+  }
+  void TearDown() override { fs::remove_all(fs::path(dir_).parent_path()); }
+  void WriteConfig(const ModelConfig& c) {
+    std::ofstream(dir_ + "/config.json", std::ios::trunc) << ModelConfigToJson(c);
+  }
+  void WriteFp8(std::vector<int64_t> scale_shape, bool with_scale = true) {
+    std::map<std::string, RawTensor> ts;
+    ts[kName] = {"F8_E4M3", {256, 128}, std::string(codes_.begin(), codes_.end())};
+    if (with_scale) {
+      std::vector<float> sc(scale_shape[0] * scale_shape[1], 1.0f);
+      std::copy_n(scale_.begin(), std::min(sc.size(), scale_.size()), sc.begin());
+      ts[kName + "_scale_inv"] = {
+          "F32", scale_shape,
+          std::string(reinterpret_cast<const char*>(sc.data()), sc.size() * sizeof(float))};
+    }
+    WriteRawSafetensors(dir_ + "/fp8.safetensors", ts);
+  }
+  std::string dir_;
+  ModelConfig config_;
+  std::vector<uint8_t> codes_;
+  std::vector<float> scale_;
+};
+
+TEST_F(Fp8Checkpoint, DequantizedBlockwise) {
+  WriteFp8({3, 3});
+  absl::StatusOr<ModelWeights> w = LoadModelFromDirectory(dir_);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const HostTensor* t = w->Find(kName);
+  ASSERT_NE(t, nullptr);
+  for (int64_t r = 0; r < 256; ++r) {
+    for (int64_t c = 0; c < 128; ++c) {
+      const float want =
+          kernels::Fp8E4m3ToFloat(codes_[r * 128 + c]) * scale_[(r / 100) * 3 + c / 48];
+      ASSERT_EQ(t->data[r * 128 + c], want) << r << "," << c;
+    }
+  }
+  EXPECT_EQ(w->Find(kName + "_scale_inv"), nullptr);  // consumed
+  // It serves: the engine runs on the dequantized weights.
+  EngineOptions o;
+  o.weights = std::make_shared<const ModelWeights>(std::move(*w));
+  o.kv_slots = 16;
+  EXPECT_TRUE(CpuEngine::Create(o).ok());
+}
+
+TEST_F(Fp8Checkpoint, MissingOrMisshapedScaleIsNamed) {
+  WriteFp8({3, 3}, /*with_scale=*/false);
+  absl::StatusOr<ModelWeights> w = LoadModelFromDirectory(dir_);
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(w.status().message().find(kName), std::string::npos) << w.status();
+  EXPECT_NE(w.status().message().find("_scale_inv"), std::string::npos) << w.status();
+  WriteFp8({2, 3});  // floor instead of ceil of 256 / 100
+  w = LoadModelFromDirectory(dir_);
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(w.status().message().find(kName), std::string::npos) << w.status();
+  EXPECT_NE(w.status().message().find("[3, 3]"), std::string::npos) << w.status();
+}
+
+TEST_F(Fp8Checkpoint, Fp8TensorWithoutQuantizationConfigIsNamed) {
+  WriteFp8({3, 3});
+  ModelConfig plain = config_;
+  plain.quant = QuantConfig();
+  WriteConfig(plain);
+  absl::StatusOr<ModelWeights> w = LoadModelFromDirectory(dir_);
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(w.status().message().find(kName), std::string::npos) << w.status();
+  EXPECT_NE(w.status().message().find("quantization_config"), std::string::npos) << w.status();
 }
 
 }  // namespace

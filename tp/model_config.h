@@ -17,7 +17,7 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 0;  // original_max_position_embeddings
   double beta_fast = 32.0;                       // beta_fast
   double beta_slow = 1.0;                        // beta_slow
-  double mscale = 1.0;                           // mscale
+  double mscale = 1.0;                           // mscale (parsed: 0 = absent)
   double mscale_all_dim = 0.0;                   // mscale_all_dim (0 = absent)
 };
 
@@ -50,7 +50,7 @@ struct ModelConfig {
   std::string name = "tiny";               // preset name or checkpoint directory basename
   int64_t vocab_size = 0;                  // vocab_size
   int64_t hidden_size = 0;                 // hidden_size
-  int64_t num_hidden_layers = 0;           // num_hidden_layers (all dense)
+  int64_t num_hidden_layers = 0;           // num_hidden_layers (see IsMoeLayer)
   int64_t num_attention_heads = 0;         // num_attention_heads
   int64_t q_lora_rank = 0;                 // q_lora_rank; 0 = a plain q_proj
   int64_t kv_lora_rank = 0;                // kv_lora_rank: latent width (the value width in latent)
@@ -69,7 +69,9 @@ struct ModelConfig {
 
   int64_t latent_dim() const { return kv_lora_rank + qk_rope_head_dim; }  // cache row width
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
-  // Whether decoder layer `layer` has a MoE MLP (DeepSeek-V3's rule).
+  // Whether decoder layer `layer` has a MoE MLP (DeepSeek-V3's rule). transformers'
+  // DeepseekV3DecoderLayer ignores moe_layer_freq (MoE iff layer >= first_k_dense_replace);
+  // the two agree for moe_layer_freq = 1, the value of every published checkpoint.
   bool IsMoeLayer(int64_t layer) const {
     return moe.n_routed_experts > 0 && layer >= moe.first_k_dense_replace &&
            layer % moe.moe_layer_freq == 0;
@@ -82,7 +84,13 @@ struct ModelConfig {
 absl::StatusOr<ModelConfig> ParseModelConfigJson(const std::string& json_text);
 // Serializes the keys above (for writing a preset to disk).
 std::string ModelConfigToJson(const ModelConfig& c);
-// Checks dimensions are positive and consistent (InvalidArgument naming the key).
+// Checks dimensions are positive and consistent (InvalidArgument naming the key; MoE: n_group
+// divides n_routed_experts, topk_group <= n_group, top-k <= the kept groups' experts, ...).
 absl::Status ValidateModelConfig(const ModelConfig& c);
+
+// The attention softmax scale: 1 / sqrt(float(qk_head_dim)) without YaRN (the dense
+// engines' value, unchanged); under YaRN with mscale_all_dim != 0 DeepSeek-V3's corrected
+// qk_head_dim^-0.5 * get_mscale(factor, mscale_all_dim)^2 (double, rounded to float).
+float AttentionSoftmaxScale(const ModelConfig& c);
 
 }  // namespace verifyd::tp

@@ -7,7 +7,7 @@
 
 namespace verifyd::tp {
 
-std::vector<std::string> PresetNames() { return {"tiny", "small", "kimi-k2-attn"}; }
+std::vector<std::string> PresetNames() { return {"tiny", "small", "kimi-k2-attn", "tiny-moe"}; }
 
 absl::StatusOr<ModelConfig> PresetConfig(const std::string& name, int64_t num_layers) {
   ModelConfig c;
@@ -49,6 +49,36 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& name, int64_t num_la
     c.intermediate_size = 18432;
     c.max_position_embeddings = 262144;
     c.rope_theta = 50000.0;
+  } else if (name == "tiny-moe") {
+    // tiny's attention, one dense layer, then two MoE layers; YaRN.
+    c.vocab_size = 512;
+    c.hidden_size = 128;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 8;
+    c.q_lora_rank = 64;
+    c.kv_lora_rank = 64;
+    c.qk_rope_head_dim = 16;
+    c.qk_nope_head_dim = 32;
+    c.v_head_dim = 32;
+    c.intermediate_size = 256;
+    c.max_position_embeddings = 4096;
+    c.moe.n_routed_experts = 16;
+    c.moe.num_experts_per_tok = 4;
+    c.moe.n_shared_experts = 1;
+    c.moe.moe_intermediate_size = 64;
+    c.moe.first_k_dense_replace = 1;
+    c.moe.moe_layer_freq = 1;
+    c.moe.n_group = 4;
+    c.moe.topk_group = 2;
+    c.moe.norm_topk_prob = true;
+    c.moe.routed_scaling_factor = 2.5;
+    c.rope_scaling.type = "yarn";
+    c.rope_scaling.factor = 4.0;
+    c.rope_scaling.original_max_position_embeddings = 1024;
+    c.rope_scaling.beta_fast = 32.0;
+    c.rope_scaling.beta_slow = 1.0;
+    c.rope_scaling.mscale = 1.0;
+    c.rope_scaling.mscale_all_dim = 0.8;  // != mscale: cos / sin and softmax both scaled
   } else {
     return absl::NotFoundError(absl::StrCat("unknown preset '", name,
                                             "' (known: ", absl::StrJoin(PresetNames(), ", "), ")"));

@@ -9,6 +9,11 @@
 //                 262144; vocab 32000 (smaller than Kimi-K2's 163840, to keep the LM head
 //                 cheap); 2 layers unless a layer count is given. Meant for the GPU engine
 //                 (the CPU engine can run it, slowly, and needs ~4 GB per layer).
+//   tiny-moe      tiny's attention and vocab with the DeepSeek-V3 MLP stack: 3 layers, layer 0
+//                 dense (intermediate 256), layers 1-2 MoE (16 routed experts in 4 groups,
+//                 top-2 groups, top-4 experts, 1 shared expert, moe_intermediate 64,
+//                 routed_scaling_factor 2.5), YaRN factor 4 over 1024 original positions
+//                 (mscale 1, mscale_all_dim 0.8). CPU tests of MoE / YaRN without torch.
 //
 // Every value is WeightValue(WeightTensorKey(seed, WeightNameHash(name)), flat index,
 // spec.init_scale, spec.init_offset) (kernels/weight_init.h), i.e. bf16-exact; a GPU engine

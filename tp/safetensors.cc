@@ -94,11 +94,14 @@ absl::StatusOr<TensorMap> ReadSafetensorsFile(const std::string& path) {
       elem = 4;
     } else if (dtype == "BF16" || dtype == "F16") {
       elem = 2;
+    } else if (dtype == "F8_E4M3") {
+      elem = 1;
     } else {
       return absl::UnimplementedError(absl::StrCat(path, ": tensor '", name, "': dtype ", dtype,
-                                                   " (supported: F32, BF16, F16)"));
+                                                   " (supported: F32, BF16, F16, F8_E4M3)"));
     }
     HostTensor t;
+    t.dtype = dtype;
     for (const json& s : e["shape"]) {
       if (!s.is_number_integer() || s.get<int64_t>() < 0) return bad("bad shape");
       t.shape.push_back(s.get<int64_t>());
@@ -116,6 +119,10 @@ absl::StatusOr<TensorMap> ReadSafetensorsFile(const std::string& path) {
     const char* src = d.data() + data_begin + b;
     if (dtype == "F32") {
       std::memcpy(t.data.data(), src, n * 4);
+    } else if (dtype == "F8_E4M3") {
+      for (uint64_t i = 0; i < n; ++i) {
+        t.data[i] = kernels::Fp8E4m3ToFloat(static_cast<uint8_t>(src[i]));
+      }
     } else {
       for (uint64_t i = 0; i < n; ++i) {
         const uint16_t v = static_cast<uint16_t>(static_cast<unsigned char>(src[2 * i]) |

@@ -2,7 +2,8 @@
 // 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets}},
 // then the raw little-endian tensor bytes).
 //
-// The reader converts F32 / BF16 / F16 to float32 host tensors; the writer stores F32 or BF16.
+// The reader converts F32 / BF16 / F16 / F8_E4M3 (float8_e4m3fn, exactly) to float32 host
+// tensors, remembering the stored dtype; the writer stores F32 or BF16.
 // A checkpoint directory holds one or several shard files: model.safetensors.index.json
 // ("weight_map": name -> file) when present, else every *.safetensors file in the directory.
 // Thread-safety: free functions over caller-owned values.
@@ -22,6 +23,7 @@ namespace verifyd::tp {
 struct HostTensor {
   std::vector<int64_t> shape;
   std::vector<float> data;
+  std::string dtype;  // the safetensors dtype it was read from ("F8_E4M3", ...); "" in memory
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;

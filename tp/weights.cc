@@ -1,4 +1,5 @@
-// Tensor names / shapes of the DeepSeek-V3 dense layout and checkpoint directory I/O.
+// Tensor names / shapes of the DeepSeek-V3 layout (dense and MoE layers), FP8 block
+// dequantization and checkpoint directory I/O.
 #include "tp/weights.h"
 
 #include <cmath>
@@ -6,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -14,6 +16,33 @@ namespace verifyd::tp {
 std::string LayerTensorName(int64_t layer, const std::string& suffix) {
   return absl::StrCat("model.layers.", layer, ".", suffix);
 }
+
+namespace {
+
+// The MoE MLP of layer l: router, correction bias, routed experts, fused shared experts.
+void AppendMoeSpecs(const ModelConfig& c, int64_t l, std::vector<TensorSpec>* s) {
+  const int64_t hid = c.hidden_size, E = c.moe.n_routed_experts;
+  const int64_t mi = c.moe.moe_intermediate_size, si = mi * c.moe.n_shared_experts;
+  auto linear = [](std::string name, int64_t out, int64_t in) {
+    return TensorSpec{std::move(name), {out, in}, 1.0f / std::sqrt(static_cast<float>(in)), 0.0f};
+  };
+  s->push_back(linear(LayerTensorName(l, "mlp.gate.weight"), E, hid));
+  // The bias shifts the choice of experts (scores are in (0, 1)), not their weights.
+  s->push_back({LayerTensorName(l, "mlp.gate.e_score_correction_bias"), {E}, 0.05f, 0.0f});
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string p = absl::StrCat("mlp.experts.", e, ".");
+    s->push_back(linear(LayerTensorName(l, p + "gate_proj.weight"), mi, hid));
+    s->push_back(linear(LayerTensorName(l, p + "up_proj.weight"), mi, hid));
+    s->push_back(linear(LayerTensorName(l, p + "down_proj.weight"), hid, mi));
+  }
+  if (si > 0) {
+    s->push_back(linear(LayerTensorName(l, "mlp.shared_experts.gate_proj.weight"), si, hid));
+    s->push_back(linear(LayerTensorName(l, "mlp.shared_experts.up_proj.weight"), si, hid));
+    s->push_back(linear(LayerTensorName(l, "mlp.shared_experts.down_proj.weight"), hid, si));
+  }
+}
+
+}  // namespace
 
 std::vector<TensorSpec> ModelTensorSpecs(const ModelConfig& c) {
   const int64_t H = c.num_attention_heads, hid = c.hidden_size;
@@ -42,6 +71,10 @@ std::vector<TensorSpec> ModelTensorSpecs(const ModelConfig& c) {
                        c.kv_lora_rank));
     s.push_back(linear(n("self_attn.o_proj.weight"), hid, H * c.v_head_dim));
     s.push_back(norm(n("post_attention_layernorm.weight"), hid));
+    if (c.IsMoeLayer(l)) {
+      AppendMoeSpecs(c, l, &s);
+      continue;
+    }
     s.push_back(linear(n("mlp.gate_proj.weight"), c.intermediate_size, hid));
     s.push_back(linear(n("mlp.up_proj.weight"), c.intermediate_size, hid));
     s.push_back(linear(n("mlp.down_proj.weight"), hid, c.intermediate_size));
@@ -84,6 +117,49 @@ absl::Status ValidateModelWeights(const ModelWeights& w) {
   return absl::OkStatus();
 }
 
+absl::Status DequantizeFp8Weights(const QuantConfig& quant, TensorMap* tensors) {
+  const std::string kScale = "_scale_inv";
+  const bool fp8 = quant.method == "fp8";
+  std::vector<std::string> scales;
+  for (auto& [name, t] : *tensors) {
+    if (absl::EndsWith(name, kScale)) continue;
+    const std::string scale_name = name + kScale;
+    auto sit = tensors->find(scale_name);
+    if (t.dtype == "F8_E4M3" && (!fp8 || sit == tensors->end())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("weights: tensor '", name, "' is F8_E4M3 but ",
+                       fp8 ? absl::StrCat("'", scale_name, "' is missing")
+                           : std::string("config.json has no quantization_config (fp8)")));
+    }
+    if (!fp8 || sit == tensors->end()) continue;
+    const HostTensor& sc = sit->second;
+    if (t.shape.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("weights: tensor '", name, "' has a '",
+                                                     scale_name, "' but is not 2-D (shape [",
+                                                     absl::StrJoin(t.shape, ", "), "])"));
+    }
+    const int64_t rows = t.shape[0], cols = t.shape[1];
+    const int64_t br = quant.block_rows, bc = quant.block_cols;
+    const std::vector<int64_t> want = {(rows + br - 1) / br, (cols + bc - 1) / bc};
+    if (sc.shape != want) {
+      return absl::InvalidArgumentError(absl::StrCat("weights: tensor '", name, "': '", scale_name,
+                                                     "' has shape [", absl::StrJoin(sc.shape, ", "),
+                                                     "], expected [", absl::StrJoin(want, ", "),
+                                                     "] (blocks of ", br, "x", bc, ")"));
+    }
+    // w[r][c] = fp8[r][c] * scale_inv[r / br][c / bc], one float32 multiply.
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* srow = sc.data.data() + (r / br) * want[1];
+      float* row = t.data.data() + r * cols;
+      for (int64_t c = 0; c < cols; ++c) row[c] = row[c] * srow[c / bc];
+    }
+    t.dtype = "F32";
+    scales.push_back(scale_name);
+  }
+  for (const std::string& n : scales) tensors->erase(n);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelWeights> LoadModelFromDirectory(const std::string& dir) {
   namespace fs = std::filesystem;
   const fs::path cfg_path = fs::path(dir) / "config.json";
@@ -104,6 +180,9 @@ absl::StatusOr<ModelWeights> LoadModelFromDirectory(const std::string& dir) {
   absl::StatusOr<TensorMap> tensors = ReadSafetensorsDirectory(dir);
   if (!tensors.ok()) return tensors.status();
   w.tensors = std::move(*tensors);
+  if (absl::Status s = DequantizeFp8Weights(w.config.quant, &w.tensors); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(dir, ": ", s.message()));
+  }
   if (absl::Status s = ValidateModelWeights(w); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(dir, ": ", s.message()));
   }

@@ -1,6 +1,6 @@
 // The model's weights as named float32 host tensors in the Hugging Face DeepSeek-V3 layout
-// (dense layers), their expected names and shapes, and loading / writing checkpoint
-// directories (config.json + safetensors).
+// (dense and MoE layers), their expected names and shapes, and loading / writing checkpoint
+// directories (config.json + safetensors, FP8 block-quantized ones dequantized on load).
 //
 // Tensor names (Linear weights are [out, in]):
 //   model.embed_tokens.weight                                 [vocab, hidden]
@@ -8,14 +8,23 @@
 //   model.layers.{i}.self_attn.q_a_proj.weight                [q_lora, hidden]      (q_lora > 0)
 //   model.layers.{i}.self_attn.q_a_layernorm.weight           [q_lora]              (q_lora > 0)
 //   model.layers.{i}.self_attn.q_b_proj.weight                [heads*(nope+rope), q_lora]
-//   model.layers.{i}.self_attn.q_proj.weight                  [heads*(nope+rope), hidden] (q_lora =
-//   0) model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight      [kv_lora+rope, hidden]
+//   model.layers.{i}.self_attn.q_proj.weight                  [heads*(nope+rope), hidden]
+//                                                                                  (q_lora = 0)
+//   model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight      [kv_lora+rope, hidden]
 //   model.layers.{i}.self_attn.kv_a_layernorm.weight          [kv_lora]
 //   model.layers.{i}.self_attn.kv_b_proj.weight               [heads*(nope+v), kv_lora]
 //   model.layers.{i}.self_attn.o_proj.weight                  [hidden, heads*v]
 //   model.layers.{i}.post_attention_layernorm.weight          [hidden]
 //   model.layers.{i}.mlp.{gate_proj,up_proj}.weight           [intermediate, hidden]
 //   model.layers.{i}.mlp.down_proj.weight                     [hidden, intermediate]
+// MoE layers (config.IsMoeLayer(i)) instead of the dense mlp (E = n_routed_experts,
+// I = moe_intermediate_size, S = I * n_shared_experts; no shared tensors when S = 0):
+//   model.layers.{i}.mlp.gate.weight                          [E, hidden]
+//   model.layers.{i}.mlp.gate.e_score_correction_bias         [E]
+//   model.layers.{i}.mlp.experts.{e}.{gate_proj,up_proj}.weight [I, hidden]
+//   model.layers.{i}.mlp.experts.{e}.down_proj.weight         [hidden, I]
+//   model.layers.{i}.mlp.shared_experts.{gate_proj,up_proj}.weight [S, hidden]
+//   model.layers.{i}.mlp.shared_experts.down_proj.weight      [hidden, S]
 //   model.norm.weight                                         [hidden]
 //   lm_head.weight                                            [vocab, hidden] (absent when tied)
 // Thread-safety: value types and free functions.
@@ -61,8 +70,17 @@ struct ModelWeights {
 // NotFound / InvalidArgument naming the tensor.
 absl::Status ValidateModelWeights(const ModelWeights& w);
 
-// Reads dir/config.json and the safetensors files of dir; config.name = the directory's
-// base name. Extra tensors are ignored; missing or mis-shaped ones are errors naming them.
+// FP8 checkpoints (quant.method "fp8"): every tensor with a `<name>_scale_inv` companion
+// ([ceil(rows / block_rows), ceil(cols / block_cols)]) becomes, in place, float32
+// w[r][c] = fp8[r][c] * scale_inv[r / block_rows][c / block_cols]; the companions are
+// removed. A tensor read as F8_E4M3 without its companion (or without an fp8
+// quantization_config), a 1-D tensor with one, or a companion of the wrong shape is
+// InvalidArgument naming the tensor. Does nothing to a map without FP8 tensors.
+absl::Status DequantizeFp8Weights(const QuantConfig& quant, TensorMap* tensors);
+
+// Reads dir/config.json and the safetensors files of dir (FP8 ones dequantized, see
+// DequantizeFp8Weights); config.name = the directory's base name. Extra tensors (MTP
+// layers, ...) are ignored; missing or mis-shaped ones are errors naming them.
 absl::StatusOr<ModelWeights> LoadModelFromDirectory(const std::string& dir);
 
 // Writes config.json and the tensors (BF16 by default; see WriteSafetensorsDirectory for

@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/reference/ops.h"
+#include "kernels/reference/yarn.h"
+#include "kernels/status.h"
 #include "kernels/verify_attention.h"
 
 namespace verifyd::tp {
@@ -32,6 +34,19 @@ std::vector<float> Cols(const HostTensor& t, int64_t col0, int64_t ncols) {
 }
 
 }  // namespace
+
+kernels::ref::YarnParams YarnParamsOf(const ModelConfig& c) {
+  kernels::ref::YarnParams p;
+  p.rope_dim = c.qk_rope_head_dim;
+  p.theta = c.rope_theta;
+  p.factor = c.rope_scaling.factor;
+  p.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
+  p.beta_fast = c.rope_scaling.beta_fast;
+  p.beta_slow = c.rope_scaling.beta_slow;
+  p.mscale = c.rope_scaling.mscale;
+  p.mscale_all_dim = c.rope_scaling.mscale_all_dim;
+  return p;
+}
 
 absl::StatusOr<RankWeights> ShardWeights(const ModelWeights& mw, int world, int rank) {
   const ModelConfig& c = mw.config;
@@ -75,6 +90,12 @@ absl::StatusOr<RankWeights> ShardWeights(const ModelWeights& mw, int world, int 
     }
     L.o_proj = Cols(T(n("self_attn.o_proj.weight")), h0 * v, Hl * v);
     L.post_norm = T(n("post_attention_layernorm.weight")).data;
+    if (c.IsMoeLayer(l)) {
+      L.is_moe = true;
+      VERIFYD_ASSIGN_OR_RETURN(L.moe, ShardMoeLayer(mw, l, world, rank));
+      w.layers.push_back(std::move(L));
+      continue;
+    }
     L.gate = Rows(T(n("mlp.gate_proj.weight")), w.inter.begin, w.inter.size);
     L.up = Rows(T(n("mlp.up_proj.weight")), w.inter.begin, w.inter.size);
     L.down = Cols(T(n("mlp.down_proj.weight")), w.inter.begin, w.inter.size);
@@ -110,7 +131,7 @@ absl::Status AbsorbedMlaAttention(const ModelConfig& c, int64_t heads, const Bat
   p.num_heads = static_cast<int>(heads);
   p.qk_dim = static_cast<int>(lat);
   p.v_dim = static_cast<int>(kvl);
-  p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(qk));
+  p.softmax_scale = AttentionSoftmaxScale(c);
   p.dtype = kernels::DType::kFloat32;
   p.q = qlat.data();
   p.kv = kv;
@@ -138,7 +159,25 @@ RankForward::RankForward(const ModelConfig& config, RankWeights weights, Communi
       kv_slots_(kv_slots),
       // Unused slots hold NaN: a stray read poisons the output and fails loudly.
       kv_(config.num_hidden_layers * kv_slots * config.latent_dim(),
-          std::numeric_limits<float>::quiet_NaN()) {}
+          std::numeric_limits<float>::quiet_NaN()) {
+  if (config.rope_scaling.type == "yarn") {
+    const kernels::ref::YarnParams p = YarnParamsOf(config);
+    yarn_inv_freq_ = kernels::ref::YarnInvFreq(p);
+    yarn_attention_factor_ = static_cast<float>(kernels::ref::YarnAttentionFactor(p));
+  }
+}
+
+void RankForward::Rope(float* x, int64_t rows, int64_t heads, int64_t head_stride, int64_t offset,
+                       const int32_t* positions) const {
+  const int64_t rope = config_.qk_rope_head_dim;
+  if (yarn_inv_freq_.empty()) {
+    ref::ApplyRope(x, rows, heads, head_stride, offset, rope, positions,
+                   static_cast<float>(config_.rope_theta));
+  } else {
+    ref::ApplyRopeTable(x, rows, heads, head_stride, offset, rope, positions, yarn_inv_freq_.data(),
+                        yarn_attention_factor_);
+  }
+}
 
 absl::Status RankForward::Forward(const BatchPlan& plan, std::vector<int32_t>* predictions,
                                   std::vector<float>* logits) {
@@ -148,7 +187,6 @@ absl::Status RankForward::Forward(const BatchPlan& plan, std::vector<int32_t>* p
   const int64_t rope = c.qk_rope_head_dim, v = c.v_head_dim, Il = w_.inter.size;
   const int64_t Vl = w_.vocab.size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const float theta = static_cast<float>(c.rope_theta);
   predictions->assign(R, -1);
   if (R == 0) return absl::OkStatus();
 
@@ -173,11 +211,11 @@ absl::Status RankForward::Forward(const BatchPlan& plan, std::vector<int32_t>* p
     } else {
       ref::Linear(h.data(), R, hid, hid, L.q_b.data(), Hl * qk, q.data(), Hl * qk);
     }
-    ref::ApplyRope(q.data(), R, Hl, qk, c.qk_nope_head_dim, rope, plan.positions.data(), theta);
+    Rope(q.data(), R, Hl, qk, c.qk_nope_head_dim, plan.positions.data());
     // Latent rows [R, kv_lora + rope]: normed c_kv | roped k_pe, into the tail slots.
     ref::Linear(h.data(), R, hid, hid, L.kv_a.data(), lat, kva.data(), lat);
     ref::RmsNorm(kva.data(), R, kvl, lat, L.kv_a_norm.data(), eps, kva.data());
-    ref::ApplyRope(kva.data(), R, 1, lat, kvl, rope, plan.positions.data(), theta);
+    Rope(kva.data(), R, 1, lat, kvl, plan.positions.data());
     float* cache = kv_layer_mut(l);
     for (int64_t r = 0; r < R; ++r) {
       std::memcpy(cache + int64_t{plan.tail_slots[r]} * lat, kva.data() + r * lat,
@@ -198,7 +236,9 @@ absl::Status RankForward::Forward(const BatchPlan& plan, std::vector<int32_t>* p
     ref::AddInPlace(x.data(), part.data(), R * hid);
     // SwiGLU MLP on the local intermediate columns, down-projection summed over ranks.
     ref::RmsNorm(x.data(), R, hid, hid, L.post_norm.data(), eps, h.data());
-    if (Il > 0) {
+    if (L.is_moe) {
+      MoeForwardLocal(c, L.moe, h.data(), R, part.data());
+    } else if (Il > 0) {
       ref::Linear(h.data(), R, hid, hid, L.gate.data(), Il, gate.data(), Il);
       ref::Linear(h.data(), R, hid, hid, L.up.data(), Il, up.data(), Il);
       ref::SwiGlu(gate.data(), up.data(), R, Il, Il, act.data());

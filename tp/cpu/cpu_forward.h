@@ -13,6 +13,10 @@
 //   attn[h] = o_lat[h] · W_UV[h]^T                     [R, H_l * v]
 //   x += AllReduceSum(o_proj_local(attn))              (row-parallel)
 //   x += AllReduceSum(down_local(silu(gate_local(h2)) * up_local(h2))), h2 = RMSNorm(x)
+//        (MoE layers: x += AllReduceSum(MoeForwardLocal(h2)), tp/cpu/cpu_moe.h: one
+//        all-reduce for the routed and shared experts together)
+// RoPE is YaRN's (kernels/reference/yarn.h: inv_freq table and cos / sin factor) when the
+// config has rope_scaling, with the softmax scale of AttentionSoftmaxScale (model_config.h).
 // then RMSNorm → local LM-head rows → local argmax → AllGather → global argmax (largest value,
 // lowest token on ties), identical on every rank.
 //
@@ -27,9 +31,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/reference/yarn.h"
 #include "kernels/verify_attention.h"
 #include "tp/batch_plan.h"
 #include "tp/communicator.h"
+#include "tp/cpu/cpu_moe.h"
 #include "tp/engine.h"
 #include "tp/model_config.h"
 #include "tp/sharding.h"
@@ -50,9 +56,11 @@ struct RankWeights {
     std::vector<float> w_uv;        // [H_l, v, kv_lora]: W_UV[h]
     std::vector<float> o_proj;      // [hidden, H_l * v]: the local heads' columns
     std::vector<float> post_norm;   // [hidden]
-    std::vector<float> gate;        // [I_l, hidden]
-    std::vector<float> up;          // [I_l, hidden]
-    std::vector<float> down;        // [hidden, I_l]
+    std::vector<float> gate;        // [I_l, hidden]   (dense layers)
+    std::vector<float> up;          // [I_l, hidden]   (dense layers)
+    std::vector<float> down;        // [hidden, I_l]   (dense layers)
+    bool is_moe = false;
+    MoeLayerWeights moe;  // (MoE layers)
   };
   int world = 1;
   int rank = 0;
@@ -62,6 +70,9 @@ struct RankWeights {
   std::vector<float> final_norm;  // [hidden]
   std::vector<float> lm_head;     // [V_l, hidden]: the rank's vocab rows
 };
+
+// The YaRN parameters of a config with rope_scaling (kernels/reference/yarn.h).
+kernels::ref::YarnParams YarnParamsOf(const ModelConfig& c);
 
 // Cuts rank `rank`'s shard out of validated full weights (heads must divide by world).
 absl::StatusOr<RankWeights> ShardWeights(const ModelWeights& w, int world, int rank);
@@ -94,6 +105,9 @@ class RankForward {
   }
 
  private:
+  // RoPE in place on columns [offset, offset + rope) of each of `heads` heads.
+  void Rope(float* x, int64_t rows, int64_t heads, int64_t head_stride, int64_t offset,
+            const int32_t* positions) const;
   float* kv_layer_mut(int64_t layer) {
     return kv_.data() + layer * kv_slots_ * config_.latent_dim();
   }
@@ -103,6 +117,8 @@ class RankForward {
   Communicator* const comm_;
   const int64_t kv_slots_;
   std::vector<float> kv_;
+  std::vector<float> yarn_inv_freq_;  // [rope / 2] under YaRN, else empty (plain RoPE)
+  float yarn_attention_factor_ = 1.0f;
 };
 
 }  // namespace verifyd::tp

@@ -1,0 +1,473 @@
+// Streaming checkpoint reader (mmap, sharded safetensors, FP8 block scales); see
+// checkpoint_reader.h.
+#include "tp/checkpoint_reader.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/common.h"
+#include "kernels/status.h"
+#include "tp/safetensors.h"
+#include "tp/weights.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "safetensors data is little-endian; the reader decodes it in place");
+
+namespace verifyd::tp {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+enum class StoredType { kF32, kBF16, kF16, kF8E4M3, kOther };
+
+// Element size of a safetensors dtype (0: unknown dtype).
+size_t DTypeBytes(const std::string& d) {
+  static const std::map<std::string, size_t> kSizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8}};
+  auto it = kSizes.find(d);
+  return it == kSizes.end() ? 0 : it->second;
+}
+
+StoredType TypeOf(const std::string& d) {
+  if (d == "F32") return StoredType::kF32;
+  if (d == "BF16") return StoredType::kBF16;
+  if (d == "F16") return StoredType::kF16;
+  if (d == "F8_E4M3") return StoredType::kF8E4M3;
+  return StoredType::kOther;
+}
+
+// float8_e4m3fn -> float for all 256 codes.
+const std::array<float, 256>& Fp8Table() {
+  static const std::array<float, 256> kTable = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[i] = kernels::Fp8E4m3ToFloat(static_cast<uint8_t>(i));
+    return t;
+  }();
+  return kTable;
+}
+
+inline uint16_t Le16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+
+absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path));
+  return ss.str();
+}
+
+}  // namespace
+
+// One safetensors file, mapped read-only for the lifetime of the source.
+struct CheckpointWeightSource::MappedFile {
+  std::string path;
+  const uint8_t* base = nullptr;  // the whole file
+  uint64_t size = 0;
+  uint64_t data_begin = 0;  // 8 + header length
+
+  ~MappedFile() {
+    if (base != nullptr) munmap(const_cast<uint8_t*>(base), size);
+  }
+};
+
+// One tensor of one file.
+struct CheckpointWeightSource::Entry {
+  std::string name;
+  std::string dtype;
+  StoredType type = StoredType::kOther;
+  size_t elem = 0;  // bytes per stored element
+  int file = -1;
+  std::vector<int64_t> shape;
+  MatrixView view;
+  uint64_t begin = 0, end = 0;             // data_offsets, relative to the data section
+  int64_t scale = -1;                      // FP8: index of `<name>_scale_inv` in entries_
+  int64_t block_rows = 0, block_cols = 0;  // FP8: rows / cols per scale
+  absl::Status status;                     // why the tensor cannot be served (OK: servable)
+};
+
+CheckpointWeightSource::CheckpointWeightSource() = default;
+CheckpointWeightSource::~CheckpointWeightSource() = default;
+
+absl::StatusOr<std::unique_ptr<CheckpointWeightSource>> CheckpointWeightSource::Open(
+    const std::string& dir, const CheckpointOpenOptions& options) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
+  }
+  std::unique_ptr<CheckpointWeightSource> src(new CheckpointWeightSource());
+  src->dir_ = dir;
+  if (options.config.has_value()) {
+    src->config_ = *options.config;
+  } else {
+    const std::string cfg_path = (fs::path(dir) / "config.json").string();
+    VERIFYD_ASSIGN_OR_RETURN(std::string text, ReadTextFile(cfg_path));
+    absl::StatusOr<ModelConfig> cfg = ParseModelConfigJson(text);
+    if (!cfg.ok()) {
+      return absl::Status(cfg.status().code(),
+                          absl::StrCat(cfg_path, ": ", cfg.status().message()));
+    }
+    src->config_ = *std::move(cfg);
+    fs::path p(dir);
+    if (!p.has_filename()) p = p.parent_path();  // "dir/" -> "dir"
+    src->config_.name = p.filename().string();
+  }
+
+  // The files: the index's, or every *.safetensors.
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  std::map<std::string, std::string> weight_map;  // tensor -> file name (index only)
+  std::vector<std::string> files;
+  if (fs::exists(index_path, ec)) {
+    VERIFYD_ASSIGN_OR_RETURN(std::string text, ReadTextFile(index_path.string()));
+    json j = json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
+        !j["weight_map"].is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_path.string(), ": not JSON with a 'weight_map' object"));
+    }
+    std::set<std::string> unique;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path.string(), ": weight_map['", it.key(), "'] is not a file name"));
+      }
+      const std::string file = it.value().get<std::string>();
+      const fs::path rel(file);
+      if (file.empty() || rel.is_absolute() ||
+          std::any_of(rel.begin(), rel.end(), [](const fs::path& c) { return c == ".."; })) {
+        return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": tensor '", it.key(),
+                                                       "' is mapped to '", file,
+                                                       "', not a file of the directory"));
+      }
+      if (unique.insert(file).second && !fs::is_regular_file(fs::path(dir) / file, ec)) {
+        return absl::NotFoundError(
+            absl::StrCat(index_path.string(), ": tensor '", it.key(), "' is mapped to file ",
+                         (fs::path(dir) / file).string(), ", which does not exist"));
+      }
+      weight_map[it.key()] = file;
+    }
+    for (const std::string& f : unique) files.push_back((fs::path(dir) / f).string());
+  } else {
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      if (entry.path().extension() == ".safetensors") files.push_back(entry.path().string());
+    }
+    std::sort(files.begin(), files.end());
+  }
+  if (files.empty()) return absl::NotFoundError(absl::StrCat(dir, ": no *.safetensors files"));
+  for (const std::string& f : files) VERIFYD_RETURN_IF_ERROR(src->AddFile(f));
+
+  // The index must agree with the headers.
+  for (const auto& [name, file] : weight_map) {
+    const std::string path = (fs::path(dir) / file).string();
+    auto it = src->by_name_.find(name);
+    if (it == src->by_name_.end() || src->files_[src->entries_[it->second].file]->path != path) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": tensor '", name,
+                                                     "' is mapped to ", path,
+                                                     ", whose header does not list it"));
+    }
+  }
+  src->ResolveFp8();
+  if (options.validate_model_tensors) {
+    if (absl::Status s = ValidateModelConfig(src->config_); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(dir, ": ", s.message()));
+    }
+    VERIFYD_RETURN_IF_ERROR(ValidateWeightSource(*src, ModelTensorSpecs(src->config_)));
+  }
+  return src;
+}
+
+absl::Status CheckpointWeightSource::AddFile(const std::string& path) {
+  auto file = std::make_unique<MappedFile>();
+  file->path = path;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", std::strerror(err)));
+  }
+  file->size = static_cast<uint64_t>(st.st_size);
+  if (file->size < 8) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": shorter than 8 bytes"));
+  }
+  void* base = mmap(nullptr, file->size, PROT_READ, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);  // the mapping stays valid
+  if (base == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("cannot mmap ", path, ": ", std::strerror(err)));
+  }
+  file->base = static_cast<const uint8_t*>(base);
+  const uint8_t* b = file->base;
+
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | b[i];
+  if (header_len > file->size - 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": header length ", header_len, " exceeds the file size ", file->size));
+  }
+  file->data_begin = 8 + header_len;
+  const uint64_t data_size = file->size - file->data_begin;
+  const json header = json::parse(reinterpret_cast<const char*>(b) + 8,
+                                  reinterpret_cast<const char*>(b) + 8 + header_len, nullptr,
+                                  /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header is not a JSON object"));
+  }
+  const int file_index = static_cast<int>(files_.size());
+  files_.push_back(std::move(file));
+
+  std::vector<size_t> added;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    Entry e;
+    e.name = it.key();
+    e.file = file_index;
+    auto bad = [&](const std::string& why) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", e.name, "': ", why));
+    };
+    const json& v = it.value();
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
+        !v.contains("data_offsets") || !v["dtype"].is_string() || !v["shape"].is_array() ||
+        !v["data_offsets"].is_array() || v["data_offsets"].size() != 2) {
+      return bad("entry needs dtype (string), shape (array) and data_offsets ([begin, end])");
+    }
+    e.dtype = v["dtype"].get<std::string>();
+    e.type = TypeOf(e.dtype);
+    e.elem = DTypeBytes(e.dtype);
+    uint64_t numel = 1;
+    for (const json& d : v["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) return bad("shape has a bad dimension");
+      e.shape.push_back(d.get<int64_t>());
+      if (__builtin_mul_overflow(numel, d.get<uint64_t>(), &numel)) return bad("shape overflows");
+    }
+    e.view = MatrixViewOf(e.shape);
+    const json& offs = v["data_offsets"];
+    if (!offs[0].is_number_unsigned() || !offs[1].is_number_unsigned()) {
+      return bad("data_offsets are not non-negative integers");
+    }
+    e.begin = offs[0].get<uint64_t>();
+    e.end = offs[1].get<uint64_t>();
+    uint64_t bytes = 0;
+    if (e.end < e.begin) return bad("data_offsets end before they begin");
+    if (e.elem != 0 &&
+        (__builtin_mul_overflow(numel, e.elem, &bytes) || e.end - e.begin != bytes)) {
+      return bad(absl::StrCat("data_offsets [", e.begin, ", ", e.end, ") hold ", e.end - e.begin,
+                              " bytes, shape [", absl::StrJoin(e.shape, ", "), "] x ", e.dtype,
+                              " needs ", numel, " x ", e.elem));
+    }
+    if (e.type == StoredType::kOther) {
+      e.status =
+          absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", e.name, "': dtype ", e.dtype,
+                                                  " is not supported (F32, BF16, F16, F8_E4M3)"));
+    }
+    auto [pos, inserted] = by_name_.emplace(e.name, entries_.size());
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", e.name, "' is also in ",
+                                                     files_[entries_[pos->second].file]->path,
+                                                     " (a tensor in two files)"));
+    }
+    added.push_back(entries_.size());
+    entries_.push_back(std::move(e));
+  }
+  // Truncation: the first tensor (in file order) whose data runs past the end of the file.
+  std::sort(added.begin(), added.end(),
+            [&](size_t a, size_t b) { return entries_[a].begin < entries_[b].begin; });
+  for (size_t i : added) {
+    const Entry& e = entries_[i];
+    if (e.end > data_size) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": truncated: tensor '", e.name, "' needs data bytes [", e.begin, ", ", e.end,
+          ") but the file has ", data_size, " (", files_.back()->size, " bytes in all)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void CheckpointWeightSource::ResolveFp8() {
+  const int64_t br = config_.quant.block_rows > 0 ? config_.quant.block_rows : 128;
+  const int64_t bc = config_.quant.block_cols > 0 ? config_.quant.block_cols : 128;
+  for (Entry& e : entries_) {
+    if (e.type != StoredType::kF8E4M3) continue;
+    const std::string& path = files_[e.file]->path;
+    const std::string what = absl::StrCat(path, ": FP8 tensor '", e.name, "'");
+    if (e.shape.size() != 2) {
+      e.status = absl::InvalidArgumentError(absl::StrCat(what, " has shape [",
+                                                         absl::StrJoin(e.shape, ", "),
+                                                         "]; block-scaled FP8 weights are 2-D"));
+      continue;
+    }
+    const std::string scale_name = e.name + "_scale_inv";
+    auto it = by_name_.find(scale_name);
+    if (it == by_name_.end()) {
+      e.status =
+          absl::InvalidArgumentError(absl::StrCat(what, " has no scale tensor '", scale_name, "'"));
+      continue;
+    }
+    const Entry& s = entries_[it->second];
+    const std::vector<int64_t> want = {(e.shape[0] + br - 1) / br, (e.shape[1] + bc - 1) / bc};
+    if (s.type != StoredType::kF32 && s.type != StoredType::kBF16 && s.type != StoredType::kF16) {
+      e.status = absl::InvalidArgumentError(absl::StrCat(what, ": scale '", scale_name, "' (",
+                                                         files_[s.file]->path, ") has dtype ",
+                                                         s.dtype, " (expected F32, BF16 or F16)"));
+    } else if (s.shape != want) {
+      e.status = absl::InvalidArgumentError(absl::StrCat(
+          what, " [", absl::StrJoin(e.shape, ", "), "]: scale '", scale_name, "' (",
+          files_[s.file]->path, ") has shape [", absl::StrJoin(s.shape, ", "), "], expected [",
+          absl::StrJoin(want, ", "), "] for ", br, " x ", bc, " blocks"));
+    } else {
+      e.scale = static_cast<int64_t>(it->second);
+      e.block_rows = br;
+      e.block_cols = bc;
+    }
+  }
+}
+
+absl::StatusOr<const CheckpointWeightSource::Entry*> CheckpointWeightSource::Find(
+    const std::string& name) const {
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat(dir_, ": tensor '", name, "' is missing (in no safetensors file)"));
+  }
+  const Entry& e = entries_[it->second];
+  if (!e.status.ok()) return e.status;
+  return &e;
+}
+
+absl::StatusOr<std::vector<int64_t>> CheckpointWeightSource::Shape(const std::string& name) const {
+  VERIFYD_ASSIGN_OR_RETURN(const Entry* e, Find(name));
+  return e->shape;
+}
+
+std::string CheckpointWeightSource::Location(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? "" : files_[entries_[it->second].file]->path;
+}
+
+std::vector<std::string> CheckpointWeightSource::TensorNames() const {
+  std::vector<std::string> names;
+  names.reserve(entries_.size());
+  for (const Entry& e : entries_) names.push_back(e.name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+absl::StatusOr<std::string> CheckpointWeightSource::StoredDType(const std::string& name) const {
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) {
+    return absl::NotFoundError(absl::StrCat(dir_, ": tensor '", name, "' is missing"));
+  }
+  return entries_[it->second].dtype;
+}
+
+uint64_t CheckpointWeightSource::mapped_bytes() const {
+  uint64_t n = 0;
+  for (const auto& f : files_) n += f->size;
+  return n;
+}
+
+float CheckpointWeightSource::ScaleAt(const Entry& s, int64_t r, int64_t c) const {
+  const MappedFile& f = *files_[s.file];
+  const uint8_t* p = f.base + f.data_begin + s.begin + (r * s.view.cols + c) * s.elem;
+  switch (s.type) {
+    case StoredType::kF32: {
+      float v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case StoredType::kBF16:
+      return kernels::Bf16ToFloat(Le16(p));
+    default:
+      return HalfToFloat(Le16(p));
+  }
+}
+
+void CheckpointWeightSource::DecodeRow(const Entry& e, int64_t row, int64_t col0, int64_t n,
+                                       float* out) const {
+  const MappedFile& f = *files_[e.file];
+  const uint8_t* p = f.base + f.data_begin + e.begin + (row * e.view.cols + col0) * e.elem;
+  switch (e.type) {
+    case StoredType::kF32:
+      std::memcpy(out, p, static_cast<size_t>(n) * sizeof(float));
+      return;
+    case StoredType::kBF16:
+      for (int64_t i = 0; i < n; ++i) out[i] = kernels::Bf16ToFloat(Le16(p + 2 * i));
+      return;
+    case StoredType::kF16:
+      for (int64_t i = 0; i < n; ++i) out[i] = HalfToFloat(Le16(p + 2 * i));
+      return;
+    case StoredType::kF8E4M3: {
+      const std::array<float, 256>& lut = Fp8Table();
+      const Entry& s = entries_[static_cast<size_t>(e.scale)];
+      const int64_t bc = e.block_cols;
+      const int64_t srow = row / e.block_rows;
+      for (int64_t c = col0; c < col0 + n;) {
+        const int64_t block = c / bc;
+        const int64_t seg_end = std::min(col0 + n, (block + 1) * bc);
+        const float scale = ScaleAt(s, srow, block);
+        for (; c < seg_end; ++c) out[c - col0] = lut[p[c - col0]] * scale;
+      }
+      return;
+    }
+    case StoredType::kOther:
+      return;  // unreachable: Find() refuses unservable tensors
+  }
+}
+
+absl::Status CheckpointWeightSource::ReadBlock(const std::string& name, int64_t row0, int64_t rows,
+                                               int64_t col0, int64_t cols, float* dst) const {
+  VERIFYD_ASSIGN_OR_RETURN(const Entry* e, Find(name));
+  VERIFYD_RETURN_IF_ERROR(CheckBlock(absl::StrCat(files_[e->file]->path, ": tensor '", name, "'"),
+                                     e->shape, row0, rows, col0, cols));
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  for (int64_t r = 0; r < rows; ++r) DecodeRow(*e, row0 + r, col0, cols, dst + r * cols);
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointWeightSource::ReadBlockBf16(const std::string& name, int64_t row0,
+                                                   int64_t rows, int64_t col0, int64_t cols,
+                                                   uint16_t* dst) const {
+  VERIFYD_ASSIGN_OR_RETURN(const Entry* e, Find(name));
+  VERIFYD_RETURN_IF_ERROR(CheckBlock(absl::StrCat(files_[e->file]->path, ": tensor '", name, "'"),
+                                     e->shape, row0, rows, col0, cols));
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  if (e->type == StoredType::kBF16) {  // the stored bits, unchanged
+    const MappedFile& f = *files_[e->file];
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* p = f.base + f.data_begin + e->begin + ((row0 + r) * e->view.cols + col0) * 2;
+      for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = Le16(p + 2 * c);
+    }
+    return absl::OkStatus();
+  }
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    DecodeRow(*e, row0 + r, col0, cols, row.data());
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = kernels::FloatToBf16(row[c]);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace verifyd::tp

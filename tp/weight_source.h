@@ -1,0 +1,111 @@
+// Where a model's weights come from, read block by block: the interface the engines fill
+// their (sharded) weights through, an in-memory implementation over ModelWeights (presets,
+// tests), and helpers over any source (validation against the model's tensor list, reading a
+// whole tensor, materialising a small model as float32 ModelWeights).
+//
+// A source answers the *logical* tensor: its dequantized shape and float32 values, whatever
+// the stored dtype (the checkpoint implementation, tp/checkpoint_reader.h, decodes F32 / BF16
+// / F16 and block-scaled FP8). Reads are by block of rows x columns so that a rank reads only
+// its slice (head rows of q_b / kv_b, head columns of o_proj, vocabulary rows of the LM head,
+// intermediate rows / columns of the MLP): nothing ever materialises a whole tensor unless the
+// caller asks for it.
+//
+// Thread-safety: every const method of a WeightSource may be called concurrently from any
+// number of threads (the rank threads fill their weights in parallel); the source must
+// outlive the readers. The free functions only call const methods.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tp/model_config.h"
+#include "tp/safetensors.h"
+#include "tp/weights.h"
+
+namespace verifyd::tp {
+
+// Weights of one model, read by block. One per model; see the thread-safety note above.
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+
+  virtual const ModelConfig& config() const = 0;
+
+  // Logical (dequantized) shape of a tensor; NotFound naming it when absent, or the reason
+  // it cannot be served (an unsupported dtype, an FP8 weight without a valid scale, ...).
+  virtual absl::StatusOr<std::vector<int64_t>> Shape(const std::string& name) const = 0;
+
+  // Rows [row0, row0 + rows) and columns [col0, col0 + cols) of a tensor as float32,
+  // row-major into dst[rows * cols]. A 1-D tensor of n elements is the matrix [1, n] (row0 =
+  // 0, rows = 1); a tensor of three or more dimensions is [shape[0], product of the rest].
+  // A block outside the shape is InvalidArgument naming the tensor; an empty block is a no-op.
+  virtual absl::Status ReadBlock(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                                 int64_t cols, float* dst) const = 0;
+
+  // The same block as bf16 bits (what the CUDA engine uploads): the float32 value rounded
+  // to nearest even (BF16-stored tensors are copied bit for bit).
+  virtual absl::Status ReadBlockBf16(const std::string& name, int64_t row0, int64_t rows,
+                                     int64_t col0, int64_t cols, uint16_t* dst) const = 0;
+
+  // Where the tensor is stored, for error messages ("path/model-00001.safetensors"); empty
+  // when the source has no files.
+  virtual std::string Location(const std::string& name) const {
+    (void)name;
+    return "";
+  }
+};
+
+// The [rows, cols] matrix view of a shape used by ReadBlock: [] -> [1, 1], [n] -> [1, n],
+// [r, c] -> [r, c], [d0, d1, ...] -> [d0, d1 * ...].
+struct MatrixView {
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+MatrixView MatrixViewOf(const std::vector<int64_t>& shape);
+
+// OK when the block [row0, +rows) x [col0, +cols) lies inside `shape` (empty blocks included);
+// else InvalidArgument naming `what` (e.g. "file: tensor 'x'"), the block and the shape.
+absl::Status CheckBlock(const std::string& what, const std::vector<int64_t>& shape, int64_t row0,
+                        int64_t rows, int64_t col0, int64_t cols);
+
+// A WeightSource over float32 host tensors (a preset, or a model loaded whole).
+class InMemoryWeightSource final : public WeightSource {
+ public:
+  // Not owned: *weights must outlive this source and not change while it is read.
+  explicit InMemoryWeightSource(const ModelWeights* weights);
+  // Owned.
+  explicit InMemoryWeightSource(ModelWeights weights);
+  InMemoryWeightSource(const InMemoryWeightSource&) = delete;
+  InMemoryWeightSource& operator=(const InMemoryWeightSource&) = delete;
+
+  const ModelConfig& config() const override { return w_->config; }
+  absl::StatusOr<std::vector<int64_t>> Shape(const std::string& name) const override;
+  absl::Status ReadBlock(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                         int64_t cols, float* dst) const override;
+  absl::Status ReadBlockBf16(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                             int64_t cols, uint16_t* dst) const override;
+
+ private:
+  absl::StatusOr<const HostTensor*> Find(const std::string& name) const;
+
+  ModelWeights owned_;
+  const ModelWeights* w_;
+};
+
+// Every tensor of `specs` present in the source with its exact logical shape and servable
+// (Shape() OK). NotFound / InvalidArgument naming the tensor and, where the source has files,
+// the file. Reads no tensor data.
+absl::Status ValidateWeightSource(const WeightSource& source, const std::vector<TensorSpec>& specs);
+
+// A whole tensor as float32 (allocates its full size: for small tensors, tests and tools).
+absl::StatusOr<HostTensor> ReadTensor(const WeightSource& source, const std::string& name);
+
+// Every tensor of ModelTensorSpecs(source.config()) as float32, checked with
+// ValidateModelWeights (shapes, finite values). Host memory: the whole model in float32, so
+// only for small models and tests; the engines read their slices with ReadBlock instead.
+absl::StatusOr<ModelWeights> LoadModelWeights(const WeightSource& source);
+
+}  // namespace verifyd::tp
