@@ -48,11 +48,13 @@ absl::StatusOr<v1::GetInfoResponse> VerifyClient::GetInfo() {
   return resp;
 }
 
-absl::StatusOr<OpenResult> VerifyClient::Open(const std::vector<int32_t>& prompt) {
+absl::StatusOr<OpenResult> VerifyClient::Open(const std::vector<int32_t>& prompt,
+                                              const std::string& prefix_session_id) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   v1::OpenSessionRequest req;
   req.mutable_prompt_tokens()->Add(prompt.begin(), prompt.end());
+  req.set_prefix_session_id(prefix_session_id);
   v1::OpenSessionResponse resp;
   if (auto st = FromGrpcStatus(stub_->OpenSession(&ctx, req, &resp)); !st.ok()) return st;
   return OpenResult{resp.session_id(), resp.next_token(), resp.committed_len()};
@@ -82,10 +84,43 @@ absl::Status VerifyClient::VerifyRaw(const v1::VerifyRequest& req, v1::VerifyRes
 }
 
 absl::StatusOr<VerifyOutcome> VerifyClient::Verify(const std::string& session_id,
-                                                   const DraftTree& tree) {
-  auto r = VerifyMany({session_id}, {tree});
-  if (!r.ok()) return r.status();
-  return std::move((*r)[0]);
+                                                   const DraftTree& tree,
+                                                   const VerifyOptions& options) {
+  v1::VerifyRequest req;
+  v1::VerifyItem* item = req.add_items();
+  FillItem(item, session_id, tree);
+  item->set_request_id(options.request_id);
+  if (options.expected_committed_len) {
+    item->set_expected_committed_len(*options.expected_committed_len);
+  }
+  v1::VerifyResponse resp;
+  if (auto st = VerifyRaw(req, &resp); !st.ok()) return st;
+  if (resp.results_size() != 1) {
+    return absl::InternalError("server returned a wrong number of results");
+  }
+  return ToOutcome(resp.results(0));
+}
+
+absl::StatusOr<OpenResult> VerifyClient::Truncate(const std::string& session_id,
+                                                  int64_t committed_len) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::TruncateSessionRequest req;
+  req.set_session_id(session_id);
+  req.set_committed_len(committed_len);
+  v1::TruncateSessionResponse resp;
+  if (auto st = FromGrpcStatus(stub_->TruncateSession(&ctx, req, &resp)); !st.ok()) return st;
+  return OpenResult{session_id, resp.next_token(), resp.committed_len()};
+}
+
+absl::StatusOr<OpenResult> VerifyClient::Fork(const std::string& session_id) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::ForkSessionRequest req;
+  req.set_session_id(session_id);
+  v1::ForkSessionResponse resp;
+  if (auto st = FromGrpcStatus(stub_->ForkSession(&ctx, req, &resp)); !st.ok()) return st;
+  return OpenResult{resp.session_id(), resp.next_token(), resp.committed_len()};
 }
 
 absl::StatusOr<std::vector<VerifyOutcome>> VerifyClient::VerifyMany(

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,12 @@ struct DraftTree {
   std::vector<int32_t> parents;  // -1 = child of the pending token, else an earlier index
 };
 
+// Per-item options of a Verify (see the retry recipe in verify.proto).
+struct VerifyOptions {
+  std::string request_id;                         // "" = no deduplication
+  std::optional<int64_t> expected_committed_len;  // unset = no check
+};
+
 enum class HealthStatus { kUnknown = 0, kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
 
 absl::Status FromGrpcStatus(const grpc::Status& s);
@@ -52,9 +59,17 @@ class VerifyClient {
                         absl::Duration timeout = absl::Seconds(60));
 
   absl::StatusOr<verify::v1::GetInfoResponse> GetInfo();
-  absl::StatusOr<OpenResult> Open(const std::vector<int32_t>& prompt);
+  // `prefix_session_id` (optional): start from that session's committed tokens.
+  absl::StatusOr<OpenResult> Open(const std::vector<int32_t>& prompt,
+                                  const std::string& prefix_session_id = "");
   // One session, one tree.
-  absl::StatusOr<VerifyOutcome> Verify(const std::string& session_id, const DraftTree& tree);
+  absl::StatusOr<VerifyOutcome> Verify(const std::string& session_id, const DraftTree& tree,
+                                       const VerifyOptions& options = {});
+  // Rolls the session back to its first `committed_len` tokens; returns the new pending token
+  // (next_token) and committed_len (session_id is the given one).
+  absl::StatusOr<OpenResult> Truncate(const std::string& session_id, int64_t committed_len);
+  // A new session continuing from the same point as `session_id` (shared KV).
+  absl::StatusOr<OpenResult> Fork(const std::string& session_id);
   // Several sessions in one call (results in item order).
   absl::StatusOr<std::vector<VerifyOutcome>> VerifyMany(const std::vector<std::string>& session_ids,
                                                         const std::vector<DraftTree>& trees);

@@ -1,8 +1,10 @@
 // verifyctl: command-line client of verifyd.
 //   verifyctl info | health
-//   verifyctl open --prompt 1,2,3
+//   verifyctl open --prompt 1,2,3 [--prefix_session S]
 //   verifyctl verify --session S --tokens 5,6,7 --parents -1,0,-1
 //   verifyctl close --session S
+//   verifyctl truncate --session S --len L      (roll back to the first L committed tokens)
+//   verifyctl fork --session S                  (a new session sharing S's KV)
 //   verifyctl demo [--drafter oracle|ngram] [--rounds R] [--depth D] [--branches B]
 //   verifyctl load [--drafter oracle|ngram] --sessions N --rounds R
 // TLS: --tls_ca (server CA), + --tls_cert/--tls_key (mutual TLS), + --auth_token_file.
@@ -34,7 +36,11 @@
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "verifyd address host:port");
 ABSL_FLAG(int, timeout_s, 60, "per-call deadline in seconds");
 ABSL_FLAG(std::string, prompt, "", "open: comma-separated prompt tokens");
-ABSL_FLAG(std::string, session, "", "verify/close: session id");
+ABSL_FLAG(std::string, session, "", "verify/close/truncate/fork: session id");
+ABSL_FLAG(int64_t, len, 0, "truncate: committed length to roll back to (>= 1)");
+ABSL_FLAG(std::string, prefix_session, "",
+          "open: start from this session's committed tokens (shared KV), then --prompt");
+ABSL_FLAG(std::string, request_id, "", "verify: request id (a retry with it is not re-applied)");
 ABSL_FLAG(std::string, tokens, "", "verify: comma-separated draft tokens");
 ABSL_FLAG(std::string, parents, "", "verify: comma-separated parents (-1 = the pending token)");
 ABSL_FLAG(std::string, drafter, "oracle",
@@ -109,7 +115,7 @@ int CmdHealth(VerifyClient& c) {
 int CmdOpen(VerifyClient& c) {
   auto prompt = verifyd::client::ParseIntList(absl::GetFlag(FLAGS_prompt), "--prompt");
   if (!prompt.ok()) return Fail(prompt.status());
-  auto r = c.Open(*prompt);
+  auto r = c.Open(*prompt, absl::GetFlag(FLAGS_prefix_session));
   if (!r.ok()) return Fail(r.status());
   std::printf("session_id: %s\nnext_token: %d\ncommitted_len: %lld\n", r->session_id.c_str(),
               r->next_token, (long long)r->committed_len);
@@ -124,7 +130,9 @@ int CmdVerify(VerifyClient& c) {
   if (!parents.ok()) return Fail(parents.status());
   tree.tokens = *tokens;
   tree.parents = *parents;
-  auto r = c.Verify(absl::GetFlag(FLAGS_session), tree);
+  verifyd::client::VerifyOptions options;
+  options.request_id = absl::GetFlag(FLAGS_request_id);
+  auto r = c.Verify(absl::GetFlag(FLAGS_session), tree, options);
   if (!r.ok()) return Fail(r.status());
   std::printf(
       "accepted_nodes: [%s]\naccepted_tokens: [%s]\nbonus_token: %d\n"
@@ -137,6 +145,21 @@ int CmdVerify(VerifyClient& c) {
 int CmdClose(VerifyClient& c) {
   if (auto st = c.Close(absl::GetFlag(FLAGS_session)); !st.ok()) return Fail(st);
   std::printf("closed\n");
+  return 0;
+}
+
+int CmdTruncate(VerifyClient& c) {
+  auto r = c.Truncate(absl::GetFlag(FLAGS_session), absl::GetFlag(FLAGS_len));
+  if (!r.ok()) return Fail(r.status());
+  std::printf("next_token: %d\ncommitted_len: %lld\n", r->next_token, (long long)r->committed_len);
+  return 0;
+}
+
+int CmdFork(VerifyClient& c) {
+  auto r = c.Fork(absl::GetFlag(FLAGS_session));
+  if (!r.ok()) return Fail(r.status());
+  std::printf("session_id: %s\nnext_token: %d\ncommitted_len: %lld\n", r->session_id.c_str(),
+              r->next_token, (long long)r->committed_len);
   return 0;
 }
 
@@ -269,7 +292,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> SecureChannel() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "verifyctl <info|health|open|verify|close|demo|load> [flags]: client of verifyd");
+      "verifyctl <info|health|open|verify|close|truncate|fork|demo|load> [flags]: client of "
+      "verifyd");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) return Usage("expected exactly one subcommand");
   const std::string cmd = args[1];
@@ -283,6 +307,8 @@ int main(int argc, char** argv) {
   if (cmd == "open") return CmdOpen(client);
   if (cmd == "verify") return CmdVerify(client);
   if (cmd == "close") return CmdClose(client);
+  if (cmd == "truncate") return CmdTruncate(client);
+  if (cmd == "fork") return CmdFork(client);
   if (cmd == "demo") return CmdDemo(client);
   if (cmd == "load") return CmdLoad(client);
   return Usage(absl::StrCat("unknown subcommand '", cmd, "'"));

@@ -38,6 +38,9 @@ ABSL_FLAG(int, max_batch, 64, "requests per engine step");
 ABSL_FLAG(int, max_queue, 1024, "requests waiting for the engine before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, session_ttl_s, 600, "idle seconds before a session expires; 0 disables");
 ABSL_FLAG(int, max_sessions, 4096, "open sessions at once");
+ABSL_FLAG(int, prefill_chunk, 512,
+          "prompt rows per prefill engine step (the engine's per-request row limit caps it); a "
+          "longer prompt is prefilled over several steps, interleaved with other sessions");
 ABSL_FLAG(bool, reflection, false, "enable gRPC server reflection");
 ABSL_FLAG(int, max_message_bytes, 16 << 20, "largest accepted gRPC message");
 ABSL_FLAG(int, drain_timeout_s, 30, "seconds in-flight requests get to finish on SIGTERM");
@@ -129,6 +132,7 @@ int main(int argc, char** argv) {
   options.max_batch = absl::GetFlag(FLAGS_max_batch);
   options.max_queue = absl::GetFlag(FLAGS_max_queue);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   options.session_ttl = absl::Seconds(absl::GetFlag(FLAGS_session_ttl_s));
   options.reflection = absl::GetFlag(FLAGS_reflection);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);

@@ -187,7 +187,11 @@ void Scheduler::RunBatch(std::vector<Job*>& batch) {
       const int64_t n = static_cast<int64_t>(job->prompt->size());
       const int64_t end = std::min<int64_t>(n, job->offset + options_.prefill_chunk);
       tp::StepRequest r;
-      r.context_slots.assign(job->prompt_slots->begin(), job->prompt_slots->begin() + job->offset);
+      // Context: the session's prefix (shared slots of another session, or none), then the
+      // prompt rows already prefilled.
+      r.context_slots = job->session->context_slots;
+      r.context_slots.insert(r.context_slots.end(), job->prompt_slots->begin(),
+                             job->prompt_slots->begin() + job->offset);
       r.tokens.assign(job->prompt->begin() + job->offset, job->prompt->begin() + end);
       r.tail_slots.assign(job->prompt_slots->begin() + job->offset,
                           job->prompt_slots->begin() + end);
@@ -283,15 +287,19 @@ void Scheduler::RunBatch(std::vector<Job*>& batch) {
         continue;
       }
       if (job->kind == Job::Kind::kPrefill && job->status.ok()) {
-        job->session->context_slots = *job->prompt_slots;
-        job->session->pending = job->next_token;
+        Session& ps = *job->session;
+        ps.context_slots.insert(ps.context_slots.end(), job->prompt_slots->begin(),
+                                job->prompt_slots->end());
+        ps.history.insert(ps.history.end(), job->prompt->begin(), job->prompt->end());
+        ps.history.push_back(job->next_token);
+        ps.pending = job->next_token;
       }
       finished.push_back(job);
     }
   }
   active_ = std::move(still_active);
-  metrics_->SetKvSlots(slots_->used(), slots_->kv_slots());
-  metrics_->SetActiveSessions(sessions_->active());
+  // The session and KV gauges follow every change where it happens (SessionManager and
+  // SlotAllocator observers); only the rate is refreshed here.
   metrics_->UpdateTokensPerSecond(absl::Now());
   for (Job* job : finished) job->done.Notify();  // the handler may destroy the job now
 }
@@ -328,6 +336,10 @@ absl::Status Scheduler::ApplyVerify(const tp::StepRequest& req, const tp::StepRe
     spdlog::error("verify apply: {}", st.ToString());
   }
   s.pending = res.bonus;
+  // History: it ended with the old pending token (now committed); then the accepted path's
+  // tokens, then the new pending token.
+  for (int32_t row : res.accepted_rows) s.history.push_back(req.tokens[row]);
+  s.history.push_back(res.bonus);
   item.tail_slots.clear();  // now owned by the session or freed
   item.accepted_nodes.clear();
   item.accepted_tokens.clear();
@@ -341,6 +353,10 @@ absl::Status Scheduler::ApplyVerify(const tp::StepRequest& req, const tp::StepRe
   }
   item.bonus = res.bonus;
   item.committed_len = s.committed_len();
+  if (!item.request_id.empty()) {
+    s.StoreResult(StoredResult{item.request_id, item.accepted_nodes, item.accepted_tokens,
+                               item.bonus, item.committed_len});
+  }
   metrics_->ObserveTree(depths, static_cast<int>(res.accepted_rows.size()));
   return absl::OkStatus();
 }

@@ -2,10 +2,11 @@
 //
 // Handlers submit a job (a prefill or a Verify call's items) and wait only for their own
 // job's completion. The engine thread repeatedly forms one batch: every prefill still in
-// progress (one chunk of <= 64 rows each; prefill chunks must run in order, so a prompt takes
-// several steps) plus queued jobs in FIFO order while the batch has room (max_batch
-// requests), runs one Engine::Step for all of them, applies the results and completes the
-// finished jobs.
+// progress (one chunk of <= prefill_chunk rows each; prefill chunks must run in order, so a
+// long prompt takes several steps, interleaved with everyone else's verify rounds) plus
+// queued jobs in FIFO order while the batch has room (max_batch requests), runs one
+// Engine::Step for all of them, applies the results (KV slots, pending token, token history,
+// stored results for request ids) and completes the finished jobs.
 //
 // Slot ownership: the caller allocates every slot a job uses (the prompt's slots, each
 // item's tail slots) and keeps ownership on failure: a failed job changes no session and
@@ -24,6 +25,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -46,6 +48,7 @@ struct VerifyWork {
   std::vector<int32_t> draft_tokens;   // [N] draft node tokens
   std::vector<int32_t> draft_parents;  // [N] -1 or j < i
   std::vector<int32_t> tail_slots;     // [N + 1] caller-allocated: pending row, then nodes
+  std::string request_id;              // non-empty: the result is stored on the session
   // Filled on success.
   std::vector<int32_t> accepted_nodes;   // tree indices, root side first
   std::vector<int32_t> accepted_tokens;  // their tokens
@@ -59,9 +62,9 @@ struct JobTiming {
 };
 
 struct SchedulerOptions {
-  int max_batch = 64;      // requests per Engine::Step (<= the engine's limit)
-  int max_queue = 1024;    // queued jobs; more is ResourceExhausted
-  int prefill_chunk = 64;  // rows per prefill request (<= the engine's max_tail_rows)
+  int max_batch = 64;       // requests per Engine::Step (<= the engine's limit)
+  int max_queue = 1024;     // queued jobs; more is ResourceExhausted
+  int prefill_chunk = 512;  // rows per prefill request (<= the engine's max_tail_rows)
 };
 
 class Scheduler {
@@ -74,8 +77,10 @@ class Scheduler {
   // Drains: rejects new jobs (Unavailable), finishes queued and running ones, joins.
   void Stop();
 
-  // Prefills `prompt` into `prompt_slots` ([prompt.size()], caller-owned). On success sets
-  // session->context_slots = prompt_slots and session->pending to the returned next token.
+  // Prefills `prompt` into `prompt_slots` ([prompt.size()], caller-owned) on top of the
+  // session's context_slots (empty, or a prefix shared with another session). On success
+  // appends prompt_slots to session->context_slots and the prompt and the returned next token
+  // to session->history, and sets session->pending to that token.
   // `cancelled` (optional): as for Verify, and a prefill already running also stops at its
   // next chunk (Cancelled; the session is unchanged and the caller still owns the slots).
   absl::StatusOr<int32_t> Prefill(const std::shared_ptr<Session>& session,

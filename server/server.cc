@@ -50,6 +50,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
   if (options.max_concurrent_streams < 1) {
     return absl::InvalidArgumentError("max_concurrent_streams: must be >= 1");
   }
+  if (options.prefill_chunk < 1) return absl::InvalidArgumentError("prefill_chunk: must be >= 1");
   if (options.max_call_deadline <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("max_call_deadline: must be > 0");
   }
@@ -78,10 +79,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
   s->slots_ = std::make_unique<SlotAllocator>(eng->kv_slots());
   s->sessions_ =
       std::make_unique<SessionManager>(s->slots_.get(), options.max_sessions, options.session_ttl);
+  // The session and KV gauges change exactly where the state changes.
+  Metrics* metrics = s->metrics_.get();
+  s->slots_->SetObserver(
+      [metrics](int64_t used, int64_t total) { metrics->SetKvSlots(used, total); });
+  s->sessions_->SetObserver([metrics](int active) { metrics->SetActiveSessions(active); });
   SchedulerOptions sched;
   sched.max_batch = limits.max_batch;
   sched.max_queue = options.max_queue;
-  sched.prefill_chunk = std::min(64, elimits.max_tail_rows);
+  // The engine's per-request row limit is the hard cap.
+  sched.prefill_chunk = std::min(options.prefill_chunk, elimits.max_tail_rows);
   Server* raw = s.get();
   s->scheduler_ =
       std::make_unique<Scheduler>(eng, s->sessions_.get(), s->slots_.get(), s->metrics_.get(),
@@ -139,14 +146,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
     return absl::UnavailableError(absl::StrCat("listen: cannot listen on ", options.listen));
   }
   s->SetServing(true);
-  s->metrics_->SetKvSlots(0, s->slots_->kv_slots());
   s->housekeeping_ = std::thread([raw] { raw->Housekeeping(); });
   spdlog::info(
       "serving listen={} port={} metrics_port={} health_port={} security={} model={} "
-      "backend={} tp={} kv_slots={} max_batch={} max_draft_nodes={} max_context={}",
+      "backend={} tp={} kv_slots={} max_batch={} max_draft_nodes={} max_context={} "
+      "prefill_chunk={}",
       options.listen, s->port_, s->metrics_port_, s->health_port(), s->security_.Describe(),
       eng->config().name, eng->backend(), eng->tp_size(), eng->kv_slots(), limits.max_batch,
-      limits.max_draft_nodes, limits.max_context);
+      limits.max_draft_nodes, limits.max_context, sched.prefill_chunk);
   return s;
 }
 
@@ -190,6 +197,7 @@ bool Server::engine_progressing(absl::Duration stall_limit) const {
 }
 int64_t Server::kv_slots_used() const { return slots_->used(); }
 int64_t Server::kv_slots() const { return slots_->kv_slots(); }
+int64_t Server::kv_slots_shared() const { return slots_->shared(); }
 int Server::active_sessions() const { return sessions_->active(); }
 int Server::queue_depth() const { return scheduler_->queue_depth(); }
 
@@ -204,8 +212,6 @@ void Server::Housekeeping() {
     const absl::Time now = absl::Now();
     const int expired = sessions_->ExpireIdle(now);
     if (expired > 0) spdlog::info("expired {} idle sessions", expired);
-    metrics_->SetActiveSessions(sessions_->active());
-    metrics_->SetKvSlots(slots_->used(), slots_->kv_slots());
     metrics_->UpdateTokensPerSecond(now);
     if (stop_housekeeping_.WaitForNotificationWithTimeout(options_.housekeeping_period)) return;
   }

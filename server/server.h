@@ -1,6 +1,7 @@
 // verifyd's server: gRPC VerifyService + grpc.health.v1.Health (+ reflection on request),
 // the session table and KV slot allocator, the scheduler's engine thread, a housekeeping
-// thread (session TTL expiry, gauges) and the Prometheus pull exposer.
+// thread (session TTL expiry, the tokens/s window) and the Prometheus pull exposer. The
+// session and KV gauges are set where the state changes, so they are exact at any scrape.
 //
 // Lifecycle: BuildAndStart() -> serving (health SERVING) -> Shutdown(): health NOT_SERVING,
 // gRPC stops accepting calls and waits up to `grace` for in-flight ones, the scheduler
@@ -44,8 +45,11 @@ struct ServerOptions {
   int max_batch = 64;       // requests per engine step (capped by the engine's limit)
   int max_queue = 1024;     // jobs waiting for the engine; more -> RESOURCE_EXHAUSTED
   int max_sessions = 4096;  // open sessions; more -> RESOURCE_EXHAUSTED
+  // Prompt rows per prefill step (capped by the engine's per-request row limit): a longer
+  // prompt is prefilled over several engine steps, interleaved with other sessions' rounds.
+  int prefill_chunk = 512;
   absl::Duration session_ttl = absl::Minutes(10);         // idle expiry; <= 0 disables
-  absl::Duration housekeeping_period = absl::Seconds(1);  // TTL sweep and gauge refresh
+  absl::Duration housekeeping_period = absl::Seconds(1);  // TTL sweep, tokens/s refresh
   bool reflection = false;                                // gRPC server reflection
   int max_message_bytes = 16 << 20;  // larger requests are rejected (RESOURCE_EXHAUSTED)
   // Security (server/security.h): TLS, mutual TLS, bearer tokens; default plaintext. With
@@ -89,6 +93,7 @@ class Server {
   // Introspection (tests, logs).
   int64_t kv_slots_used() const;
   int64_t kv_slots() const;
+  int64_t kv_slots_shared() const;  // slots held by more than one session (forks, prefixes)
   int active_sessions() const;
   int queue_depth() const;  // jobs waiting for the engine
   tp::Engine* engine() const { return engine_.get(); }

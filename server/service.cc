@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/status.h"
 #include "spdlog/spdlog.h"
 
 namespace verifyd::server {
@@ -53,11 +54,6 @@ std::string CodeName(grpc::StatusCode code) {
   }
 }
 
-// Prefixes a status message with a field name, keeping the code.
-absl::Status WithField(const absl::Status& st, const std::string& field) {
-  return absl::Status(st.code(), absl::StrCat(field, ": ", st.message()));
-}
-
 }  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& st, uint64_t request_id) {
@@ -97,6 +93,13 @@ std::string VerifyServiceImpl::Owner(const grpc::ServerContext& ctx) const {
 
 absl::Time VerifyServiceImpl::Deadline(const grpc::ServerContext& ctx, absl::Time start) const {
   return std::min(absl::FromChrono(ctx.deadline()), start + max_call_deadline_);
+}
+
+WaitBounds VerifyServiceImpl::Bounds(grpc::ServerContext* ctx, absl::Time deadline) {
+  WaitBounds b;
+  b.deadline = deadline;
+  b.cancelled = [ctx, deadline] { return ctx->IsCancelled() || absl::Now() >= deadline; };
+  return b;
 }
 
 absl::Status VerifyServiceImpl::MapCancelled(const absl::Status& st, absl::Time deadline) {
@@ -158,50 +161,30 @@ grpc::Status VerifyServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoR
   return Finish("GetInfo", id, absl::OkStatus(), start, "");
 }
 
-grpc::Status VerifyServiceImpl::OpenSession(grpc::ServerContext* ctx,
-                                            const v1::OpenSessionRequest* req,
-                                            v1::OpenSessionResponse* resp) {
-  const uint64_t id = next_request_id_++;
-  const absl::Time start = absl::Now();
-  const absl::Time deadline = Deadline(*ctx, start);
-  auto run = [&]() -> absl::Status {
-    if (absl::Status st = ValidatePrompt(*req, limits_); !st.ok()) return st;
-    if (scheduler_->engine_failed()) return absl::UnavailableError("engine failed");
-    std::vector<int32_t> prompt(req->prompt_tokens().begin(), req->prompt_tokens().end());
-    std::vector<int32_t> prompt_slots;
-    auto session =
-        sessions_->Create(static_cast<int64_t>(prompt.size()), &prompt_slots, Owner(*ctx));
-    if (!session.ok()) return session.status();
-    JobTiming timing;
-    absl::StatusOr<int32_t> next = scheduler_->Prefill(
-        *session, prompt, prompt_slots, &timing,
-        [ctx, deadline] { return ctx->IsCancelled() || absl::Now() >= deadline; });
-    if (!next.ok()) {
-      sessions_->Discard(*session, prompt_slots);
-      return MapCancelled(next.status(), deadline);
-    }
-    sessions_->MarkReady(*session);
-    resp->set_session_id((*session)->id);
-    resp->set_next_token(*next);
-    resp->set_committed_len((*session)->committed_len());
-    sessions_->Release(*session);
-    return absl::OkStatus();
-  };
-  absl::Status st = run();
-  return Finish(
-      "OpenSession", id, st, start,
-      absl::StrCat("prompt_len=", req->prompt_tokens_size(), " session=", resp->session_id()));
-}
-
 absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
                                          uint64_t request_id, grpc::ServerContext* ctx) {
   const absl::Time start = absl::Now();
   const absl::Time deadline = Deadline(*ctx, start);
-  if (absl::Status st = ValidateVerifyRequest(req, limits_); !st.ok()) return st;
+  VERIFYD_RETURN_IF_ERROR(ValidateVerifyRequest(req, limits_));
   if (scheduler_->engine_failed()) return absl::UnavailableError("engine failed");
-  const std::string owner = Owner(*ctx);
+  const int n = req.items_size();
 
-  std::vector<VerifyWork> work(req.items_size());
+  // Every session of the call at once; a session busy with an earlier call (one whose client
+  // may have gone away) is waited for within this call's deadline.
+  std::vector<std::string> ids;
+  for (const v1::VerifyItem& item : req.items()) ids.push_back(item.session_id());
+  int missing = 0;
+  auto sessions = sessions_->AcquireAll(ids, Owner(*ctx), Bounds(ctx, deadline), &missing);
+  if (!sessions.ok()) {
+    if (sessions.status().code() == absl::StatusCode::kNotFound) {
+      return WithField(sessions.status(), absl::StrCat("items[", missing, "].session_id"));
+    }
+    return MapCancelled(sessions.status(), deadline);
+  }
+
+  std::vector<VerifyWork> work;
+  std::vector<int> work_of(n, -1);        // item -> index in work (-1: replayed)
+  std::vector<StoredResult> replayed(n);  // item -> stored result of an applied request id
   // Undo for every early exit: give back tail slots still owned here, release sessions.
   auto release_all = [&]() {
     for (VerifyWork& w : work) {
@@ -211,27 +194,37 @@ absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req, v1::Verif
         }
         w.tail_slots.clear();
       }
-      if (w.session) sessions_->Release(w.session);
     }
+    for (const auto& s : *sessions) sessions_->Release(s);
   };
-  for (int i = 0; i < req.items_size(); ++i) {
+  for (int i = 0; i < n; ++i) {
     const v1::VerifyItem& item = req.items(i);
     const std::string field = absl::StrCat("items[", i, "]");
-    auto session = sessions_->Acquire(item.session_id(), owner);
-    if (!session.ok()) {
-      release_all();
-      return WithField(session.status(), field + ".session_id");
+    const std::shared_ptr<Session>& s = (*sessions)[i];
+    // A retry of an applied item: its stored result, nothing applied again.
+    if (const StoredResult* r = s->FindResult(item.request_id()); r != nullptr) {
+      replayed[i] = *r;
+      continue;
     }
-    VerifyWork& w = work[i];
-    w.session = *std::move(session);
-    const int n = item.tree().tokens_size();
-    if (absl::Status st = CheckContext(w.session->committed_len(), n, limits_, field + ".tree");
+    if (item.has_expected_committed_len() && item.expected_committed_len() != s->committed_len()) {
+      release_all();
+      return absl::AbortedError(
+          absl::StrCat(field, ".expected_committed_len: ", item.expected_committed_len(),
+                       " differs from the session's committed_len ", s->committed_len(),
+                       "; nothing was applied"));
+    }
+    if (absl::Status st =
+            CheckContext(s->committed_len(), item.tree().tokens_size(), limits_, field + ".tree");
         !st.ok()) {
       release_all();
       return st;
     }
+    work_of[i] = static_cast<int>(work.size());
+    VerifyWork& w = work.emplace_back();
+    w.session = s;
     w.draft_tokens.assign(item.tree().tokens().begin(), item.tree().tokens().end());
     w.draft_parents.assign(item.tree().parents().begin(), item.tree().parents().end());
+    w.request_id = item.request_id();
   }
   for (VerifyWork& w : work) {
     auto tail = slots_->Allocate(static_cast<int64_t>(w.draft_tokens.size()) + 1);
@@ -242,20 +235,33 @@ absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req, v1::Verif
     w.tail_slots = *std::move(tail);
   }
   JobTiming timing;
-  absl::Status st = scheduler_->Verify(
-      &work, &timing, [ctx, deadline] { return ctx->IsCancelled() || absl::Now() >= deadline; });
-  st = MapCancelled(st, deadline);
+  absl::Status st;
+  if (!work.empty()) {
+    st =
+        MapCancelled(scheduler_->Verify(&work, &timing, Bounds(ctx, deadline).cancelled), deadline);
+  }
   if (st.ok()) {
-    for (const VerifyWork& w : work) {
+    for (int i = 0; i < n; ++i) {
       v1::VerifyResult* r = resp->add_results();
-      r->set_session_id(w.session->id);
+      r->set_session_id(req.items(i).session_id());
+      if (work_of[i] < 0) {
+        const StoredResult& x = replayed[i];
+        r->mutable_accepted_nodes()->Add(x.accepted_nodes.begin(), x.accepted_nodes.end());
+        r->mutable_accepted_tokens()->Add(x.accepted_tokens.begin(), x.accepted_tokens.end());
+        r->set_bonus_token(x.bonus_token);
+        r->set_committed_len(x.committed_len);
+        continue;
+      }
+      const VerifyWork& w = work[work_of[i]];
       r->mutable_accepted_nodes()->Add(w.accepted_nodes.begin(), w.accepted_nodes.end());
       r->mutable_accepted_tokens()->Add(w.accepted_tokens.begin(), w.accepted_tokens.end());
       r->set_bonus_token(w.bonus);
       r->set_committed_len(w.committed_len);
     }
-    metrics_->ObserveVerifyLatency(timing.queue_s, timing.engine_s,
-                                   absl::ToDoubleSeconds(absl::Now() - start));
+    if (!work.empty()) {
+      metrics_->ObserveVerifyLatency(timing.queue_s, timing.engine_s,
+                                     absl::ToDoubleSeconds(absl::Now() - start));
+    }
   }
   release_all();
   return st;
@@ -299,18 +305,6 @@ grpc::Status VerifyServiceImpl::VerifyStream(
   spdlog::debug("stream={} ended code=OK messages={} s={:.3f}", stream_id, messages,
                 absl::ToDoubleSeconds(absl::Now() - stream_start));
   return grpc::Status::OK;
-}
-
-grpc::Status VerifyServiceImpl::CloseSession(grpc::ServerContext* ctx,
-                                             const v1::CloseSessionRequest* req,
-                                             v1::CloseSessionResponse*) {
-  const uint64_t id = next_request_id_++;
-  const absl::Time start = absl::Now();
-  absl::Status st = req->session_id().empty()
-                        ? absl::InvalidArgumentError("session_id: must not be empty")
-                        : sessions_->Close(req->session_id(), Owner(*ctx));
-  if (!st.ok() && st.code() == absl::StatusCode::kNotFound) st = WithField(st, "session_id");
-  return Finish("CloseSession", id, st, start, absl::StrCat("session=", req->session_id()));
 }
 
 }  // namespace verifyd::server

@@ -1,7 +1,9 @@
 // The gRPC VerifyService: thin handlers that validate, hand work to the scheduler, wait for
 // their own result and map absl::Status to grpc::Status (the only place that does), with
 // messages that name the offending field and leak no internals (Internal errors become a
-// generic message with the request id; details go to the log).
+// generic message with the request id; details go to the log). GetInfo and the Verify
+// calls live in service.cc; the session RPCs (open, close, truncate, fork) in
+// service_sessions.cc.
 //
 // Thread-safety: handlers run concurrently on gRPC's threads; all shared state lives in the
 // thread-safe SessionManager, SlotAllocator, Scheduler and Metrics.
@@ -44,6 +46,11 @@ class VerifyServiceImpl final : public verify::v1::VerifyService::Service {
                                                      verify::v1::VerifyRequest>* stream) override;
   grpc::Status CloseSession(grpc::ServerContext* ctx, const verify::v1::CloseSessionRequest* req,
                             verify::v1::CloseSessionResponse* resp) override;
+  grpc::Status TruncateSession(grpc::ServerContext* ctx,
+                               const verify::v1::TruncateSessionRequest* req,
+                               verify::v1::TruncateSessionResponse* resp) override;
+  grpc::Status ForkSession(grpc::ServerContext* ctx, const verify::v1::ForkSessionRequest* req,
+                           verify::v1::ForkSessionResponse* resp) override;
 
   // Transport-independent core of Verify (used by Verify and VerifyStream).
   absl::Status DoVerify(const verify::v1::VerifyRequest& req, verify::v1::VerifyResponse* resp,
@@ -59,6 +66,15 @@ class VerifyServiceImpl final : public verify::v1::VerifyService::Service {
   std::string Owner(const grpc::ServerContext& ctx) const;
   // The effective deadline of a call (or of one stream message) that started at `start`.
   absl::Time Deadline(const grpc::ServerContext& ctx, absl::Time start) const;
+  // How long a call may wait for a busy session: until `deadline`, or until the caller goes.
+  static WaitBounds Bounds(grpc::ServerContext* ctx, absl::Time deadline);
+  // Transport-independent cores of the session RPCs (server/service_sessions.cc).
+  absl::Status DoOpen(grpc::ServerContext* ctx, const verify::v1::OpenSessionRequest& req,
+                      verify::v1::OpenSessionResponse* resp);
+  absl::Status DoTruncate(grpc::ServerContext* ctx, const verify::v1::TruncateSessionRequest& req,
+                          verify::v1::TruncateSessionResponse* resp);
+  absl::Status DoFork(grpc::ServerContext* ctx, const verify::v1::ForkSessionRequest& req,
+                      verify::v1::ForkSessionResponse* resp);
   // Cancelled from the scheduler becomes DeadlineExceeded once `deadline` has passed.
   static absl::Status MapCancelled(const absl::Status& st, absl::Time deadline);
 

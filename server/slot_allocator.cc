@@ -1,14 +1,27 @@
 #include "server/slot_allocator.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 namespace verifyd::server {
 
 SlotAllocator::SlotAllocator(int64_t kv_slots) : kv_slots_(kv_slots) {
+  absl::MutexLock lock(&mu_);
   free_list_.reserve(static_cast<size_t>(kv_slots));
   // Stack order: slot 0 is handed out first.
   for (int64_t s = kv_slots - 1; s >= 0; --s) free_list_.push_back(static_cast<int32_t>(s));
-  in_use_.assign(static_cast<size_t>(kv_slots), 0);
+  refs_.assign(static_cast<size_t>(kv_slots), 0);
+}
+
+void SlotAllocator::SetObserver(std::function<void(int64_t, int64_t)> observer) {
+  absl::MutexLock lock(&mu_);
+  observer_ = std::move(observer);
+  NotifyLocked();
+}
+
+void SlotAllocator::NotifyLocked() {
+  if (observer_) observer_(kv_slots_ - static_cast<int64_t>(free_list_.size()), kv_slots_);
 }
 
 absl::StatusOr<std::vector<int32_t>> SlotAllocator::Allocate(int64_t n) {
@@ -20,23 +33,49 @@ absl::StatusOr<std::vector<int32_t>> SlotAllocator::Allocate(int64_t n) {
   }
   std::vector<int32_t> out(free_list_.end() - n, free_list_.end());
   free_list_.resize(free_list_.size() - n);
-  for (int32_t s : out) in_use_[s] = 1;
+  for (int32_t s : out) refs_[s] = 1;
+  if (n > 0) NotifyLocked();
   return out;
+}
+
+absl::Status SlotAllocator::Share(const std::vector<int32_t>& slots) {
+  absl::MutexLock lock(&mu_);
+  for (int32_t s : slots) {
+    if (s < 0 || s >= kv_slots_ || refs_[s] == 0) {
+      return absl::InternalError(absl::StrCat("sharing slot ", s, " that is not allocated"));
+    }
+  }
+  for (int32_t s : slots) {
+    if (++refs_[s] == 2) ++shared_;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status SlotAllocator::Free(const std::vector<int32_t>& slots) {
   absl::MutexLock lock(&mu_);
   // Check everything first so a bad list changes nothing; duplicates inside `slots` are
-  // caught by marking as we go and undoing on failure.
+  // caught by dropping references as we go and undoing on failure.
   for (size_t i = 0; i < slots.size(); ++i) {
     const int32_t s = slots[i];
-    if (s < 0 || s >= kv_slots_ || !in_use_[s]) {
-      for (size_t j = 0; j < i; ++j) in_use_[slots[j]] = 1;
+    if (s < 0 || s >= kv_slots_ || refs_[s] <= 0) {
+      for (size_t j = 0; j < i; ++j) {
+        if (++refs_[slots[j]] == 2) ++shared_;
+      }
       return absl::InternalError(absl::StrCat("freeing slot ", s, " that is not allocated"));
     }
-    in_use_[s] = 0;
+    if (refs_[s]-- == 2) --shared_;
   }
-  free_list_.insert(free_list_.end(), slots.begin(), slots.end());
+  // Commit: slots now at zero references go back to the pool, once each (-1 marks "pushed").
+  for (int32_t s : slots) {
+    if (refs_[s] == 0) {
+      refs_[s] = -1;
+      free_list_.push_back(s);
+    }
+  }
+  for (int32_t s : slots) {
+    if (refs_[s] == -1) refs_[s] = 0;
+  }
+  if (!slots.empty()) NotifyLocked();
   return absl::OkStatus();
 }
 
@@ -48,6 +87,17 @@ int64_t SlotAllocator::used() const {
 int64_t SlotAllocator::free_count() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(free_list_.size());
+}
+
+int64_t SlotAllocator::shared() const {
+  absl::MutexLock lock(&mu_);
+  return shared_;
+}
+
+int32_t SlotAllocator::refs(int32_t slot) const {
+  absl::MutexLock lock(&mu_);
+  if (slot < 0 || slot >= kv_slots_) return 0;
+  return refs_[slot];
 }
 
 }  // namespace verifyd::server

@@ -2,6 +2,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "server/session_manager.h"
 
 namespace verifyd::server {
 
@@ -68,9 +69,27 @@ absl::Status ValidateVerifyRequest(const verify::v1::VerifyRequest& req, const A
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".session_id: the same session appears twice in one call"));
     }
+    if (item.request_id().size() > static_cast<size_t>(kMaxRequestIdBytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".request_id: ", item.request_id().size(), " bytes exceed the limit ",
+                       kMaxRequestIdBytes));
+    }
     if (absl::Status st = ValidateTree(item.tree(), limits, field + ".tree"); !st.ok()) return st;
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckPrefixPrompt(int64_t prefix_len, int prompt_len, const ApiLimits& limits) {
+  if (prefix_len + prompt_len > limits.max_context - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt_tokens: prefix length ", prefix_len, " + prompt length ", prompt_len,
+                     " exceeds the limit ", limits.max_context - 1, " (max_context - 1)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WithField(const absl::Status& st, const std::string& field) {
+  return absl::Status(st.code(), absl::StrCat(field, ": ", st.message()));
 }
 
 absl::Status CheckContext(int64_t committed_len, int nodes, const ApiLimits& limits,

@@ -27,9 +27,16 @@ absl::Status ValidatePrompt(const verify::v1::OpenSessionRequest& req, const Api
 absl::Status ValidateTree(const verify::v1::DraftTree& tree, const ApiLimits& limits,
                           const std::string& field);
 
-// The whole request: 1..max_batch items, session ids present and distinct, every tree valid.
+// The whole request: 1..max_batch items, session ids present and distinct, request ids at
+// most kMaxRequestIdBytes, every tree valid.
 // Context length needs the session and is checked by the caller (CheckContext).
 absl::Status ValidateVerifyRequest(const verify::v1::VerifyRequest& req, const ApiLimits& limits);
+
+// With OpenSessionRequest.prefix_session_id: prefix + prompt tokens <= max_context - 1.
+absl::Status CheckPrefixPrompt(int64_t prefix_len, int prompt_len, const ApiLimits& limits);
+
+// Prefixes a status message with a field name ("items[0].session_id: ..."), keeping the code.
+absl::Status WithField(const absl::Status& st, const std::string& field);
 
 // committed_len + 1 (pending row) + nodes must not exceed max_context.
 absl::Status CheckContext(int64_t committed_len, int nodes, const ApiLimits& limits,

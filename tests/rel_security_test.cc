@@ -272,6 +272,22 @@ void ExpectSessionsBound(client::VerifyClient& alice, client::VerifyClient& bob)
   verify::v1::VerifyRequest req;
   req.add_items()->set_session_id(s->session_id);
   EXPECT_EQ(stream->RoundTrip(req).status().code(), absl::StatusCode::kNotFound);
+  // Truncate, fork and prefix opens: the same as for an unknown id.
+  const std::string nobody(32, 'f');
+  const absl::Status truncate_unknown = bob.Truncate(nobody, 1).status();
+  EXPECT_EQ(truncate_unknown.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(bob.Truncate(s->session_id, 1).status(), truncate_unknown);
+  const absl::Status fork_unknown = bob.Fork(nobody).status();
+  EXPECT_EQ(fork_unknown.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(bob.Fork(s->session_id).status(), fork_unknown);
+  const absl::Status prefix_unknown = bob.Open({1}, nobody).status();
+  EXPECT_EQ(prefix_unknown.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(bob.Open({1}, s->session_id).status(), prefix_unknown);
+  // Alice's fork is bound to Alice too.
+  auto fork = alice.Fork(s->session_id);
+  ASSERT_TRUE(fork.ok()) << fork.status();
+  EXPECT_EQ(bob.Verify(fork->session_id, {}).status(), unknown);
+  EXPECT_TRUE(alice.Close(fork->session_id).ok());
   // Alice still owns it, unchanged (one prefill, no round yet).
   auto r = alice.Verify(s->session_id, {});
   ASSERT_TRUE(r.ok()) << r.status();

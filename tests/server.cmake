@@ -1,12 +1,15 @@
 # server/ and client/ tests (label cpu): units (slot allocator, validation, demo drafter) and
 # loopback gRPC tests against an in-process server (toy engine for speed; the real CPU
-# engine for the lossless test at TP 1, 2, 4).
+# engine for the lossless test at TP 1, 2, 4 and for the truncate / fork / chunked-prefill
+# token checks of the sessions test).
 verifyd_add_test(server_slot_allocator_test LABEL cpu
   SOURCES server_slot_allocator_test.cc LIBS verifyd_server_lib)
 verifyd_add_test(server_validation_test LABEL cpu
   SOURCES server_validation_test.cc LIBS verifyd_server_lib)
 verifyd_add_test(server_service_test LABEL cpu
   SOURCES server_service_test.cc LIBS verifyd_server_testing)
+verifyd_add_test(server_sessions_test LABEL cpu
+  SOURCES server_sessions_test.cc LIBS verifyd_server_testing verifyd_tp)
 verifyd_add_test(server_lossless_test LABEL cpu
   SOURCES server_lossless_test.cc LIBS verifyd_server_testing verifyd_tp)
 verifyd_add_test(server_main_test LABEL cpu

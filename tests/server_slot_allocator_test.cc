@@ -84,5 +84,50 @@ TEST(SlotAllocator, RandomChurnKeepsCountsExact) {
   EXPECT_EQ(static_cast<int64_t>(distinct.size()), expect_used);
 }
 
+TEST(SlotAllocator, SharedSlotsReturnToThePoolWithTheirLastReference) {
+  SlotAllocator a(10);
+  int64_t observed = -1;
+  a.SetObserver([&](int64_t used, int64_t total) {
+    EXPECT_EQ(total, 10);
+    observed = used;
+  });
+  EXPECT_EQ(observed, 0);
+  auto x = a.Allocate(4);
+  ASSERT_TRUE(x.ok());
+  EXPECT_EQ(observed, 4);
+  ASSERT_TRUE(a.Share(*x).ok());  // a fork: a second holder, no new slot
+  EXPECT_EQ(a.used(), 4);
+  EXPECT_EQ(a.shared(), 4);
+  EXPECT_EQ(a.refs((*x)[0]), 2);
+  // One holder truncates to 2: the last two drop to one reference, still used.
+  ASSERT_TRUE(a.Free({(*x)[2], (*x)[3]}).ok());
+  EXPECT_EQ(a.used(), 4);
+  EXPECT_EQ(a.shared(), 2);
+  ASSERT_TRUE(a.Free({(*x)[0], (*x)[1]}).ok());  // that holder closes
+  EXPECT_EQ(a.used(), 4);
+  EXPECT_EQ(a.shared(), 0);
+  ASSERT_TRUE(a.Free(*x).ok());  // the other closes: all back
+  EXPECT_EQ(a.used(), 0);
+  EXPECT_EQ(observed, 0);
+  EXPECT_EQ(a.free_count(), 10);
+  // Sharing or freeing what is not allocated changes nothing.
+  EXPECT_EQ(a.Share({3}).code(), absl::StatusCode::kInternal);
+  auto y = a.Allocate(2);
+  ASSERT_TRUE(y.ok());
+  ASSERT_TRUE(a.Share({(*y)[0]}).ok());
+  // (*y)[0] has two references: listing it three times is one too many; nothing changes.
+  EXPECT_EQ(a.Free({(*y)[0], (*y)[0], (*y)[0]}).code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(a.refs((*y)[0]), 2);
+  EXPECT_EQ(a.shared(), 1);
+  ASSERT_TRUE(a.Free({(*y)[0], (*y)[0], (*y)[1]}).ok());
+  EXPECT_EQ(a.used(), 0);
+  EXPECT_EQ(a.shared(), 0);
+  // Allocation is all-or-nothing and the pool is whole again.
+  auto z = a.Allocate(10);
+  ASSERT_TRUE(z.ok());
+  std::set<int32_t> distinct(z->begin(), z->end());
+  EXPECT_EQ(distinct.size(), 10u);
+}
+
 }  // namespace
 }  // namespace verifyd::server
