@@ -36,6 +36,9 @@
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "verifyd address host:port");
 ABSL_FLAG(int, timeout_s, 60, "per-call deadline in seconds");
 ABSL_FLAG(std::string, prompt, "", "open: comma-separated prompt tokens");
+ABSL_FLAG(int64_t, random_prompt, 0,
+          "open: instead of --prompt, this many random tokens (from --seed), e.g. to measure a "
+          "long prefill");
 ABSL_FLAG(std::string, session, "", "verify/close/truncate/fork: session id");
 ABSL_FLAG(int64_t, len, 0, "truncate: committed length to roll back to (>= 1)");
 ABSL_FLAG(std::string, prefix_session, "",
@@ -115,10 +118,20 @@ int CmdHealth(VerifyClient& c) {
 int CmdOpen(VerifyClient& c) {
   auto prompt = verifyd::client::ParseIntList(absl::GetFlag(FLAGS_prompt), "--prompt");
   if (!prompt.ok()) return Fail(prompt.status());
+  if (const int64_t n = absl::GetFlag(FLAGS_random_prompt); n > 0) {
+    auto info = c.GetInfo();
+    if (!info.ok()) return Fail(info.status());
+    std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
+    std::uniform_int_distribution<int64_t> tok(0, info->model().vocab_size() - 1);
+    prompt->clear();
+    for (int64_t i = 0; i < n; ++i) prompt->push_back(static_cast<int32_t>(tok(rng)));
+  }
+  const absl::Time t0 = absl::Now();
   auto r = c.Open(*prompt, absl::GetFlag(FLAGS_prefix_session));
   if (!r.ok()) return Fail(r.status());
-  std::printf("session_id: %s\nnext_token: %d\ncommitted_len: %lld\n", r->session_id.c_str(),
-              r->next_token, (long long)r->committed_len);
+  std::printf("session_id: %s\nnext_token: %d\ncommitted_len: %lld\nopen_seconds: %.3f\n",
+              r->session_id.c_str(), r->next_token, (long long)r->committed_len,
+              absl::ToDoubleSeconds(absl::Now() - t0));
   return 0;
 }
 

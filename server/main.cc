@@ -27,6 +27,9 @@ ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9400",
           "Prometheus /metrics listen address; empty disables");
 ABSL_FLAG(std::string, model, "tiny", "model preset name or checkpoint directory");
 ABSL_FLAG(uint64_t, seed, 0, "weight seed for presets");
+ABSL_FLAG(int64_t, preset_layers, 0,
+          "decoder layers of a preset model (0: the preset's own count; e.g. kimi-k2-attn with "
+          "61 for Kimi-K2's depth)");
 ABSL_FLAG(std::string, backend, "auto", "cpu | cuda | auto (cpu when no GPU) | toy (test)");
 ABSL_FLAG(int, tp, 1, "tensor-parallel ranks");
 ABSL_FLAG(std::string, cuda_devices, "",
@@ -103,6 +106,7 @@ int main(int argc, char** argv) {
   spec.backend = absl::GetFlag(FLAGS_backend);
   spec.engine.model = absl::GetFlag(FLAGS_model);
   spec.engine.seed = absl::GetFlag(FLAGS_seed);
+  spec.engine.preset_layers = absl::GetFlag(FLAGS_preset_layers);
   spec.engine.tp = absl::GetFlag(FLAGS_tp);
   spec.engine.kv_slots = absl::GetFlag(FLAGS_kv_slots);
   spec.engine.limits.max_batch = absl::GetFlag(FLAGS_max_batch);
