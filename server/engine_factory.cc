@@ -1,5 +1,8 @@
 #include "server/engine_factory.h"
 
+#include <filesystem>
+#include <memory>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -8,7 +11,10 @@
 #include "absl/time/clock.h"
 #include "server/cuda_engine_module.h"
 #include "server/testing/toy_engine.h"
+#include "spdlog/spdlog.h"
+#include "tp/checkpoint_reader.h"
 #include "tp/cpu/cpu_engine.h"
+#include "tp/presets.h"
 
 namespace verifyd::server {
 namespace {
@@ -36,12 +42,43 @@ absl::StatusOr<tp::RankFaultHook> FaultHook(const std::string& spec) {
       absl::StrCat("--testing_fault: '", spec, "' is not fail:<rank>@<step> or slow:<ms>"));
 }
 
+// --model naming a checkpoint directory (not a preset, no source / weights / config set): the
+// directory is opened here, once (tp/checkpoint_reader.h: config.json and the safetensors
+// headers, validated against the model's tensors; no weight data is read), logged, and handed
+// to the engine as its source. A truncated file or a missing / mis-shaped tensor fails here,
+// before serving, naming the file and the tensor. Anything else is left to the engine.
+absl::StatusOr<tp::EngineOptions> WithCheckpointSource(const tp::EngineOptions& in) {
+  tp::EngineOptions o = in;
+  if (o.source || o.weights || o.config) return o;
+  if (tp::PresetConfig(o.model, o.preset_layers).status().code() != absl::StatusCode::kNotFound) {
+    return o;  // a preset (or a preset's own error)
+  }
+  std::error_code ec;
+  if (!std::filesystem::is_directory(o.model, ec)) return o;  // the engine names the error
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<std::unique_ptr<tp::CheckpointWeightSource>> src =
+      tp::CheckpointWeightSource::Open(o.model);
+  if (!src.ok()) {
+    return absl::Status(src.status().code(), absl::StrCat("--model: checkpoint ", o.model, ": ",
+                                                          src.status().message()));
+  }
+  spdlog::info(
+      "checkpoint {}: {} safetensors file(s), {} bytes ({:.2f} GiB) mapped, read on demand; {} "
+      "tensors; opened and validated in {:.2f} s",
+      o.model, (*src)->num_files(), (*src)->mapped_bytes(),
+      static_cast<double>((*src)->mapped_bytes()) / (1 << 30), (*src)->TensorNames().size(),
+      absl::ToDoubleSeconds(absl::Now() - t0));
+  o.source = *std::move(src);
+  return o;
+}
+
 absl::StatusOr<std::unique_ptr<tp::Engine>> CreateCpu(const EngineSpec& spec) {
   auto hook = FaultHook(spec.testing_fault);
   if (!hook.ok()) return hook.status();
-  tp::EngineOptions o = spec.engine;
-  if (*hook) o.fault_hook = *std::move(hook);
-  return tp::CreateCpuEngine(o);
+  absl::StatusOr<tp::EngineOptions> o = WithCheckpointSource(spec.engine);
+  if (!o.ok()) return o.status();
+  if (*hook) o->fault_hook = *std::move(hook);
+  return tp::CreateCpuEngine(*o);
 }
 
 // The CUDA engine lives in a module loaded on demand (server/cuda_engine_module.h says why).
@@ -55,9 +92,11 @@ absl::StatusOr<std::unique_ptr<tp::Engine>> CreateCuda(const EngineSpec& spec) {
   if (!(*module)->devices_available()) {
     return absl::UnavailableError("--backend cuda: no CUDA device is visible");
   }
+  absl::StatusOr<tp::EngineOptions> o = WithCheckpointSource(spec.engine);
+  if (!o.ok()) return o.status();
   absl::StatusOr<std::unique_ptr<tp::Engine>> engine =
       absl::UnknownError("the CUDA engine module returned nothing");
-  (*module)->create(&spec.engine, &engine);
+  (*module)->create(&*o, &engine);
   if (!engine.ok()) {
     // Passed through with its code (e.g. Unimplemented for a model feature the CUDA engine
     // lacks: MoE, FP8, YaRN), prefixed with the flag that chose the backend.

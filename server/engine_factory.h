@@ -30,7 +30,10 @@ struct EngineSpec {
 };
 
 // InvalidArgument for a bad spec (naming the flag), Unavailable for a backend not built or
-// without devices, or the backend's own error.
+// without devices, or the backend's own error. A checkpoint directory (engine.model, cpu /
+// cuda / auto) is opened here once (tp::CheckpointWeightSource: headers validated, the number
+// of files and mapped bytes logged) and passed to the engine as engine.source; a bad
+// checkpoint fails here naming the file and the tensor.
 absl::StatusOr<std::unique_ptr<tp::Engine>> CreateEngine(const EngineSpec& spec);
 
 }  // namespace verifyd::server

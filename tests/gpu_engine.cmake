@@ -1,7 +1,8 @@
 # GPU engine tests (label gpu): the dense CUDA ops against the C++ reference, the NCCL
 # communicator, and the CUDA engine against the CPU engine (logits, greedy tokens, lossless
-# speculative decoding, KV slot accounting). Built only with CUDA; each test skips with a
-# message when no GPU is visible.
+# speculative decoding, KV slot accounting), and the CUDA engine against transformers on the
+# reference checkpoints of tests/data (dense, MoE + YaRN, FP8; TP 1 and loopback TP 2 / 4).
+# Built only with CUDA; each test skips with a message when no GPU is visible.
 if(VERIFYD_WITH_CUDA)
   verifyd_add_test(gpu_engine_dense_test LABEL gpu
     SOURCES gpu_engine_dense_test.cc
@@ -9,6 +10,12 @@ if(VERIFYD_WITH_CUDA)
   verifyd_add_test(gpu_engine_test LABEL gpu TIMEOUT 900
     SOURCES gpu_engine_test.cc
     LIBS verifyd_tp_cuda verifyd_tp verifyd_kernels_ref)
+  verifyd_add_test(gpu_reference_checkpoint_test LABEL gpu TIMEOUT 900
+    SOURCES gpu_reference_checkpoint_test.cc
+    LIBS verifyd_tp_cuda verifyd_tp verifyd_kernels_cuda_dense verifyd_kernels_ref
+         nlohmann_json::nlohmann_json CUDA::cudart)
+  target_compile_definitions(gpu_reference_checkpoint_test
+                             PRIVATE VERIFYD_TEST_DATA_DIR="${CMAKE_SOURCE_DIR}/tests/data")
   verifyd_add_test(gpu_loopback_test LABEL gpu
     SOURCES gpu_loopback_test.cc
     LIBS verifyd_tp_cuda CUDA::cudart)

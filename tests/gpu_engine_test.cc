@@ -4,7 +4,8 @@
 //     engine's, and the same greedy tokens on a fixed seed set except at near-ties that the
 //     measured logit error explains (counted and printed; at most 10 %), for `tiny` (kv_lora 64 +
 //     rope 16: the fallback attention) and `tiny576` (kv_lora 512 + rope 64: the optimised
-//     verify kernel's shape), with the weights generated on the GPU from the seed;
+//     verify kernel's shape) and `tiny-moe` (a dense layer, two MoE layers, YaRN: the GPU
+//     MoE kernels and YaRN RoPE table), with the weights generated on the GPU from the seed;
 //   - the same through host weights uploaded from GenerateRandomWeights (loader path);
 //   - lossless speculative decoding on the GPU (speculative == plain greedy), with the
 //     mismatch rate printed; a mismatch is allowed only at a near-tie of the top two logits;
@@ -252,7 +253,12 @@ void RunGpuVsCpu(const std::string& model, bool host_weights) {
         den += double(c[i]) * c[i];
       }
     }
-    EXPECT_LT(std::sqrt(num / den), kLogitRelTol) << "latent rows, seed " << seed;
+    // MoE models: a near-tied routing decision that bf16 activations flip changes that row's
+    // residual and so its later latent rows (gpu_reference_checkpoint_test's GpuMoeControl shows
+    // the GPU MoE path within 2e-2 of the CPU engine when routing cannot flip); measured 3.7e-2
+    // on tiny-moe seed 2, hence a wider bound for the latent rows of MoE models only.
+    const double latent_tol = cfg.moe.n_routed_experts > 0 ? 5e-2 : kLogitRelTol;
+    EXPECT_LT(std::sqrt(num / den), latent_tol) << "latent rows, seed " << seed;
   }
   std::printf(
       "%s%s: logits rel L2 %.3g, max abs %.3g; greedy tokens %lld / %lld differ "
@@ -275,6 +281,14 @@ TEST(GpuEngine, MatchesCpuEngineTiny) {
 TEST(GpuEngine, MatchesCpuEngineTiny576VerifyKernelShape) {
   SKIP_WITHOUT_GPU();
   RunGpuVsCpu("tiny576", false);
+}
+TEST(GpuEngine, MatchesCpuEngineTinyMoeYarn) {
+  SKIP_WITHOUT_GPU();
+  RunGpuVsCpu("tiny-moe", false);
+}
+TEST(GpuEngine, MatchesCpuEngineTinyMoeYarnHostWeights) {
+  SKIP_WITHOUT_GPU();
+  RunGpuVsCpu("tiny-moe", true);
 }
 TEST(GpuEngine, MatchesCpuEngineWithHostWeights) {
   SKIP_WITHOUT_GPU();
@@ -508,6 +522,11 @@ TEST(GpuEngine, LosslessSpeculativeLoopbackTp2And4) {
   RunLosslessGpu("tiny576", 4);
 }
 
+TEST(GpuEngine, LosslessSpeculativeTinyMoeTp1And2) {
+  SKIP_WITHOUT_GPU();
+  RunLosslessGpu("tiny-moe");
+  RunLosslessGpu("tiny-moe", 2);
+}
 TEST(GpuEngine, LosslessSpeculativeTiny) {
   SKIP_WITHOUT_GPU();
   RunLosslessGpu("tiny");

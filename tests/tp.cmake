@@ -11,3 +11,16 @@ verifyd_add_test(tp_mla_test LABEL cpu SOURCES tp_mla_test.cc LIBS ${VERIFYD_TP_
 verifyd_add_test(tp_engine_test LABEL cpu SOURCES tp_engine_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})
 verifyd_add_test(tp_batch_plan_test LABEL cpu SOURCES tp_batch_plan_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})
 verifyd_add_test(tp_weight_source_test LABEL cpu SOURCES tp_weight_source_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})
+# Checkpoint loading through the streaming reader: the heap of a TP 4 load, same logits however
+# the weights come in, bad checkpoints failing Create naming file and tensor.
+verifyd_add_test(tp_checkpoint_load_test LABEL cpu
+  SOURCES tp_checkpoint_load_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})
+# The real verifyd binary on a bad checkpoint: non-zero exit before serving, naming the tensor.
+if(TARGET verifyd)
+  verifyd_add_test(tp_bad_checkpoint_cli_test LABEL cpu
+    SOURCES tp_bad_checkpoint_cli_test.cc
+    LIBS ${VERIFYD_TP_TEST_LIBS} verifyd_test_process absl::time)
+  target_compile_definitions(tp_bad_checkpoint_cli_test PRIVATE
+    VERIFYD_BINARY="$<TARGET_FILE:verifyd>")
+  add_dependencies(tp_bad_checkpoint_cli_test verifyd)
+endif()

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -20,36 +21,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/common.h"
+#include "tests/heap_counter.h"
 #include "tp/checkpoint_reader.h"
 #include "tp/presets.h"
 #include "tp/safetensors.h"
 #include "tp/weight_source.h"
 #include "tp/weights.h"
-
-// Heap accounting for the bounded-memory tests: every operator new of this binary is counted
-// (size kept in a 16-byte prefix), with a resettable high-water mark.
-namespace {
-std::atomic<int64_t> g_heap_now{0};
-std::atomic<int64_t> g_heap_peak{0};
-}  // namespace
-
-void* operator new(size_t n) {
-  void* p = std::malloc(n + 16);
-  if (p == nullptr) throw std::bad_alloc();
-  *static_cast<size_t*>(p) = n;
-  const int64_t now = g_heap_now.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
-  int64_t peak = g_heap_peak.load();
-  while (now > peak && !g_heap_peak.compare_exchange_weak(peak, now)) {
-  }
-  return static_cast<char*>(p) + 16;
-}
-void operator delete(void* p) noexcept {
-  if (p == nullptr) return;
-  char* base = static_cast<char*>(p) - 16;
-  g_heap_now.fetch_sub(static_cast<int64_t>(*reinterpret_cast<size_t*>(base)));
-  std::free(base);
-}
-void operator delete(void* p, size_t) noexcept { operator delete(p); }
 
 namespace verifyd::tp {
 namespace {
@@ -457,8 +434,9 @@ TEST(CheckpointModel, Fp8WeightsAndExtraTensorsAtOpen) {
 }
 
 // An FP8 checkpoint of tiny-moe (every 2-D projection of the decoder layers F8_E4M3 with 64 x 32
-// blocks): the streaming source equals the whole-file loader (LoadModelFromDirectory).
-TEST(CheckpointModel, Fp8CheckpointEqualsWholeFileLoader) {
+// blocks): the streaming source and LoadModelFromDirectory (built on it) both give the
+// format definition's values, w = fp8(code) * scale_inv, the other tensors unchanged.
+TEST(CheckpointModel, Fp8CheckpointDequantizedAsDefined) {
   absl::StatusOr<ModelWeights> w = MakePresetWeights("tiny-moe", 9);
   ASSERT_TRUE(w.ok()) << w.status();
   ModelConfig c = w->config;
@@ -466,7 +444,7 @@ TEST(CheckpointModel, Fp8CheckpointEqualsWholeFileLoader) {
   c.quant.block_rows = 64;
   c.quant.block_cols = 32;
   std::vector<RawTensor> ts;
-  int fp8_tensors = 0;
+  std::map<std::string, Fp8Weight> fp8;
   uint32_t seed = 0;
   for (const TensorSpec& s : ModelTensorSpecs(c)) {
     const bool proj = s.shape.size() == 2 && s.name.rfind("model.layers.", 0) == 0 &&
@@ -478,9 +456,9 @@ TEST(CheckpointModel, Fp8CheckpointEqualsWholeFileLoader) {
     const Fp8Weight q = MakeFp8(s.shape[0], s.shape[1], 64, 32, ++seed);
     ts.push_back({s.name, "F8_E4M3", s.shape, Bytes(q.codes)});
     ts.push_back(F32(s.name + "_scale_inv", {q.srows, q.scols}, q.scale));
-    ++fp8_tensors;
+    fp8.emplace(s.name, q);
   }
-  EXPECT_GT(fp8_tensors, 10);
+  EXPECT_GT(fp8.size(), 10u);
   const std::string dir = TempDir("fp8model");
   WriteText(dir + "/config.json", ModelConfigToJson(c));
   WriteRaw(dir + "/model.safetensors", ts);
@@ -492,8 +470,17 @@ TEST(CheckpointModel, Fp8CheckpointEqualsWholeFileLoader) {
   absl::StatusOr<ModelWeights> whole = LoadModelFromDirectory(dir);
   ASSERT_TRUE(whole.ok()) << whole.status();
   for (const TensorSpec& s : ModelTensorSpecs(c)) {
+    std::vector<float> want = w->Find(s.name)->data;
+    if (auto it = fp8.find(s.name); it != fp8.end()) {
+      for (int64_t r = 0; r < it->second.rows; ++r) {
+        for (int64_t k = 0; k < it->second.cols; ++k) {
+          want[r * it->second.cols + k] = it->second.Expected(r, k);
+        }
+      }
+    }
     ASSERT_NE(whole->Find(s.name), nullptr) << s.name;
-    EXPECT_EQ(streamed->Find(s.name)->data, whole->Find(s.name)->data) << s.name;
+    EXPECT_EQ(streamed->Find(s.name)->data, want) << s.name;
+    EXPECT_EQ(whole->Find(s.name)->data, want) << s.name;
   }
 }
 

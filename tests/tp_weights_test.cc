@@ -391,15 +391,29 @@ TEST_F(Fp8Checkpoint, MissingOrMisshapedScaleIsNamed) {
   EXPECT_NE(w.status().message().find("[3, 3]"), std::string::npos) << w.status();
 }
 
-TEST_F(Fp8Checkpoint, Fp8TensorWithoutQuantizationConfigIsNamed) {
-  WriteFp8({3, 3});
+// The stored dtype decides, not config.json: without a quantization_config an F8_E4M3 tensor
+// is still dequantized with its `_scale_inv`, in the default 128 x 128 blocks.
+TEST_F(Fp8Checkpoint, StoredDtypeDecidesWithoutQuantizationConfig) {
   ModelConfig plain = config_;
   plain.quant = QuantConfig();
   WriteConfig(plain);
+  WriteFp8({3, 3});  // 100 x 48 blocks: not the default's [2, 1]
   absl::StatusOr<ModelWeights> w = LoadModelFromDirectory(dir_);
   EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(w.status().message().find(kName), std::string::npos) << w.status();
-  EXPECT_NE(w.status().message().find("quantization_config"), std::string::npos) << w.status();
+  EXPECT_NE(w.status().message().find("[2, 1]"), std::string::npos) << w.status();
+  WriteFp8({2, 1});
+  w = LoadModelFromDirectory(dir_);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const HostTensor* t = w->Find(kName);
+  ASSERT_NE(t, nullptr);
+  for (int64_t r = 0; r < 256; ++r) {
+    for (int64_t c = 0; c < 128; ++c) {
+      ASSERT_EQ(t->data[r * 128 + c],
+                kernels::Fp8E4m3ToFloat(codes_[r * 128 + c]) * scale_[r / 128])
+          << r << "," << c;
+    }
+  }
 }
 
 }  // namespace

@@ -27,6 +27,12 @@
 // rounded to bf16 once, after the multiply, by ReadBlockBf16). The `_scale_inv` tensors stay
 // readable as plain F32 tensors but are not model tensors.
 //
+// The FP8 rule, one for every loader (LoadModelFromDirectory, both engines): the stored dtype
+// decides. A tensor stored as F8_E4M3 is dequantized with its `_scale_inv`, which is required
+// (without it the tensor is unservable, naming both); a tensor stored otherwise is read as
+// stored, whatever config.json's quantization_config says. quantization_config only gives the
+// block size (weight_block_size; 128 x 128 when absent).
+//
 // Errors: InvalidArgument for a malformed header / index / entry, an unsupported dtype, an
 // FP8 weight without its scale or with a wrong-shaped one, a tensor in two files, a shape
 // other than the model's; NotFound for a missing directory, config.json, file named by the

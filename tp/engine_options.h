@@ -1,10 +1,14 @@
 // The one options struct of the engines: what the server (server/engine_factory.h) fills from
-// its flags and hands, unchanged, to the CPU engine (tp/cpu/cpu_engine.h) or through the CUDA
-// engine module (server/cuda_engine_module.h) to the CUDA engine (tp/cuda/cuda_engine.h).
+// its flags (opening a checkpoint directory as `source`) and hands to the CPU engine
+// (tp/cpu/cpu_engine.h) or, through the CUDA engine module (server/cuda_engine_module.h), to
+// the CUDA engine (tp/cuda/cuda_engine.h).
 // Fields every backend reads come first; the knobs only one backend reads are grouped in
 // `cpu` and `cuda`.
 //
-// Thread-safety: a plain value type.
+// ResolveEngineModel applies the model precedence for both engines.
+//
+// Thread-safety: a plain value type (a `source` it holds is read-only and thread-safe,
+// tp/weight_source.h); ResolveEngineModel is reentrant.
 #pragma once
 
 #include <cstdint>
@@ -12,21 +16,30 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "tp/engine.h"
 #include "tp/model_config.h"
 #include "tp/rank_group.h"
+#include "tp/weight_source.h"
 #include "tp/weights.h"
 
 namespace verifyd::tp {
 
 struct EngineOptions {
   // The model, the first that is set wins:
-  //   weights  explicit host weights (config inside; validated). The CUDA engine uploads
-  //            them as bf16.
+  //   source   where to read the weights (config inside): a CheckpointWeightSource
+  //            (tp/checkpoint_reader.h; server/engine_factory.cc opens --model DIR once and
+  //            passes it here) or any other WeightSource. Each rank reads only its slices.
+  //   weights  explicit host weights (config inside; validated), read through an
+  //            InMemoryWeightSource. The CUDA engine uploads them as bf16.
   //   config   a model configuration whose weights are generated from `seed` (the values of
   //            GenerateRandomWeights(*config, seed)): test shapes that are not presets.
   //   model    a preset name ("tiny", "small", "kimi-k2-attn"; with `seed` and
-  //            `preset_layers`) or else a checkpoint directory (config.json + *.safetensors).
+  //            `preset_layers`) or else a checkpoint directory (config.json + *.safetensors),
+  //            opened as a CheckpointWeightSource by the engine's Create.
+  // Generated weights: the CPU engine makes them on the host (whole, float32) and shards them
+  // through an InMemoryWeightSource; the CUDA engine makes each rank's slices on the device.
+  std::shared_ptr<const WeightSource> source;
   std::shared_ptr<const ModelWeights> weights;
   std::shared_ptr<const ModelConfig> config;
   std::string model = "tiny";
@@ -60,5 +73,16 @@ struct EngineOptions {
     bool profile = false;             // time the step's parts with CUDA events (rank 0)
   } cuda;
 };
+
+// The model an EngineOptions names, by the precedence above: its config (validated) and the
+// source of its weights; null when they are generated from config + seed. `source` and a
+// checkpoint are checked against ModelTensorSpecs (shapes, dtypes: no data is read), `weights`
+// with ValidateModelWeights; a checkpoint directory is opened once, here. An unknown `model`
+// (neither a preset nor a directory) is InvalidArgument naming it.
+struct EngineModel {
+  ModelConfig config;
+  std::shared_ptr<const WeightSource> source;
+};
+absl::StatusOr<EngineModel> ResolveEngineModel(const EngineOptions& options);
 
 }  // namespace verifyd::tp

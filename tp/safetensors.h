@@ -3,7 +3,10 @@
 // then the raw little-endian tensor bytes).
 //
 // The reader converts F32 / BF16 / F16 / F8_E4M3 (float8_e4m3fn, exactly) to float32 host
-// tensors, remembering the stored dtype; the writer stores F32 or BF16.
+// tensors, remembering the stored dtype; the writer stores F32 or BF16. The reader reads whole
+// files and knows no model: F8_E4M3 values come back as the raw codes' values, their
+// `_scale_inv` as a separate tensor (tools, tests, reference logits). Models are loaded through
+// the streaming reader (tp/checkpoint_reader.h), which applies the FP8 block scales.
 // A checkpoint directory holds one or several shard files: model.safetensors.index.json
 // ("weight_map": name -> file) when present, else every *.safetensors file in the directory.
 // Thread-safety: free functions over caller-owned values.

@@ -1,6 +1,8 @@
 // WeightSource helpers and the in-memory source; see weight_source.h.
 #include "tp/weight_source.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -105,6 +107,27 @@ absl::Status ValidateWeightSource(const WeightSource& source,
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status ReadFiniteBlock(const WeightSource& source, const std::string& name, int64_t row0,
+                             int64_t rows, int64_t col0, int64_t cols, float* dst) {
+  VERIFYD_RETURN_IF_ERROR(source.ReadBlock(name, row0, rows, col0, cols, dst));
+  const int64_t n = rows * cols;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(dst[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(Describe(source, name), " element [",
+                                                     row0 + i / cols, ", ", col0 + i % cols,
+                                                     "] is not finite (", dst[i], ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AppendFiniteBlock(const WeightSource& source, const std::string& name, int64_t row0,
+                               int64_t rows, int64_t col0, int64_t cols, std::vector<float>* out) {
+  const size_t at = out->size();
+  out->resize(at + static_cast<size_t>(std::max<int64_t>(rows * cols, 0)));
+  return ReadFiniteBlock(source, name, row0, rows, col0, cols, out->data() + at);
 }
 
 absl::StatusOr<HostTensor> ReadTensor(const WeightSource& source, const std::string& name) {

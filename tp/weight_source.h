@@ -100,6 +100,15 @@ class InMemoryWeightSource final : public WeightSource {
 // the file. Reads no tensor data.
 absl::Status ValidateWeightSource(const WeightSource& source, const std::vector<TensorSpec>& specs);
 
+// ReadBlock into dst[rows * cols], then every value finite: else InvalidArgument naming the
+// tensor (with its location) and the element. What the CPU engine shards through.
+absl::Status ReadFiniteBlock(const WeightSource& source, const std::string& name, int64_t row0,
+                             int64_t rows, int64_t col0, int64_t cols, float* dst);
+
+// ReadFiniteBlock appended to *out (grown by rows * cols).
+absl::Status AppendFiniteBlock(const WeightSource& source, const std::string& name, int64_t row0,
+                               int64_t rows, int64_t col0, int64_t cols, std::vector<float>* out);
+
 // A whole tensor as float32 (allocates its full size: for small tensors, tests and tools).
 absl::StatusOr<HostTensor> ReadTensor(const WeightSource& source, const std::string& name);
 

@@ -1,15 +1,17 @@
-// Tensor names / shapes of the DeepSeek-V3 layout (dense and MoE layers), FP8 block
-// dequantization and checkpoint directory I/O.
+// Tensor names / shapes of the DeepSeek-V3 layout (dense and MoE layers) and checkpoint
+// directory I/O (loading through the streaming reader, tp/checkpoint_reader.h).
 #include "tp/weights.h"
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <memory>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "tp/checkpoint_reader.h"
+#include "tp/weight_source.h"
 
 namespace verifyd::tp {
 
@@ -117,74 +119,12 @@ absl::Status ValidateModelWeights(const ModelWeights& w) {
   return absl::OkStatus();
 }
 
-absl::Status DequantizeFp8Weights(const QuantConfig& quant, TensorMap* tensors) {
-  const std::string kScale = "_scale_inv";
-  const bool fp8 = quant.method == "fp8";
-  std::vector<std::string> scales;
-  for (auto& [name, t] : *tensors) {
-    if (absl::EndsWith(name, kScale)) continue;
-    const std::string scale_name = name + kScale;
-    auto sit = tensors->find(scale_name);
-    if (t.dtype == "F8_E4M3" && (!fp8 || sit == tensors->end())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("weights: tensor '", name, "' is F8_E4M3 but ",
-                       fp8 ? absl::StrCat("'", scale_name, "' is missing")
-                           : std::string("config.json has no quantization_config (fp8)")));
-    }
-    if (!fp8 || sit == tensors->end()) continue;
-    const HostTensor& sc = sit->second;
-    if (t.shape.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat("weights: tensor '", name, "' has a '",
-                                                     scale_name, "' but is not 2-D (shape [",
-                                                     absl::StrJoin(t.shape, ", "), "])"));
-    }
-    const int64_t rows = t.shape[0], cols = t.shape[1];
-    const int64_t br = quant.block_rows, bc = quant.block_cols;
-    const std::vector<int64_t> want = {(rows + br - 1) / br, (cols + bc - 1) / bc};
-    if (sc.shape != want) {
-      return absl::InvalidArgumentError(absl::StrCat("weights: tensor '", name, "': '", scale_name,
-                                                     "' has shape [", absl::StrJoin(sc.shape, ", "),
-                                                     "], expected [", absl::StrJoin(want, ", "),
-                                                     "] (blocks of ", br, "x", bc, ")"));
-    }
-    // w[r][c] = fp8[r][c] * scale_inv[r / br][c / bc], one float32 multiply.
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* srow = sc.data.data() + (r / br) * want[1];
-      float* row = t.data.data() + r * cols;
-      for (int64_t c = 0; c < cols; ++c) row[c] = row[c] * srow[c / bc];
-    }
-    t.dtype = "F32";
-    scales.push_back(scale_name);
-  }
-  for (const std::string& n : scales) tensors->erase(n);
-  return absl::OkStatus();
-}
-
 absl::StatusOr<ModelWeights> LoadModelFromDirectory(const std::string& dir) {
-  namespace fs = std::filesystem;
-  const fs::path cfg_path = fs::path(dir) / "config.json";
-  std::ifstream in(cfg_path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", cfg_path.string()));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  absl::StatusOr<ModelConfig> cfg = ParseModelConfigJson(ss.str());
-  if (!cfg.ok()) {
-    return absl::Status(cfg.status().code(),
-                        absl::StrCat(cfg_path.string(), ": ", cfg.status().message()));
-  }
-  ModelWeights w;
-  w.config = *cfg;
-  fs::path p = fs::path(dir);
-  if (!p.has_filename()) p = p.parent_path();  // "dir/" -> "dir"
-  w.config.name = p.filename().string();
-  absl::StatusOr<TensorMap> tensors = ReadSafetensorsDirectory(dir);
-  if (!tensors.ok()) return tensors.status();
-  w.tensors = std::move(*tensors);
-  if (absl::Status s = DequantizeFp8Weights(w.config.quant, &w.tensors); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(dir, ": ", s.message()));
-  }
-  if (absl::Status s = ValidateModelWeights(w); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(dir, ": ", s.message()));
+  absl::StatusOr<std::unique_ptr<CheckpointWeightSource>> src = CheckpointWeightSource::Open(dir);
+  if (!src.ok()) return src.status();
+  absl::StatusOr<ModelWeights> w = LoadModelWeights(**src);
+  if (!w.ok() && !absl::StrContains(w.status().message(), dir)) {
+    return absl::Status(w.status().code(), absl::StrCat(dir, ": ", w.status().message()));
   }
   return w;
 }

@@ -1,6 +1,6 @@
 // The model's weights as named float32 host tensors in the Hugging Face DeepSeek-V3 layout
 // (dense and MoE layers), their expected names and shapes, and loading / writing checkpoint
-// directories (config.json + safetensors, FP8 block-quantized ones dequantized on load).
+// directories (config.json + safetensors; loading goes through tp/checkpoint_reader.h).
 //
 // Tensor names (Linear weights are [out, in]):
 //   model.embed_tokens.weight                                 [vocab, hidden]
@@ -70,17 +70,12 @@ struct ModelWeights {
 // NotFound / InvalidArgument naming the tensor.
 absl::Status ValidateModelWeights(const ModelWeights& w);
 
-// FP8 checkpoints (quant.method "fp8"): every tensor with a `<name>_scale_inv` companion
-// ([ceil(rows / block_rows), ceil(cols / block_cols)]) becomes, in place, float32
-// w[r][c] = fp8[r][c] * scale_inv[r / block_rows][c / block_cols]; the companions are
-// removed. A tensor read as F8_E4M3 without its companion (or without an fp8
-// quantization_config), a 1-D tensor with one, or a companion of the wrong shape is
-// InvalidArgument naming the tensor. Does nothing to a map without FP8 tensors.
-absl::Status DequantizeFp8Weights(const QuantConfig& quant, TensorMap* tensors);
-
-// Reads dir/config.json and the safetensors files of dir (FP8 ones dequantized, see
-// DequantizeFp8Weights); config.name = the directory's base name. Extra tensors (MTP
-// layers, ...) are ignored; missing or mis-shaped ones are errors naming them.
+// Every tensor of dir's model as float32: CheckpointWeightSource::Open(dir) (config.json,
+// header-only validation naming file and tensor; FP8 rule in tp/checkpoint_reader.h) +
+// LoadModelWeights. config.name = the directory's base name. Extra tensors (MTP layers, ...)
+// are ignored; missing or mis-shaped ones are errors naming them. Host memory: the whole
+// model in float32, so for small models, tests and tools; the engines read their slices
+// through the source instead (EngineOptions::model / source).
 absl::StatusOr<ModelWeights> LoadModelFromDirectory(const std::string& dir);
 
 // Writes config.json and the tensors (BF16 by default; see WriteSafetensorsDirectory for

@@ -3,11 +3,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "kernels/status.h"
 #include "kernels/tree_accept.h"
 #include "kernels/verify_attention.h"
 #include "tp/batch_plan.h"
@@ -15,34 +14,6 @@
 #include "tp/sharding.h"
 
 namespace verifyd::tp {
-namespace {
-
-absl::StatusOr<std::shared_ptr<const ModelWeights>> ResolveWeights(const EngineOptions& o) {
-  if (o.weights) return o.weights;
-  if (o.config) {
-    absl::StatusOr<ModelWeights> w = GenerateRandomWeights(*o.config, o.seed);
-    if (!w.ok()) return w.status();
-    return std::make_shared<const ModelWeights>(std::move(*w));
-  }
-  absl::StatusOr<ModelConfig> preset = PresetConfig(o.model, o.preset_layers);
-  if (preset.ok()) {
-    absl::StatusOr<ModelWeights> w = GenerateRandomWeights(*preset, o.seed);
-    if (!w.ok()) return w.status();
-    return std::make_shared<const ModelWeights>(std::move(*w));
-  }
-  if (preset.status().code() != absl::StatusCode::kNotFound) return preset.status();
-  std::error_code ec;
-  if (!std::filesystem::is_directory(o.model, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat("model: '", o.model, "' is neither a preset (",
-                                                   absl::StrJoin(PresetNames(), ", "),
-                                                   ") nor a checkpoint directory"));
-  }
-  absl::StatusOr<ModelWeights> w = LoadModelFromDirectory(o.model);
-  if (!w.ok()) return w.status();
-  return std::make_shared<const ModelWeights>(std::move(*w));
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const EngineOptions& o) {
   auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
@@ -61,30 +32,34 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const EngineOptions
   if (o.cpu.step_timeout_ms < 0) {
     return bad("step_timeout_ms: ", o.cpu.step_timeout_ms, " must be >= 0");
   }
-  absl::StatusOr<std::shared_ptr<const ModelWeights>> weights = ResolveWeights(o);
-  if (!weights.ok()) return weights.status();
-  const ModelWeights& w = **weights;
-  if (absl::Status s = ValidateModelWeights(w); !s.ok()) return s;
-  if (absl::Status s = ValidateTpSize(w.config, o.tp); !s.ok()) return s;
+  // The weights come through a WeightSource (engine_options.h has the precedence); generated
+  // ones are made whole on the host and read through an InMemoryWeightSource.
+  VERIFYD_ASSIGN_OR_RETURN(EngineModel model, ResolveEngineModel(o));
+  if (!model.source) {
+    VERIFYD_ASSIGN_OR_RETURN(ModelWeights generated, GenerateRandomWeights(model.config, o.seed));
+    model.source = std::make_shared<const InMemoryWeightSource>(std::move(generated));
+  }
+  const ModelConfig& config = model.config;
+  VERIFYD_RETURN_IF_ERROR(ValidateTpSize(config, o.tp));
 
   std::unique_ptr<CpuEngine> e(new CpuEngine());
-  e->config_ = w.config;
+  e->config_ = config;
   e->tp_ = o.tp;
   e->kv_slots_ = o.kv_slots;
   e->limits_.max_tail_rows = lim.max_tail_rows;
   e->limits_.max_batch = lim.max_batch;
   e->limits_.max_context = lim.max_context == 0
-                               ? w.config.max_position_embeddings
-                               : std::min(lim.max_context, w.config.max_position_embeddings);
+                               ? config.max_position_embeddings
+                               : std::min(lim.max_context, config.max_position_embeddings);
   e->comm_timeout_ms_ = o.comm_timeout_ms;
   e->step_timeout_ms_ = o.cpu.step_timeout_ms;
   e->fault_hook_ = o.fault_hook;
   e->comms_ = CreateInProcessGroup(o.tp, o.comm_timeout_ms);
+  // One rank after another: the peak is the shards built so far plus one block of scratch.
   for (int r = 0; r < o.tp; ++r) {
-    absl::StatusOr<RankWeights> shard = ShardWeights(w, o.tp, r);
-    if (!shard.ok()) return shard.status();
+    VERIFYD_ASSIGN_OR_RETURN(RankWeights shard, ShardWeights(*model.source, o.tp, r));
     e->forwards_.push_back(
-        std::make_unique<RankForward>(w.config, std::move(*shard), e->comms_[r].get(), o.kv_slots));
+        std::make_unique<RankForward>(config, std::move(shard), e->comms_[r].get(), o.kv_slots));
   }
   e->group_ = std::make_unique<RankGroup>(o.tp);
   return e;

@@ -8,6 +8,15 @@
 // threads, waits, checks that every rank produced the same predictions, and computes
 // acceptance once (kernels::TreeAcceptReference).
 //
+// Loading: the model comes through a WeightSource (EngineOptions' precedence,
+// tp/engine_options.h): a checkpoint directory is mapped (tp/checkpoint_reader.h) and each
+// rank's shard is read from it block by block (ShardWeights), the ranks one after another.
+// Host memory while loading: the shards built so far (float32; what the engine keeps) plus one
+// block of scratch; no whole-model copy, float32 or stored, is ever made (the mapping is page
+// cache). Kept: every rank's shard, i.e. the sharded tensors once and the replicated ones
+// (embeddings, q_a, kv_a, norms, routers) once per rank. Generated weights (presets, `config`)
+// are made whole on the host first.
+//
 // Requests with accept = false (prefill chunks): accepted_rows empty, kept_slots = all
 // tail_slots (every row is committed), freed_slots empty, bonus = predictions.back() (the
 // target's token after the chunk: the pending token when it is the prompt's last chunk).

@@ -17,19 +17,35 @@ namespace {
 
 namespace ref = kernels::ref;
 
-// Copies rows [row0, row0 + nrows) of a row-major [*, cols] tensor.
-std::vector<float> Rows(const HostTensor& t, int64_t row0, int64_t nrows) {
-  const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
-  return std::vector<float>(t.data.begin() + row0 * cols, t.data.begin() + (row0 + nrows) * cols);
+// The [rows, cols] matrix view of a tensor's shape (validated by the caller).
+absl::StatusOr<MatrixView> ViewOf(const WeightSource& src, const std::string& name) {
+  VERIFYD_ASSIGN_OR_RETURN(std::vector<int64_t> shape, src.Shape(name));
+  return MatrixViewOf(shape);
 }
 
-// Copies columns [col0, col0 + ncols) of a row-major [rows, cols] tensor -> [rows, ncols].
-std::vector<float> Cols(const HostTensor& t, int64_t col0, int64_t ncols) {
-  const int64_t rows = t.shape[0], cols = t.shape[1];
-  std::vector<float> out(rows * ncols);
-  for (int64_t r = 0; r < rows; ++r) {
-    std::memcpy(out.data() + r * ncols, t.data.data() + r * cols + col0, ncols * sizeof(float));
-  }
+// The whole tensor (replicated ones).
+absl::StatusOr<std::vector<float>> Whole(const WeightSource& src, const std::string& name) {
+  VERIFYD_ASSIGN_OR_RETURN(MatrixView m, ViewOf(src, name));
+  std::vector<float> out;
+  VERIFYD_RETURN_IF_ERROR(AppendFiniteBlock(src, name, 0, m.rows, 0, m.cols, &out));
+  return out;
+}
+
+// Rows [row0, row0 + nrows), every column.
+absl::StatusOr<std::vector<float>> Rows(const WeightSource& src, const std::string& name,
+                                        int64_t row0, int64_t nrows) {
+  VERIFYD_ASSIGN_OR_RETURN(MatrixView m, ViewOf(src, name));
+  std::vector<float> out;
+  VERIFYD_RETURN_IF_ERROR(AppendFiniteBlock(src, name, row0, nrows, 0, m.cols, &out));
+  return out;
+}
+
+// Columns [col0, col0 + ncols) of every row -> [rows, ncols].
+absl::StatusOr<std::vector<float>> Cols(const WeightSource& src, const std::string& name,
+                                        int64_t col0, int64_t ncols) {
+  VERIFYD_ASSIGN_OR_RETURN(MatrixView m, ViewOf(src, name));
+  std::vector<float> out;
+  VERIFYD_RETURN_IF_ERROR(AppendFiniteBlock(src, name, 0, m.rows, col0, ncols, &out));
   return out;
 }
 
@@ -48,11 +64,12 @@ kernels::ref::YarnParams YarnParamsOf(const ModelConfig& c) {
   return p;
 }
 
-absl::StatusOr<RankWeights> ShardWeights(const ModelWeights& mw, int world, int rank) {
-  const ModelConfig& c = mw.config;
-  if (absl::Status s = ValidateTpSize(c, world); !s.ok()) return s;
+absl::StatusOr<RankWeights> ShardWeights(const WeightSource& src, int world, int rank) {
+  const ModelConfig& c = src.config();
+  VERIFYD_RETURN_IF_ERROR(ValidateTpSize(c, world));
   if (rank < 0 || rank >= world) return absl::InvalidArgumentError("ShardWeights: bad rank");
-  if (absl::Status s = ValidateModelWeights(mw); !s.ok()) return s;
+  VERIFYD_RETURN_IF_ERROR(ValidateModelConfig(c));
+  VERIFYD_RETURN_IF_ERROR(ValidateWeightSource(src, ModelTensorSpecs(c)));
   RankWeights w;
   w.world = world;
   w.rank = rank;
@@ -61,51 +78,61 @@ absl::StatusOr<RankWeights> ShardWeights(const ModelWeights& mw, int world, int 
   w.inter = IntermediateShard(c.intermediate_size, world, rank);
   const int64_t qk = c.qk_head_dim(), nope = c.qk_nope_head_dim, v = c.v_head_dim;
   const int64_t kvl = c.kv_lora_rank, Hl = w.heads.size, h0 = w.heads.begin;
-  auto T = [&](const std::string& name) -> const HostTensor& { return *mw.Find(name); };
-  w.embed = T("model.embed_tokens.weight").data;
+  VERIFYD_ASSIGN_OR_RETURN(w.embed, Whole(src, "model.embed_tokens.weight"));
+  std::vector<float> w_uk;  // one head's W_UK [nope, kv_lora], before the transpose
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     auto n = [&](const char* suffix) { return LayerTensorName(l, suffix); };
     RankWeights::Layer L;
-    L.input_norm = T(n("input_layernorm.weight")).data;
+    VERIFYD_ASSIGN_OR_RETURN(L.input_norm, Whole(src, n("input_layernorm.weight")));
     if (c.q_lora_rank > 0) {
-      L.q_a = T(n("self_attn.q_a_proj.weight")).data;
-      L.q_a_norm = T(n("self_attn.q_a_layernorm.weight")).data;
-      L.q_b = Rows(T(n("self_attn.q_b_proj.weight")), h0 * qk, Hl * qk);
+      VERIFYD_ASSIGN_OR_RETURN(L.q_a, Whole(src, n("self_attn.q_a_proj.weight")));
+      VERIFYD_ASSIGN_OR_RETURN(L.q_a_norm, Whole(src, n("self_attn.q_a_layernorm.weight")));
+      VERIFYD_ASSIGN_OR_RETURN(L.q_b, Rows(src, n("self_attn.q_b_proj.weight"), h0 * qk, Hl * qk));
     } else {
-      L.q_b = Rows(T(n("self_attn.q_proj.weight")), h0 * qk, Hl * qk);
+      VERIFYD_ASSIGN_OR_RETURN(L.q_b, Rows(src, n("self_attn.q_proj.weight"), h0 * qk, Hl * qk));
     }
-    L.kv_a = T(n("self_attn.kv_a_proj_with_mqa.weight")).data;
-    L.kv_a_norm = T(n("self_attn.kv_a_layernorm.weight")).data;
+    VERIFYD_ASSIGN_OR_RETURN(L.kv_a, Whole(src, n("self_attn.kv_a_proj_with_mqa.weight")));
+    VERIFYD_ASSIGN_OR_RETURN(L.kv_a_norm, Whole(src, n("self_attn.kv_a_layernorm.weight")));
     // kv_b_proj rows of head h: [h*(nope+v), +nope) = W_UK[h] [nope, kv_lora], then
-    // [+nope, +v) = W_UV[h] [v, kv_lora].
-    const HostTensor& kvb = T(n("self_attn.kv_b_proj.weight"));
+    // [+nope, +v) = W_UV[h] [v, kv_lora]. Read head by head: W_UV in place, W_UK transposed.
+    const std::string kvb = n("self_attn.kv_b_proj.weight");
     L.w_uk_t.resize(Hl * kvl * nope);
     L.w_uv.resize(Hl * v * kvl);
+    w_uk.resize(nope * kvl);
     for (int64_t h = 0; h < Hl; ++h) {
-      const float* base = kvb.data.data() + (h0 + h) * (nope + v) * kvl;
+      const int64_t row0 = (h0 + h) * (nope + v);
+      VERIFYD_RETURN_IF_ERROR(ReadFiniteBlock(src, kvb, row0, nope, 0, kvl, w_uk.data()));
       for (int64_t d = 0; d < nope; ++d) {
-        for (int64_t j = 0; j < kvl; ++j) L.w_uk_t[(h * kvl + j) * nope + d] = base[d * kvl + j];
+        for (int64_t j = 0; j < kvl; ++j) L.w_uk_t[(h * kvl + j) * nope + d] = w_uk[d * kvl + j];
       }
-      std::memcpy(L.w_uv.data() + h * v * kvl, base + nope * kvl, v * kvl * sizeof(float));
+      VERIFYD_RETURN_IF_ERROR(
+          ReadFiniteBlock(src, kvb, row0 + nope, v, 0, kvl, L.w_uv.data() + h * v * kvl));
     }
-    L.o_proj = Cols(T(n("self_attn.o_proj.weight")), h0 * v, Hl * v);
-    L.post_norm = T(n("post_attention_layernorm.weight")).data;
+    VERIFYD_ASSIGN_OR_RETURN(L.o_proj, Cols(src, n("self_attn.o_proj.weight"), h0 * v, Hl * v));
+    VERIFYD_ASSIGN_OR_RETURN(L.post_norm, Whole(src, n("post_attention_layernorm.weight")));
     if (c.IsMoeLayer(l)) {
       L.is_moe = true;
-      VERIFYD_ASSIGN_OR_RETURN(L.moe, ShardMoeLayer(mw, l, world, rank));
+      VERIFYD_ASSIGN_OR_RETURN(L.moe, ShardMoeLayer(src, l, world, rank));
       w.layers.push_back(std::move(L));
       continue;
     }
-    L.gate = Rows(T(n("mlp.gate_proj.weight")), w.inter.begin, w.inter.size);
-    L.up = Rows(T(n("mlp.up_proj.weight")), w.inter.begin, w.inter.size);
-    L.down = Cols(T(n("mlp.down_proj.weight")), w.inter.begin, w.inter.size);
+    VERIFYD_ASSIGN_OR_RETURN(L.gate,
+                             Rows(src, n("mlp.gate_proj.weight"), w.inter.begin, w.inter.size));
+    VERIFYD_ASSIGN_OR_RETURN(L.up, Rows(src, n("mlp.up_proj.weight"), w.inter.begin, w.inter.size));
+    VERIFYD_ASSIGN_OR_RETURN(L.down,
+                             Cols(src, n("mlp.down_proj.weight"), w.inter.begin, w.inter.size));
     w.layers.push_back(std::move(L));
   }
-  w.final_norm = T("model.norm.weight").data;
-  const HostTensor& head =
-      c.tie_word_embeddings ? T("model.embed_tokens.weight") : T("lm_head.weight");
-  w.lm_head = Rows(head, w.vocab.begin, w.vocab.size);
+  VERIFYD_ASSIGN_OR_RETURN(w.final_norm, Whole(src, "model.norm.weight"));
+  VERIFYD_ASSIGN_OR_RETURN(
+      w.lm_head, Rows(src, c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
+                      w.vocab.begin, w.vocab.size));
   return w;
+}
+
+absl::StatusOr<RankWeights> ShardWeights(const ModelWeights& mw, int world, int rank) {
+  const InMemoryWeightSource src(&mw);
+  return ShardWeights(src, world, rank);
 }
 
 absl::Status AbsorbedMlaAttention(const ModelConfig& c, int64_t heads, const BatchPlan& plan,

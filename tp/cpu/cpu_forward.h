@@ -39,6 +39,7 @@
 #include "tp/engine.h"
 #include "tp/model_config.h"
 #include "tp/sharding.h"
+#include "tp/weight_source.h"
 #include "tp/weights.h"
 
 namespace verifyd::tp {
@@ -74,7 +75,16 @@ struct RankWeights {
 // The YaRN parameters of a config with rope_scaling (kernels/reference/yarn.h).
 kernels::ref::YarnParams YarnParamsOf(const ModelConfig& c);
 
-// Cuts rank `rank`'s shard out of validated full weights (heads must divide by world).
+// Reads rank `rank`'s shard (heads must divide by world) through the source with ReadBlock,
+// block by block: the local heads' rows of q_b / q_proj and of kv_b (head by head), the local
+// heads' columns of o_proj, the rank's intermediate rows of gate / up and columns of down (dense
+// and every expert, tp/cpu/cpu_moe.h), its vocabulary rows of the LM head; replicated tensors
+// (embeddings, q_a, kv_a, norms, router) whole. Checks the source against ModelTensorSpecs
+// first and every value read for finiteness (InvalidArgument naming tensor and file). Heap: the
+// shard itself plus one head's W_UK [nope, kv_lora] of scratch; no whole tensor is copied
+// (ReadBlock of a checkpoint decodes straight from the mapping).
+absl::StatusOr<RankWeights> ShardWeights(const WeightSource& source, int world, int rank);
+// The same over host weights (an InMemoryWeightSource over `w`).
 absl::StatusOr<RankWeights> ShardWeights(const ModelWeights& w, int world, int rank);
 
 // Absorbed MLA attention of one layer for the heads of one rank:

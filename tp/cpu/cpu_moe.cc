@@ -14,21 +14,6 @@ namespace {
 
 namespace ref = kernels::ref;
 
-// Appends rows [row0, row0 + nrows) of a row-major [*, cols] tensor.
-void AppendRows(const HostTensor& t, int64_t row0, int64_t nrows, std::vector<float>* out) {
-  const int64_t cols = t.shape[1];
-  out->insert(out->end(), t.data.begin() + row0 * cols, t.data.begin() + (row0 + nrows) * cols);
-}
-
-// Appends columns [col0, col0 + ncols) of a row-major [rows, cols] tensor.
-void AppendCols(const HostTensor& t, int64_t col0, int64_t ncols, std::vector<float>* out) {
-  const int64_t rows = t.shape[0], cols = t.shape[1];
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* src = t.data.data() + r * cols + col0;
-    out->insert(out->end(), src, src + ncols);
-  }
-}
-
 // part[rows] = down(silu(gate(x)) * up(x)) over `inter` intermediate rows.
 void SwiGluMlp(const float* x, int64_t rows, int64_t hid, const float* gate, const float* up,
                const float* down, int64_t inter, float* out) {
@@ -52,47 +37,46 @@ ref::MoeRouting RoutingOf(const MoeConfig& mc) {
 
 }  // namespace
 
-absl::StatusOr<MoeLayerWeights> ShardMoeLayer(const ModelWeights& w, int64_t layer, int world,
+absl::StatusOr<MoeLayerWeights> ShardMoeLayer(const WeightSource& src, int64_t layer, int world,
                                               int rank) {
-  const ModelConfig& c = w.config;
+  const ModelConfig& c = src.config();
   const MoeConfig& mc = c.moe;
-  auto T = [&](const std::string& suffix) -> absl::StatusOr<const HostTensor*> {
-    const HostTensor* t = w.Find(LayerTensorName(layer, suffix));
-    if (t == nullptr) {
-      return absl::NotFoundError(
-          absl::StrCat("weights: tensor '", LayerTensorName(layer, suffix), "' is missing"));
-    }
-    return t;
-  };
+  const int64_t hid = c.hidden_size, E = mc.n_routed_experts, mi = mc.moe_intermediate_size;
+  auto n = [&](const std::string& suffix) { return LayerTensorName(layer, suffix); };
   MoeLayerWeights m;
-  m.inter = IntermediateShard(mc.moe_intermediate_size, world, rank);
-  m.shared_inter = IntermediateShard(mc.moe_intermediate_size * mc.n_shared_experts, world, rank);
-  VERIFYD_ASSIGN_OR_RETURN(const HostTensor* router, T("mlp.gate.weight"));
-  VERIFYD_ASSIGN_OR_RETURN(const HostTensor* bias, T("mlp.gate.e_score_correction_bias"));
-  m.router = router->data;
-  m.bias = bias->data;
-  const int64_t E = mc.n_routed_experts, Il = m.inter.size;
-  m.gate.reserve(E * Il * c.hidden_size);
-  m.up.reserve(E * Il * c.hidden_size);
-  m.down.reserve(E * Il * c.hidden_size);
+  m.inter = IntermediateShard(mi, world, rank);
+  m.shared_inter = IntermediateShard(mi * mc.n_shared_experts, world, rank);
+  VERIFYD_RETURN_IF_ERROR(AppendFiniteBlock(src, n("mlp.gate.weight"), 0, E, 0, hid, &m.router));
+  VERIFYD_RETURN_IF_ERROR(
+      AppendFiniteBlock(src, n("mlp.gate.e_score_correction_bias"), 0, 1, 0, E, &m.bias));
+  const int64_t Il = m.inter.size, i0 = m.inter.begin;
+  m.gate.reserve(E * Il * hid);
+  m.up.reserve(E * Il * hid);
+  m.down.reserve(E * Il * hid);
   for (int64_t e = 0; e < E; ++e) {
     const std::string p = absl::StrCat("mlp.experts.", e, ".");
-    VERIFYD_ASSIGN_OR_RETURN(const HostTensor* g, T(p + "gate_proj.weight"));
-    VERIFYD_ASSIGN_OR_RETURN(const HostTensor* u, T(p + "up_proj.weight"));
-    VERIFYD_ASSIGN_OR_RETURN(const HostTensor* d, T(p + "down_proj.weight"));
-    AppendRows(*g, m.inter.begin, Il, &m.gate);
-    AppendRows(*u, m.inter.begin, Il, &m.up);
-    AppendCols(*d, m.inter.begin, Il, &m.down);
+    VERIFYD_RETURN_IF_ERROR(
+        AppendFiniteBlock(src, n(p + "gate_proj.weight"), i0, Il, 0, hid, &m.gate));
+    VERIFYD_RETURN_IF_ERROR(AppendFiniteBlock(src, n(p + "up_proj.weight"), i0, Il, 0, hid, &m.up));
+    VERIFYD_RETURN_IF_ERROR(
+        AppendFiniteBlock(src, n(p + "down_proj.weight"), 0, hid, i0, Il, &m.down));
   }
   if (mc.n_shared_experts > 0) {
-    VERIFYD_ASSIGN_OR_RETURN(const HostTensor* g, T("mlp.shared_experts.gate_proj.weight"));
-    VERIFYD_ASSIGN_OR_RETURN(const HostTensor* u, T("mlp.shared_experts.up_proj.weight"));
-    VERIFYD_ASSIGN_OR_RETURN(const HostTensor* d, T("mlp.shared_experts.down_proj.weight"));
-    AppendRows(*g, m.shared_inter.begin, m.shared_inter.size, &m.shared_gate);
-    AppendRows(*u, m.shared_inter.begin, m.shared_inter.size, &m.shared_up);
-    AppendCols(*d, m.shared_inter.begin, m.shared_inter.size, &m.shared_down);
+    const int64_t s0 = m.shared_inter.begin, Sl = m.shared_inter.size;
+    VERIFYD_RETURN_IF_ERROR(AppendFiniteBlock(src, n("mlp.shared_experts.gate_proj.weight"), s0, Sl,
+                                              0, hid, &m.shared_gate));
+    VERIFYD_RETURN_IF_ERROR(AppendFiniteBlock(src, n("mlp.shared_experts.up_proj.weight"), s0, Sl,
+                                              0, hid, &m.shared_up));
+    VERIFYD_RETURN_IF_ERROR(AppendFiniteBlock(src, n("mlp.shared_experts.down_proj.weight"), 0, hid,
+                                              s0, Sl, &m.shared_down));
   }
   return m;
+}
+
+absl::StatusOr<MoeLayerWeights> ShardMoeLayer(const ModelWeights& w, int64_t layer, int world,
+                                              int rank) {
+  const InMemoryWeightSource src(&w);
+  return ShardMoeLayer(src, layer, world, rank);
 }
 
 void MoeForwardLocal(const ModelConfig& c, const MoeLayerWeights& m, const float* h, int64_t rows,

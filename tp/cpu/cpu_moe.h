@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "tp/model_config.h"
 #include "tp/sharding.h"
+#include "tp/weight_source.h"
 #include "tp/weights.h"
 
 namespace verifyd::tp {
@@ -41,7 +42,12 @@ struct MoeLayerWeights {
   std::vector<float> shared_down;  // [hidden, S_l]
 };
 
-// Cuts rank `rank`'s slice of MoE layer `layer` out of validated weights.
+// Reads rank `rank`'s slice of MoE layer `layer` through the source (ReadBlock: the rank's
+// rows / columns of each expert, the router whole); values checked finite. The source is
+// checked against the model's tensors by the caller (ShardWeights).
+absl::StatusOr<MoeLayerWeights> ShardMoeLayer(const WeightSource& source, int64_t layer, int world,
+                                              int rank);
+// The same over host weights.
 absl::StatusOr<MoeLayerWeights> ShardMoeLayer(const ModelWeights& w, int64_t layer, int world,
                                               int rank);
 

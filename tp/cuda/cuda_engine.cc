@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dense/moe.h"
 #include "kernels/cuda/dense/weight_gen.h"
 #include "kernels/cuda/tree_accept_cuda.h"
 #include "kernels/cuda/verify_attention/api.h"
@@ -71,22 +72,21 @@ struct PlanLayout {
 };
 
 // What the CUDA engine does not implement yet, refused at Create: Unimplemented naming the
-// config key (the CPU backend runs all of these).
+// config key. MoE (kernels/cuda/dense/moe.h), YaRN and FP8 checkpoints run (FP8 weights are
+// dequantized to bf16 when loaded); the limits left are the MoE kernels' sizes.
 absl::Status CheckCudaSupports(const ModelConfig& c) {
   auto refuse = [](const std::string& what) {
     return absl::UnimplementedError(
         absl::StrCat("cuda engine: ", what,
                      " is not implemented on the CUDA backend yet; --backend cpu runs it"));
   };
-  if (c.moe.n_routed_experts > 0) {
-    return refuse(absl::StrCat("'n_routed_experts' = ", c.moe.n_routed_experts, " (MoE layers)"));
+  if (c.moe.n_routed_experts > kc::kMoeMaxExperts) {
+    return refuse(absl::StrCat("'n_routed_experts' = ", c.moe.n_routed_experts, " (more than ",
+                               kc::kMoeMaxExperts, " experts)"));
   }
-  if (!c.quant.method.empty()) {
-    return refuse(absl::StrCat("'quantization_config.quant_method' = \"", c.quant.method,
-                               "\" (FP8 weights)"));
-  }
-  if (!c.rope_scaling.type.empty()) {
-    return refuse(absl::StrCat("'rope_scaling' type \"", c.rope_scaling.type, "\" (YaRN)"));
+  if (c.moe.n_routed_experts > 0 && c.moe.num_experts_per_tok > kc::kMoeMaxTopK) {
+    return refuse(absl::StrCat("'num_experts_per_tok' = ", c.moe.num_experts_per_tok,
+                               " (more than ", kc::kMoeMaxTopK, ")"));
   }
   return absl::OkStatus();
 }
@@ -96,7 +96,9 @@ absl::Status CheckCudaSupports(const ModelConfig& c) {
 struct CudaEngine::Impl {
   EngineOptions options;
   ModelConfig config;
-  std::shared_ptr<const ModelWeights> host_weights;  // null: generate on the device
+  // Host weights (explicit ones or a mapped checkpoint), read by the ranks; null: generated
+  // on the device.
+  std::shared_ptr<const WeightSource> source;
   std::map<std::string, TensorSpec> specs;
   int tp = 1;
   int64_t kv_slots = 0;
@@ -177,6 +179,7 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
   step.kv_slots = kv_slots;
   step.rows = R;
   step.batch = B;
+  step.sync_timeout_ms = options.comm_timeout_ms;
   step.tokens = dev_i32(lay.tokens);
   step.positions = dev_i32(lay.positions);
   step.slots = dev_i32(lay.slots);
@@ -193,7 +196,8 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
   ap.num_heads = static_cast<int>(rk.heads.size);
   ap.qk_dim = static_cast<int>(c.latent_dim());
   ap.v_dim = static_cast<int>(c.kv_lora_rank);
-  ap.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
+  // 1 / sqrt(qk_head_dim) as before for plain RoPE; YaRN's mscale-corrected scale otherwise.
+  ap.softmax_scale = AttentionSoftmaxScale(c);
   ap.dtype = kernels::DType::kBFloat16;
   ap.q = rk.qatt;
   ap.kv_slots = kv_slots;
@@ -526,38 +530,14 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   Impl& m = *impl;
   m.options = o;
   m.tp = o.tp;
-  // The model.
-  if (o.weights) {
-    m.host_weights = o.weights;
-    m.config = o.weights->config;
-    VERIFYD_RETURN_IF_ERROR(ValidateModelWeights(*o.weights));
-  } else if (o.config) {
-    m.config = *o.config;
-  } else {
-    absl::StatusOr<ModelConfig> preset = PresetConfig(o.model, o.preset_layers);
-    if (preset.ok()) {
-      m.config = *preset;
-    } else if (preset.status().code() != absl::StatusCode::kNotFound) {
-      return preset.status();
-    } else {
-      std::error_code ec;
-      if (!std::filesystem::is_directory(o.model, ec)) {
-        return bad("model: '", o.model, "' is neither a preset (",
-                   absl::StrJoin(PresetNames(), ", "), ") nor a checkpoint directory");
-      }
-      // Refuse an unsupported checkpoint from its config.json, before reading the weights.
-      if (std::ifstream in(std::filesystem::path(o.model) / "config.json"); in) {
-        std::stringstream text;
-        text << in.rdbuf();
-        absl::StatusOr<ModelConfig> cfg = ParseModelConfigJson(text.str());
-        if (cfg.ok()) VERIFYD_RETURN_IF_ERROR(CheckCudaSupports(*cfg));
-      }
-      absl::StatusOr<ModelWeights> w = LoadModelFromDirectory(o.model);
-      if (!w.ok()) return w.status();
-      VERIFYD_RETURN_IF_ERROR(ValidateModelWeights(*w));
-      m.config = w->config;
-      m.host_weights = std::make_shared<const ModelWeights>(std::move(*w));
-    }
+  // The model, by EngineOptions' precedence (tp/engine_options.h): a source (explicit, or a
+  // checkpoint directory opened here: headers only) that each rank reads its bf16 slices from
+  // through a bounded staging buffer (FillTensor, rank_context.cc), or none: the rank's slices
+  // are generated on the device from the specs and the seed.
+  {
+    VERIFYD_ASSIGN_OR_RETURN(EngineModel model, ResolveEngineModel(o));
+    m.config = std::move(model.config);
+    m.source = std::move(model.source);
   }
   VERIFYD_RETURN_IF_ERROR(ValidateModelConfig(m.config));
   VERIFYD_RETURN_IF_ERROR(CheckCudaSupports(m.config));
@@ -571,7 +551,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
                              : std::min(lim.max_context, m.config.max_position_embeddings);
   RankSetup setup;
   setup.config = &m.config;
-  setup.weights.host = m.host_weights.get();
+  setup.weights.host = m.source.get();
   setup.weights.specs = &m.specs;
   setup.weights.seed = o.seed;
   setup.max_rows = static_cast<int64_t>(lim.max_batch) * lim.max_tail_rows;

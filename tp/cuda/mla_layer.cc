@@ -9,6 +9,7 @@
 #include "kernels/cuda/dense/rms_norm.h"
 #include "kernels/cuda/dense/rope.h"
 #include "kernels/status.h"
+#include "tp/cuda/moe_layer.h"
 
 namespace verifyd::tp {
 namespace {
@@ -94,6 +95,7 @@ absl::Status ComputeRopeTable(const MlaStep& s, CudaRankContext& rk) {
   p.rope_dim = static_cast<int>(s.config->qk_rope_head_dim);
   p.positions = s.positions;
   p.inv_freq = rk.inv_freq;
+  p.attention_factor = rk.rope_attention_factor;
   p.cos_table = rk.cos_t;
   p.sin_table = rk.sin_t;
   p.stream = rk.stream;
@@ -225,7 +227,9 @@ absl::Status RunMlaLayer(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
   // MLP block.
   MarkProfile(rk, ProfileCategory::kOther);
   VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.x, F32, hid, hid, L.post_norm, rk.xn, BF16, hid));
-  if (Il > 0) {
+  if (c.IsMoeLayer(layer)) {
+    VERIFYD_RETURN_IF_ERROR(RunMoeMlp(s, layer, rk));
+  } else if (Il > 0) {
     MarkProfile(rk, ProfileCategory::kGemm);
     VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.xn, hid, L.gate_up, 2 * Il, rk.gu, F32, 0.f));
     MarkProfile(rk, ProfileCategory::kOther);

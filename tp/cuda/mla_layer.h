@@ -9,7 +9,10 @@
 //   qatt[:, h, kv_lora:] = RoPE(q_rope[h])
 //   olat = verify attention (optimised kernel, or the fallback)
 //   attn[:, h] = olat[h] . W_UV[h]^T; x += AllReduce(o_proj(attn))
-//   xn = RMSNorm(x); x += AllReduce(down(SwiGLU(gate_up(xn))))
+//   xn = RMSNorm(x); x += AllReduce(down(SwiGLU(gate_up(xn))))      (dense layers)
+//   xn = RMSNorm(x); x += AllReduce(routed + shared experts(xn))    (MoE layers: moe_layer.h)
+// The RoPE table is plain (theta) or YaRN's (inv_freq and cos / sin factor from the host's
+// reference computation); the attention softmax scale is AttentionSoftmaxScale(config).
 // At TP = 1 the o_proj and down GEMMs accumulate straight into x (beta = 1): no add kernel.
 //
 // Thread-safety: called on the rank's own thread only.
@@ -30,8 +33,9 @@ struct MlaStep {
   const ModelConfig* config = nullptr;
   int tp = 1;
   int64_t kv_slots = 0;
-  int64_t rows = 0;   // R: tail rows of the batch
-  int64_t batch = 0;  // B: requests
+  int64_t rows = 0;             // R: tail rows of the batch
+  int64_t batch = 0;            // B: requests
+  int sync_timeout_ms = 60000;  // deadline of a host wait inside the step (MoE layers)
   // The step plan on the device.
   const int32_t* tokens = nullptr;     // [R]
   const int32_t* positions = nullptr;  // [R]

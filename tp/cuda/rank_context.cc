@@ -1,12 +1,16 @@
 // The CUDA engine's per-rank device state (see rank_context.h).
 #include "tp/cuda/rank_context.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/dense/moe.h"
 #include "kernels/cuda/dense/rope.h"
 #include "kernels/cuda/dense/weight_gen.h"
+#include "kernels/reference/yarn.h"
 #include "kernels/status.h"
 #include "kernels/weight_init.h"
 
@@ -38,9 +42,43 @@ absl::Status WaitStream(cudaStream_t s, int timeout_ms) {
   }
 }
 
+// Largest host staging buffer of one upload: a bigger block goes up in chunks of rows.
+constexpr int64_t kStagingBytes = int64_t{64} << 20;
+
+// Copies the block [row0, +rows) x [col0, +cols) of tensor `name` from the source to dst
+// [rows, cols] through a host staging buffer of at most kStagingBytes (at least one row):
+// read(r0, n, out) fills rows [r0, r0 + n) of the block into out, every value must pass
+// finite(v) (else InvalidArgument naming the tensor, its file and the element).
+template <typename T, typename ReadFn, typename FiniteFn>
+absl::Status UploadFromSource(const tp::WeightSource& source, CudaRankContext& rk,
+                              const std::string& name, T* dst, int64_t rows, int64_t cols,
+                              int64_t row0, int64_t col0, ReadFn read, FiniteFn finite) {
+  const int64_t chunk = std::clamp<int64_t>(kStagingBytes / (cols * int64_t{sizeof(T)}), 1, rows);
+  std::vector<T> staging(static_cast<size_t>(chunk * cols));
+  for (int64_t r = 0; r < rows; r += chunk) {
+    const int64_t n = std::min(chunk, rows - r);
+    VERIFYD_RETURN_IF_ERROR(read(row0 + r, n, staging.data()));
+    for (int64_t i = 0; i < n * cols; ++i) {
+      if (!finite(staging[i])) {
+        const std::string where = source.Location(name);
+        return absl::InvalidArgumentError(
+            absl::StrCat(where.empty() ? "" : where + ": ", "tensor '", name, "' element [",
+                         row0 + r + i / cols, ", ", col0 + i % cols, "] is not finite"));
+      }
+    }
+    // Synchronous: the staging buffer is refilled next.
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + r * cols, staging.data(),
+                                                 static_cast<size_t>(n * cols) * sizeof(T),
+                                                 cudaMemcpyHostToDevice, rk.stream));
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rk.stream));
+  }
+  return absl::OkStatus();
+}
+
 // Fills dst [rows, cols] (bf16) with the block [row0, +rows) x [col0, +cols) of tensor
-// `name`: generated on the device, or converted from the host weights.
-absl::Status FillTensor(const WeightSource& source, CudaRankContext& rk, const std::string& name,
+// `name`: generated on the device from its spec and the seed, or read from the host source
+// (ReadBlockBf16) through a staging buffer of at most kStagingBytes.
+absl::Status FillTensor(const RankWeightInit& source, CudaRankContext& rk, const std::string& name,
                         bf16* dst, int64_t rows, int64_t cols, int64_t row0, int64_t col0) {
   if (rows == 0 || cols == 0) return absl::OkStatus();
   if (source.host == nullptr) {
@@ -64,21 +102,128 @@ absl::Status FillTensor(const WeightSource& source, CudaRankContext& rk, const s
     g.stream = rk.stream;
     return kc::GenerateWeightsCuda(g);
   }
-  const HostTensor* t = source.host->Find(name);
-  if (t == nullptr) {
-    return absl::NotFoundError(absl::StrCat("weights: tensor '", name, "' is missing"));
+  // FP8 checkpoints are read as bf16 too: ReadBlockBf16 dequantizes on the host, block by
+  // block (fp8 x scale_inv in float32, rounded to bf16 once).
+  return UploadFromSource<bf16>(
+      *source.host, rk, name, dst, rows, cols, row0, col0,
+      [&](int64_t r0, int64_t n, bf16* out) {
+        return source.host->ReadBlockBf16(name, r0, n, col0, cols, out);
+      },
+      [](bf16 x) { return (x & 0x7f80) != 0x7f80; });
+}
+
+// Fills dst [rows, cols] (fp32) with the block [row0, +rows) x [col0, +cols) of tensor
+// `name`: the host weights' float values as they are (the MoE router and its correction bias,
+// which checkpoints keep in fp32 / bf16), else FillTensor's bf16 values widened (exact).
+absl::Status FillTensorF32(const RankWeightInit& source, CudaRankContext& rk,
+                           const std::string& name, float* dst, int64_t rows, int64_t cols,
+                           int64_t row0, int64_t col0) {
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  if (source.host != nullptr) {
+    return UploadFromSource<float>(
+        *source.host, rk, name, dst, rows, cols, row0, col0,
+        [&](int64_t r0, int64_t n, float* out) {
+          return source.host->ReadBlock(name, r0, n, col0, cols, out);
+        },
+        [](float x) { return std::isfinite(x); });
   }
-  const int64_t full_cols = t->shape.size() > 1 ? t->shape[1] : t->shape[0];
-  std::vector<bf16> tmp(static_cast<size_t>(rows * cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* src = t->data.data() + (row0 + r) * full_cols + col0;
-    for (int64_t c = 0; c < cols; ++c) tmp[r * cols + c] = kernels::FloatToBf16(src[c]);
-  }
-  // Synchronous copy: tmp dies at return.
-  VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, tmp.data(), tmp.size() * sizeof(bf16),
-                                               cudaMemcpyHostToDevice, rk.stream));
-  VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rk.stream));
+  void* tmp = nullptr;
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaMalloc(&tmp, rows * cols * sizeof(bf16)));
+  absl::Status st = FillTensor(source, rk, name, static_cast<bf16*>(tmp), rows, cols, row0, col0);
+  if (st.ok()) st = kc::Bf16ToFloatCuda(static_cast<bf16*>(tmp), dst, rows * cols, rk.stream);
+  const cudaError_t sync = cudaStreamSynchronize(rk.stream);
+  cudaFree(tmp);
+  VERIFYD_RETURN_IF_ERROR(st);
+  VERIFYD_CUDA_RETURN_IF_ERROR(sync);
   return absl::OkStatus();
+}
+
+// A device buffer of `count` T with every byte 0xFF (an fp32 / bf16 NaN, an int32 -1), so a
+// read of an element nothing wrote shows up.
+template <typename T>
+absl::StatusOr<T*> AllocPoisoned(CudaRankContext& rk, int64_t count) {
+  VERIFYD_ASSIGN_OR_RETURN(T * p, rk.Alloc<T>(count));
+  VERIFYD_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(p, 0xFF, std::max<int64_t>(count, 1) * sizeof(T), rk.stream));
+  return p;
+}
+
+// The MoE MLP weights of layer l (CudaLayerWeights' MoE fields): router and bias replicated,
+// the rank's IntermediateShard of every routed expert and of the shared experts.
+absl::Status FillMoeLayer(const RankWeightInit& src, const ModelConfig& c, int64_t l,
+                          CudaRankContext& rk, CudaLayerWeights& L) {
+  auto n = [&](const std::string& suffix) { return LayerTensorName(l, suffix); };
+  const int64_t hid = c.hidden_size, E = c.moe.n_routed_experts;
+  const int64_t Il = rk.moe_inter.size, Sl = rk.moe_shared_inter.size;
+  VERIFYD_ASSIGN_OR_RETURN(L.router, rk.Alloc<float>(E * hid));
+  VERIFYD_RETURN_IF_ERROR(FillTensorF32(src, rk, n("mlp.gate.weight"), L.router, E, hid, 0, 0));
+  VERIFYD_ASSIGN_OR_RETURN(L.router_bias, rk.Alloc<float>(E));
+  VERIFYD_RETURN_IF_ERROR(FillTensorF32(src, rk, n("mlp.gate.e_score_correction_bias"),
+                                        L.router_bias, 1, E, 0, 0));
+  if (Il > 0) {
+    VERIFYD_ASSIGN_OR_RETURN(L.experts_gate_up, rk.Alloc<bf16>(E * 2 * Il * hid));
+    VERIFYD_ASSIGN_OR_RETURN(L.experts_down, rk.Alloc<bf16>(E * hid * Il));
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string p = absl::StrCat("mlp.experts.", e, ".");
+      bf16* gu = L.experts_gate_up + e * 2 * Il * hid;
+      VERIFYD_RETURN_IF_ERROR(
+          FillTensor(src, rk, n(p + "gate_proj.weight"), gu, Il, hid, rk.moe_inter.begin, 0));
+      VERIFYD_RETURN_IF_ERROR(FillTensor(src, rk, n(p + "up_proj.weight"), gu + Il * hid, Il, hid,
+                                         rk.moe_inter.begin, 0));
+      VERIFYD_RETURN_IF_ERROR(FillTensor(src, rk, n(p + "down_proj.weight"),
+                                         L.experts_down + e * hid * Il, hid, Il, 0,
+                                         rk.moe_inter.begin));
+    }
+  }
+  if (Sl > 0) {
+    const int64_t s0 = rk.moe_shared_inter.begin;
+    VERIFYD_ASSIGN_OR_RETURN(L.shared_gate_up, rk.Alloc<bf16>(2 * Sl * hid));
+    VERIFYD_RETURN_IF_ERROR(FillTensor(src, rk, n("mlp.shared_experts.gate_proj.weight"),
+                                       L.shared_gate_up, Sl, hid, s0, 0));
+    VERIFYD_RETURN_IF_ERROR(FillTensor(src, rk, n("mlp.shared_experts.up_proj.weight"),
+                                       L.shared_gate_up + Sl * hid, Sl, hid, s0, 0));
+    VERIFYD_ASSIGN_OR_RETURN(L.shared_down, rk.Alloc<bf16>(hid * Sl));
+    VERIFYD_RETURN_IF_ERROR(FillTensor(src, rk, n("mlp.shared_experts.down_proj.weight"),
+                                       L.shared_down, hid, Sl, 0, s0));
+  }
+  return absl::OkStatus();
+}
+
+// The MoE activation buffers for R rows (see the top of rank_context.h), poisoned.
+absl::Status AllocMoeBuffers(const ModelConfig& c, int64_t R, CudaRankContext& rk) {
+  const int64_t hid = c.hidden_size, E = c.moe.n_routed_experts, K = c.moe.num_experts_per_tok;
+  const int64_t P = R * K, Il = rk.moe_inter.size, Sl = rk.moe_shared_inter.size;
+  VERIFYD_ASSIGN_OR_RETURN(rk.moe_xf, AllocPoisoned<float>(rk, R * hid));
+  VERIFYD_ASSIGN_OR_RETURN(rk.moe_logits, AllocPoisoned<float>(rk, R * E));
+  VERIFYD_ASSIGN_OR_RETURN(rk.moe_experts, AllocPoisoned<int32_t>(rk, P));
+  VERIFYD_ASSIGN_OR_RETURN(rk.moe_weights, AllocPoisoned<float>(rk, P));
+  VERIFYD_ASSIGN_OR_RETURN(rk.moe_offsets, AllocPoisoned<int32_t>(rk, E + 1));
+  VERIFYD_ASSIGN_OR_RETURN(rk.moe_rows, AllocPoisoned<int32_t>(rk, P));
+  VERIFYD_ASSIGN_OR_RETURN(rk.moe_pos, AllocPoisoned<int32_t>(rk, P));
+  VERIFYD_ASSIGN_OR_RETURN(rk.moe_x, AllocPoisoned<bf16>(rk, P * hid));
+  VERIFYD_ASSIGN_OR_RETURN(rk.moe_gu, AllocPoisoned<float>(rk, std::max(P * 2 * Il, R * 2 * Sl)));
+  VERIFYD_ASSIGN_OR_RETURN(rk.moe_act, AllocPoisoned<bf16>(rk, std::max(P * Il, R * Sl)));
+  VERIFYD_ASSIGN_OR_RETURN(rk.moe_y, AllocPoisoned<float>(rk, P * hid));
+  VERIFYD_ASSIGN_OR_RETURN(rk.moe_shared, AllocPoisoned<float>(rk, R * hid));
+  void* h = nullptr;
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h, (E + 1) * sizeof(int32_t)));
+  rk.host_allocs.push_back(h);
+  rk.moe_offsets_host = static_cast<int32_t*>(h);
+  return absl::OkStatus();
+}
+
+// YaRN parameters of a config (kernels/reference/yarn.h).
+kernels::ref::YarnParams YarnOf(const ModelConfig& c) {
+  kernels::ref::YarnParams p;
+  p.rope_dim = c.qk_rope_head_dim;
+  p.theta = c.rope_theta;
+  p.factor = c.rope_scaling.factor;
+  p.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
+  p.beta_fast = c.rope_scaling.beta_fast;
+  p.beta_slow = c.rope_scaling.beta_slow;
+  p.mscale = c.rope_scaling.mscale;
+  p.mscale_all_dim = c.rope_scaling.mscale_all_dim;
+  return p;
 }
 
 }  // namespace
@@ -108,6 +253,9 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
   rk.heads = HeadShard(c.num_attention_heads, tp, rk.rank);
   rk.vocab = VocabShard(c.vocab_size, tp, rk.rank);
   rk.inter = IntermediateShard(c.intermediate_size, tp, rk.rank);
+  rk.moe_inter = IntermediateShard(c.moe.moe_intermediate_size, tp, rk.rank);
+  rk.moe_shared_inter =
+      IntermediateShard(c.moe.moe_intermediate_size * c.moe.n_shared_experts, tp, rk.rank);
   rk.vmax = CeilShardMax(c.vocab_size, tp);
   const int64_t hid = c.hidden_size, qk = c.qk_head_dim(), nope = c.qk_nope_head_dim;
   const int64_t v = c.v_head_dim, kvl = c.kv_lora_rank, lat = c.latent_dim();
@@ -156,7 +304,9 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
     VERIFYD_ASSIGN_OR_RETURN(L.post_norm, rk.Alloc<bf16>(hid));
     VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("post_attention_layernorm.weight"),
                                        L.post_norm, 1, hid, 0, 0));
-    if (Il > 0) {
+    if (c.IsMoeLayer(l)) {
+      VERIFYD_RETURN_IF_ERROR(FillMoeLayer(setup.weights, c, l, rk, L));
+    } else if (Il > 0) {
       // [gate rows | up rows] of the local intermediate columns: one GEMM for both.
       VERIFYD_ASSIGN_OR_RETURN(L.gate_up, rk.Alloc<bf16>(2 * Il * hid));
       VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("mlp.gate_proj.weight"), L.gate_up,
@@ -206,11 +356,24 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
   VERIFYD_ASSIGN_OR_RETURN(rk.freed, rk.Alloc<int32_t>(R));
   VERIFYD_ASSIGN_OR_RETURN(rk.num_accepted, rk.Alloc<int32_t>(setup.max_batch));
   VERIFYD_ASSIGN_OR_RETURN(rk.bonus, rk.Alloc<int32_t>(setup.max_batch));
+  bool has_moe = false;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) has_moe = has_moe || c.IsMoeLayer(l);
+  if (has_moe) VERIFYD_RETURN_IF_ERROR(AllocMoeBuffers(c, R, rk));
   {
-    const std::vector<float> inv =
-        kc::RopeInvFreq(static_cast<int>(c.qk_rope_head_dim), c.rope_theta);
+    // Plain RoPE: RopeInvFreq (factor 1); YaRN: the reference's table and cos / sin factor.
+    std::vector<float> inv;
+    if (c.rope_scaling.type == "yarn") {
+      const kernels::ref::YarnParams y = YarnOf(c);
+      inv = kernels::ref::YarnInvFreq(y);
+      rk.rope_attention_factor = static_cast<float>(kernels::ref::YarnAttentionFactor(y));
+    } else {
+      inv = kc::RopeInvFreq(static_cast<int>(c.qk_rope_head_dim), c.rope_theta);
+      rk.rope_attention_factor = 1.0f;
+    }
+    // Synchronous below (cudaStreamSynchronize before return): inv outlives the copy.
     VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
         rk.inv_freq, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice, rk.stream));
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rk.stream));
   }
   {
     void* h = nullptr;

@@ -15,6 +15,14 @@
 //   part  [R, hidden] fp32    o_proj / down partial sums (all-reduced when TP > 1)
 //   gu    [R, 2 * I_l] fp32   [gate | up];  act [R, I_l] bf16 = silu(gate) * up
 //   logits [R, vmax] fp32;  pairs [R] / gathered [world, R] (value, index)
+// MoE (models with MoE layers; E experts, K = top-k, P = R * K routed pairs, Ie_l / Is_l the
+// local intermediate of a routed expert / of the shared experts; tp/cuda/moe_layer.h):
+//   moe_xf [R, hidden] fp32 router input;  moe_logits [R, E] fp32
+//   moe_experts [R, K] i32, moe_weights [R, K] fp32;  moe_offsets [E + 1], moe_rows [P],
+//   moe_pos [P] i32 (the permutation);  moe_x [P, hidden] bf16 gathered expert inputs
+//   moe_gu [max(P * 2 Ie_l, R * 2 Is_l)] fp32;  moe_act [max(P * Ie_l, R * Is_l)] bf16
+//   moe_y [P, hidden] fp32 expert outputs;  moe_shared [R, hidden] fp32
+//   moe_offsets_host: pinned [E + 1] (the per-expert row counts the host sizes GEMMs with)
 //
 // Thread-safety: a CudaRankContext is used only by its rank's thread once created (the
 // engine reads the results in out_host / profile after the rank finished its job).
@@ -41,6 +49,7 @@
 #include "tp/cuda/nccl_communicator.h"
 #include "tp/model_config.h"
 #include "tp/sharding.h"
+#include "tp/weight_source.h"
 #include "tp/weights.h"
 
 namespace verifyd::tp {
@@ -54,6 +63,15 @@ struct CudaLayerWeights {
   bf16 *input_norm = nullptr, *q_a = nullptr, *q_a_norm = nullptr, *q_b = nullptr;
   bf16 *kv_a = nullptr, *kv_a_norm = nullptr, *kv_b = nullptr, *o_proj = nullptr;
   bf16 *post_norm = nullptr, *gate_up = nullptr, *down = nullptr;
+  // MoE layers (gate_up / down stay null): the replicated router in fp32 (transformers
+  // computes it in float32), each routed expert's local [gate rows | up rows] and down
+  // columns, the fused shared experts' likewise.
+  float* router = nullptr;          // [E, hidden] fp32 mlp.gate.weight
+  float* router_bias = nullptr;     // [E] fp32 mlp.gate.e_score_correction_bias
+  bf16* experts_gate_up = nullptr;  // [E, 2 Ie_l, hidden]
+  bf16* experts_down = nullptr;     // [E, hidden, Ie_l]
+  bf16* shared_gate_up = nullptr;   // [2 Is_l, hidden]
+  bf16* shared_down = nullptr;      // [hidden, Is_l]
 };
 
 struct CudaRankContext {
@@ -68,7 +86,9 @@ struct CudaRankContext {
   std::vector<void*> allocs;                 // freed on this rank's thread at shutdown
   std::vector<void*> host_allocs;
   ShardRange heads, vocab, inter;
+  ShardRange moe_inter, moe_shared_inter;  // of moe_intermediate_size (x n_shared_experts)
   int64_t vmax = 0;
+  float rope_attention_factor = 1.0f;  // YaRN's cos / sin factor (1: plain RoPE)
 
   // Weights.
   bf16* embed = nullptr;
@@ -86,6 +106,20 @@ struct CudaRankContext {
   int32_t *preds = nullptr, *accepted = nullptr, *num_accepted = nullptr, *bonus = nullptr;
   int32_t *kept = nullptr, *freed = nullptr;
   float* logits_gathered = nullptr;  // [world, R, vmax] on demand (StepWithLogits, TP > 1)
+  // MoE activations (null without MoE layers).
+  float* moe_xf = nullptr;
+  float* moe_logits = nullptr;
+  float* moe_weights = nullptr;
+  float* moe_gu = nullptr;
+  float* moe_y = nullptr;
+  float* moe_shared = nullptr;
+  int32_t* moe_experts = nullptr;
+  int32_t* moe_offsets = nullptr;
+  int32_t* moe_rows = nullptr;
+  int32_t* moe_pos = nullptr;
+  int32_t* moe_offsets_host = nullptr;  // pinned
+  bf16* moe_x = nullptr;
+  bf16* moe_act = nullptr;
 
   char* plan_dev = nullptr;  // the step plan's device arena (grown on demand)
   size_t plan_dev_bytes = 0;
@@ -116,9 +150,12 @@ struct CudaRankContext {
   }
 };
 
-// Where a rank's weights come from.
-struct WeightSource {
-  const ModelWeights* host = nullptr;  // host weights, or null: generate on the device
+// Where a rank's weights come from: a host WeightSource (explicit weights or a mapped
+// checkpoint, read block by block as bf16 through a bounded staging buffer; FP8 checkpoints
+// are dequantized on the host, per block), or null: generated on the device from the specs
+// and the seed.
+struct RankWeightInit {
+  const tp::WeightSource* host = nullptr;                    // not owned; outlives InitRankContext
   const std::map<std::string, TensorSpec>* specs = nullptr;  // by name (generation)
   uint64_t seed = 0;                                         // generation seed
 };
@@ -126,7 +163,7 @@ struct WeightSource {
 // What InitRankContext needs besides the context's rank / device / world.
 struct RankSetup {
   const ModelConfig* config = nullptr;
-  WeightSource weights;
+  RankWeightInit weights;
   int64_t max_rows = 0;  // max_batch * max_tail_rows
   int max_batch = 0;
   bool use_verify_kernel = true;

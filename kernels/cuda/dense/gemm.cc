@@ -53,4 +53,24 @@ absl::Status GemmBf16Batched(void* cublas_handle, const BatchedGemmParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status GemmF32(void* cublas_handle, const GemmF32Params& p) {
+  if (!cublas_handle) return absl::InvalidArgumentError("cublas handle must be set");
+  if (p.m < 0 || p.n <= 0 || p.k <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad fp32 gemm shape m=", p.m, " n=", p.n, " k=", p.k));
+  }
+  if (p.m == 0) return absl::OkStatus();
+  if (!p.x || !p.w || !p.y) return absl::InvalidArgumentError("x, w, y must be set");
+  if (p.ldx < p.k || p.ldw < p.k || p.ldy < p.n) {
+    return absl::InvalidArgumentError("bad leading dims in fp32 gemm");
+  }
+  const float alpha = 1.f, beta = 0.f;
+  VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+      static_cast<cublasHandle_t>(cublas_handle), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n),
+      static_cast<int>(p.m), static_cast<int>(p.k), &alpha, p.w, CUDA_R_32F,
+      static_cast<int>(p.ldw), p.x, CUDA_R_32F, static_cast<int>(p.ldx), &beta, p.y, CUDA_R_32F,
+      static_cast<int>(p.ldy), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
 }  // namespace verifyd::kernels::cuda

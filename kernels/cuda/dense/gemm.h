@@ -3,6 +3,8 @@
 //   GemmBf16:        y[m, n] = alpha * x[m, k] . w[n, k]^T + beta * y   (y fp32 or bf16)
 //   GemmBf16Batched: the same for `batch` independent problems at fixed element strides
 //                    (the per-head absorbed-MLA products), with either w layout.
+//   GemmF32:         y[m, n] = x[m, k] . w[n, k]^T, all fp32, pedantic fp32 math (no TF32):
+//                    the MoE router, which transformers computes in float32.
 // The caller owns the cuBLAS handle (one per rank thread, bound to the rank's stream and
 // given a fixed workspace, so launches are graph-capture safe).
 // Host header (no CUDA code). Thread-safety: one thread per handle.
@@ -46,5 +48,16 @@ struct BatchedGemmParams {
   int64_t ldy = 0, stride_y = 0;
 };
 absl::Status GemmBf16Batched(void* cublas_handle, const BatchedGemmParams& p);
+
+struct GemmF32Params {
+  int64_t m = 0, n = 0, k = 0;
+  const float* x = nullptr;  // [m, ldx] fp32
+  int64_t ldx = 0;
+  const float* w = nullptr;  // [n, ldw] fp32 (row-major weight, out x in)
+  int64_t ldw = 0;
+  float* y = nullptr;  // [m, ldy] fp32
+  int64_t ldy = 0;
+};
+absl::Status GemmF32(void* cublas_handle, const GemmF32Params& p);
 
 }  // namespace verifyd::kernels::cuda

@@ -12,19 +12,19 @@ namespace {
 using internal::BlockSum;
 using internal::GridFor;
 
-// cos/sin of angle = float(pos) * inv_freq[i] (float product), evaluated in double and rounded
-// to float, as the reference.
+// cos/sin of angle = float(pos) * inv_freq[i] (float product), evaluated in double, rounded
+// to float and multiplied by the attention factor (exact for 1), as the reference.
 __global__ void RopeTableKernel(const int32_t* __restrict__ positions,
-                                const float* __restrict__ inv_freq, int rows, int half,
-                                float* __restrict__ cos_t, float* __restrict__ sin_t) {
+                                const float* __restrict__ inv_freq, float factor, int rows,
+                                int half, float* __restrict__ cos_t, float* __restrict__ sin_t) {
   const int64_t n = static_cast<int64_t>(rows) * half;
   for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
        idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = idx / half;
     const int i = static_cast<int>(idx % half);
     const float angle = __fmul_rn(static_cast<float>(positions[r]), inv_freq[i]);
-    cos_t[idx] = static_cast<float>(cos(static_cast<double>(angle)));
-    sin_t[idx] = static_cast<float>(sin(static_cast<double>(angle)));
+    cos_t[idx] = __fmul_rn(static_cast<float>(cos(static_cast<double>(angle))), factor);
+    sin_t[idx] = __fmul_rn(static_cast<float>(sin(static_cast<double>(angle))), factor);
   }
 }
 
@@ -109,10 +109,14 @@ absl::Status RopeTableCuda(const RopeTableParams& p) {
   if (!p.positions || !p.inv_freq || !p.cos_table || !p.sin_table) {
     return absl::InvalidArgumentError("positions, inv_freq, cos_table, sin_table must be set");
   }
+  if (!(p.attention_factor > 0.0f) || !std::isfinite(p.attention_factor)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention_factor must be finite and > 0, got ", p.attention_factor));
+  }
   const int half = p.rope_dim / 2;
   RopeTableKernel<<<GridFor(static_cast<int64_t>(p.rows) * half, 256), 256, 0,
-                    static_cast<cudaStream_t>(p.stream)>>>(p.positions, p.inv_freq, p.rows, half,
-                                                           p.cos_table, p.sin_table);
+                    static_cast<cudaStream_t>(p.stream)>>>(
+      p.positions, p.inv_freq, p.attention_factor, p.rows, half, p.cos_table, p.sin_table);
   VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("RopeTableKernel");
   return absl::OkStatus();
 }

@@ -5,7 +5,10 @@
 //
 // Plan once per step: RopeTableCuda computes cos/sin [rows, rope_dim/2] for the step's
 // positions (angle = float(pos) * inv_freq[i] as a float product, cos/sin in double then
-// rounded, exactly as the reference); every layer's QRopeCuda / LatentKvWriteCuda reads it.
+// rounded, then times attention_factor, exactly as the reference); every layer's QRopeCuda /
+// LatentKvWriteCuda reads it. YaRN (kernels/reference/yarn.h) is an inv_freq table from
+// YarnInvFreq and attention_factor = YarnAttentionFactor; plain RoPE is RopeInvFreq with
+// factor 1 (an exact multiply: the same table values as without the factor).
 // Host header (no CUDA code). Thread-safety: launchers are reentrant.
 #pragma once
 
@@ -25,7 +28,8 @@ struct RopeTableParams {
   int rows = 0;
   int rope_dim = 0;                    // even
   const int32_t* positions = nullptr;  // [rows], device
-  const float* inv_freq = nullptr;     // [rope_dim / 2], device (RopeInvFreq)
+  const float* inv_freq = nullptr;     // [rope_dim / 2], device (RopeInvFreq / YarnInvFreq)
+  float attention_factor = 1.0f;       // multiplies cos and sin (YaRN's mscale ratio)
   float* cos_table = nullptr;          // [rows, rope_dim / 2] fp32, device
   float* sin_table = nullptr;          // [rows, rope_dim / 2] fp32, device
   void* stream = nullptr;

@@ -1,0 +1,97 @@
+// DeepSeek-V3 mixture-of-experts kernels on the GPU: the router's top-k, the permutation of
+// rows to experts, the gather of expert inputs and the fixed-order combine of expert outputs.
+// The expert MLPs themselves are cuBLAS GEMMs (gemm.h) run by the caller per expert.
+//
+// Routing reproduces kernels::ref::MoeRoute (kernels/reference/moe.h) step by step: sigmoid
+// scores, + e_score_correction_bias for the choice, group score = top-2 sum per group, keep
+// topk_group groups (others -inf), top-k by masked choice (ties: the lowest index; a number
+// beats NaN), weights = un-biased scores normalised by (sum + 1e-20) in selection order when
+// norm_topk_prob, times routed_scaling_factor. Only the sigmoid's expf may differ from the
+// host's std::exp by an ulp.
+//
+// Permutation: the (row, slot k) pairs grouped by expert in ascending expert index, rows
+// ascending within an expert (a row picks an expert at most once), so expert e's inputs are
+// the contiguous rows [offsets[e], offsets[e + 1]) of the permuted buffer.
+//
+// Combine: per row, sum over its experts in ascending expert index of weight * expert_out
+// (one float multiply and one float add each, from 0), then + shared[row]; the order does not
+// depend on the batch. This is kernels::ref::AddScaled's order (the CPU backend's).
+// Host header (no CUDA code). Thread-safety: launchers are reentrant.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/common.h"
+
+namespace verifyd::kernels::cuda {
+
+// Largest num_experts_per_tok the routing and combine kernels take.
+inline constexpr int kMoeMaxTopK = 32;
+// Largest n_routed_experts (shared memory of the routing and permute kernels).
+inline constexpr int kMoeMaxExperts = 2048;
+
+struct MoeRouteParams {
+  int rows = 0;
+  int num_experts = 0;                // E (n_routed_experts), <= kMoeMaxExperts
+  int top_k = 0;                      // K (num_experts_per_tok), <= kMoeMaxTopK, <= E
+  int n_group = 1;                    // divides E
+  int topk_group = 1;                 // <= n_group; top_k <= topk_group * (E / n_group)
+  bool norm_topk_prob = true;         // norm_topk_prob
+  float routed_scaling_factor = 1.f;  // routed_scaling_factor
+  const float* logits = nullptr;      // [rows, E] fp32 router logits, device
+  const float* bias = nullptr;        // [E] fp32 e_score_correction_bias, device
+  int32_t* experts = nullptr;         // [rows, K] out: experts in selection order, device
+  float* weights = nullptr;           // [rows, K] out: their combine weights, device
+  void* stream = nullptr;
+};
+absl::Status MoeRouteCuda(const MoeRouteParams& p);
+
+struct MoePermuteParams {
+  int rows = 0;
+  int num_experts = 0;               // E
+  int top_k = 0;                     // K
+  const int32_t* experts = nullptr;  // [rows, K] (MoeRouteCuda), device
+  int32_t* offsets = nullptr;        // [E + 1] out: expert e's pairs are [offsets[e], offsets[e+1])
+  int32_t* perm_rows = nullptr;      // [rows * K] out: the row of each permuted pair
+  int32_t* pair_pos = nullptr;       // [rows * K] out: pair (r, k)'s index in the permutation
+  void* stream = nullptr;
+};
+absl::Status MoePermuteCuda(const MoePermuteParams& p);
+
+// out[i, :] = x[perm_rows[i], :] for i < n (bf16 rows).
+struct MoeGatherParams {
+  int64_t n = 0;                 // permuted rows (rows * K)
+  int64_t cols = 0;              // hidden
+  const bf16_bits* x = nullptr;  // [rows, ldx] bf16, device
+  int64_t ldx = 0;
+  const int32_t* perm_rows = nullptr;  // [n] (MoePermuteCuda)
+  bf16_bits* out = nullptr;            // [n, cols] bf16, device
+  void* stream = nullptr;
+};
+absl::Status MoeGatherCuda(const MoeGatherParams& p);
+
+// v[r, j] = sum over k in ascending experts[r, k] of weights[r, k] * y[pair_pos[r, k], j]
+//           (+ shared[r, j] when shared is set);
+// out[r, j] = accumulate ? out[r, j] + v[r, j] : v[r, j].
+struct MoeCombineParams {
+  int rows = 0;
+  int top_k = 0;
+  int64_t cols = 0;                   // hidden
+  const int32_t* experts = nullptr;   // [rows, K] (MoeRouteCuda)
+  const float* weights = nullptr;     // [rows, K]
+  const int32_t* pair_pos = nullptr;  // [rows, K] (MoePermuteCuda)
+  const float* y = nullptr;           // [rows * K, cols] fp32 expert outputs (permuted), or
+                                      // null: no routed part on this rank (sum 0)
+  const float* shared = nullptr;      // [rows, cols] fp32 shared experts' output, or null
+  float* out = nullptr;               // [rows, ld_out] fp32
+  int64_t ld_out = 0;
+  bool accumulate = false;
+  void* stream = nullptr;
+};
+absl::Status MoeCombineCuda(const MoeCombineParams& p);
+
+// out[i] = float(in[i]) for i < n (bf16 -> fp32 widening, exact).
+absl::Status Bf16ToFloatCuda(const bf16_bits* in, float* out, int64_t n, void* stream);
+
+}  // namespace verifyd::kernels::cuda

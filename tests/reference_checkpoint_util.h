@@ -1,0 +1,344 @@
+// Shared by the tests that compare an engine with Hugging Face transformers on the reference
+// checkpoints of tests/data (tests/data/make_reference_checkpoints.py): reading a reference
+// (its JSON and logits), scattered KV slots, the per-position comparison of logits and greedy
+// tokens with near-tie accounting, the prefill of a prompt as one chain, and the two
+// engine-generic test bodies (greedy decoding, draft trees) over an engine type with
+// StepWithLogits (CpuEngine, CudaEngine).
+// Header-only; needs VERIFYD_TEST_DATA_DIR (the tests/data directory) defined by the build.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tp/engine.h"
+#include "tp/safetensors.h"
+
+#ifndef VERIFYD_TEST_DATA_DIR
+#error "VERIFYD_TEST_DATA_DIR must name the tests/data directory"
+#endif
+
+namespace verifyd::tp::reftest {
+
+using json = nlohmann::json;
+
+// tests/data of the source tree; $VERIFYD_TEST_DATA_DIR overrides it (a test binary run on
+// another machine than the one it was built on).
+inline std::string DataDir() {
+  const char* env = std::getenv("VERIFYD_TEST_DATA_DIR");
+  return env != nullptr && env[0] != '\0' ? std::string(env) : std::string(VERIFYD_TEST_DATA_DIR);
+}
+inline std::string CheckpointDir(const std::string& name) {
+  return DataDir() + "/checkpoints/" + name;
+}
+
+inline std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct PromptRef {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> continuation;  // N greedy tokens
+  std::vector<int32_t> argmax;        // greedy token after each position of prompt + cont[:-1]
+  std::vector<double> gap;            // top-2 logit gap at each of those positions
+  HostTensor logits;                  // [len(prompt) + N - 1, vocab]
+};
+
+struct Reference {
+  std::string name;
+  json info;
+  std::vector<PromptRef> prompts;
+};
+
+// Loads tests/data/references/<name>.json and <name>_logits.safetensors.
+inline void LoadReference(const std::string& name, Reference* ref) {
+  const std::string base = DataDir() + "/references/" + name;
+  const std::string text = ReadText(base + ".json");
+  ASSERT_FALSE(text.empty()) << "cannot read " << base << ".json";
+  ref->name = name;
+  ref->info = json::parse(text);
+  absl::StatusOr<TensorMap> logits = ReadSafetensorsFile(base + "_logits.safetensors");
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  const int64_t vocab = ref->info["config"]["vocab_size"].get<int64_t>();
+  int k = 0;
+  for (const json& p : ref->info["prompts"]) {
+    PromptRef pr;
+    pr.prompt = p["prompt"].get<std::vector<int32_t>>();
+    pr.continuation = p["continuation"].get<std::vector<int32_t>>();
+    pr.argmax = p["argmax"].get<std::vector<int32_t>>();
+    pr.gap = p["top2_gap"].get<std::vector<double>>();
+    auto it = logits->find(absl::StrCat("prompt", k++));
+    ASSERT_NE(it, logits->end());
+    pr.logits = it->second;
+    const size_t rows = pr.prompt.size() + pr.continuation.size() - 1;
+    ASSERT_EQ(pr.logits.shape, (std::vector<int64_t>{static_cast<int64_t>(rows), vocab}));
+    ASSERT_EQ(pr.argmax.size(), rows);
+    ASSERT_EQ(pr.gap.size(), rows);
+    ref->prompts.push_back(std::move(pr));
+  }
+  ASSERT_FALSE(ref->prompts.empty());
+}
+
+// Scattered KV slots: the i-th slot handed out is (i * 37) mod capacity.
+class Slots {
+ public:
+  explicit Slots(int64_t capacity) : capacity_(capacity) {}
+  int32_t Next() { return static_cast<int32_t>((next_++ * 37) % capacity_); }
+
+ private:
+  int64_t capacity_;
+  int64_t next_ = 0;
+};
+
+// Accumulates the comparison of engine rows with reference positions: logits within `tol`
+// relative (max |diff| / max |logit| and rel-L2), tokens equal except at near-ties (a top-2
+// gap below twice the measured max |diff|, capped by the tolerance), counted and printed.
+class Compare {
+ public:
+  Compare(int64_t vocab, double tol) : vocab_(vocab), tol_(tol) {}
+
+  // Engine logits `got` and prediction `got_token` for position `pos` of prompt `k`.
+  void Row(const PromptRef& ref, int k, int64_t pos, const float* got, int32_t got_token,
+           const char* what) {
+    ASSERT_LT(pos, static_cast<int64_t>(ref.argmax.size()));
+    const float* want = ref.logits.data.data() + pos * vocab_;
+    double max_abs = 0, max_diff = 0, l2_ref = 0, l2_diff = 0;
+    bool finite = true;
+    for (int64_t v = 0; v < vocab_; ++v) {
+      finite = finite && std::isfinite(got[v]);
+      const double d = static_cast<double>(got[v]) - want[v];
+      max_abs = std::max(max_abs, std::fabs(double{want[v]}));
+      max_diff = std::max(max_diff, std::fabs(d));
+      l2_ref += double{want[v]} * want[v];
+      l2_diff += d * d;
+    }
+    const double rel = finite ? max_diff / max_abs : INFINITY;
+    const double rel_l2 = finite ? std::sqrt(l2_diff / l2_ref) : INFINITY;
+    ++positions_;
+    if (!(rel <= tol_ && rel_l2 <= tol_)) {
+      ++bad_logit_rows_;
+      if (bad_logit_rows_ <= 3) {
+        std::printf(
+            "  logits differ: prompt %d position %lld (%s): max|diff|/max|logit| %.3g, "
+            "rel-L2 %.3g\n",
+            k, static_cast<long long>(pos), what, rel, rel_l2);
+      }
+    }
+    if (rel > max_rel_ || !std::isfinite(rel)) max_rel_ = rel;
+    if (rel_l2 > max_rel_l2_ || !std::isfinite(rel_l2)) max_rel_l2_ = rel_l2;
+    // A flip of the argmax needs gap <= |diff top1| + |diff top2| <= 2 max|diff|; the measured
+    // error only counts up to the tolerance.
+    const double bound = 2 * std::min(finite ? max_diff : INFINITY, tol_ * max_abs);
+    const bool near_tie = ref.gap[pos] < bound;
+    const int32_t want_token = ref.argmax[pos];
+    if (near_tie) {
+      ++near_ties_;
+      std::printf(
+          "  near-tie: prompt %d position %lld (%s): top-2 gap %.3g < bound %.3g; "
+          "transformers %d, engine %d\n",
+          k, static_cast<long long>(pos), what, ref.gap[pos], bound, want_token, got_token);
+    }
+    if (got_token != want_token) {
+      if (near_tie) {
+        ++near_tie_flips_;
+      } else {
+        ++token_mismatches_;
+        if (token_mismatches_ <= 5) {
+          std::printf(
+              "  token differs: prompt %d position %lld (%s): transformers %d (top-2 gap "
+              "%.3g), engine %d\n",
+              k, static_cast<long long>(pos), what, want_token, ref.gap[pos], got_token);
+        }
+      }
+    }
+  }
+
+  void Expect(const std::string& label) const {
+    std::printf(
+        "%s: %lld positions compared, %lld near-ties (%lld flipped), %lld token "
+        "mismatches, max rel logit error %.3g, max rel-L2 %.3g\n",
+        label.c_str(), static_cast<long long>(positions_), static_cast<long long>(near_ties_),
+        static_cast<long long>(near_tie_flips_), static_cast<long long>(token_mismatches_),
+        max_rel_, max_rel_l2_);
+    EXPECT_GT(positions_, 0) << label;
+    EXPECT_EQ(token_mismatches_, 0) << label << ": greedy tokens differ from transformers";
+    EXPECT_EQ(bad_logit_rows_, 0) << label << ": logit rows beyond " << tol_
+                                  << " relative (max rel " << max_rel_ << ", rel-L2 " << max_rel_l2_
+                                  << ")";
+  }
+
+  int64_t near_ties() const { return near_ties_; }
+
+ private:
+  int64_t vocab_;
+  double tol_;
+  int64_t positions_ = 0, near_ties_ = 0, near_tie_flips_ = 0, token_mismatches_ = 0;
+  int64_t bad_logit_rows_ = 0;
+  double max_rel_ = 0, max_rel_l2_ = 0;
+};
+
+// Prefills `prompt` as one chain (accept = false) on an engine with StepWithLogits (CPU or
+// CUDA); compares every prompt row. Returns the committed slots.
+template <typename EngineT>
+std::vector<int32_t> Prefill(EngineT& e, const PromptRef& ref, int k, Slots& slots, Compare& cmp) {
+  StepRequest q;
+  q.tokens = ref.prompt;
+  for (size_t t = 0; t < ref.prompt.size(); ++t) {
+    q.parents.push_back(static_cast<int32_t>(t) - 1);
+    q.tail_slots.push_back(slots.Next());
+  }
+  q.accept = false;
+  std::vector<float> logits;
+  absl::StatusOr<std::vector<StepResult>> r = e.StepWithLogits({q}, &logits);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return {};
+  const int64_t V = e.config().vocab_size;
+  EXPECT_EQ(logits.size(), ref.prompt.size() * V);
+  if (logits.size() != ref.prompt.size() * V) return {};
+  for (size_t t = 0; t < ref.prompt.size(); ++t) {
+    cmp.Row(ref, k, static_cast<int64_t>(t), logits.data() + t * V, (*r)[0].predictions[t],
+            "prefill");
+  }
+  EXPECT_EQ((*r)[0].bonus, (*r)[0].predictions.back());
+  return q.tail_slots;
+}
+
+// Prefill and greedy decoding with empty trees (the pending token is transformers' token, so
+// positions stay comparable after a near-tie): tokens and logits of every position, compared
+// within `tol` on an engine with StepWithLogits (CPU or CUDA); `label` prefixes the summary.
+template <typename EngineT>
+void GreedyDecodeAndCompare(EngineT& e, const Reference& ref, const std::string& label, double tol,
+                            int64_t kv_slots) {
+  const int64_t V = e.config().vocab_size;
+  ASSERT_EQ(V, ref.info["config"]["vocab_size"].get<int64_t>());
+  Compare cmp(V, tol);
+  for (size_t k = 0; k < ref.prompts.size(); ++k) {
+    const PromptRef& pr = ref.prompts[k];
+    Slots slots(kv_slots);
+    std::vector<int32_t> committed = Prefill(e, pr, static_cast<int>(k), slots, cmp);
+    ASSERT_EQ(committed.size(), pr.prompt.size());
+    const int64_t L = static_cast<int64_t>(pr.prompt.size());
+    for (size_t i = 0; i + 1 < pr.continuation.size(); ++i) {
+      StepRequest q;
+      q.context_slots = committed;
+      q.tokens = {pr.continuation[i]};
+      q.parents = {-1};
+      q.tail_slots = {slots.Next()};
+      std::vector<float> logits;
+      absl::StatusOr<std::vector<StepResult>> r = e.StepWithLogits({q}, &logits);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_EQ(logits.size(), static_cast<size_t>(V));
+      EXPECT_TRUE((*r)[0].accepted_rows.empty());
+      EXPECT_EQ((*r)[0].kept_slots, q.tail_slots);
+      cmp.Row(pr, static_cast<int>(k), L + static_cast<int64_t>(i), logits.data(), (*r)[0].bonus,
+              "decode");
+      committed.push_back(q.tail_slots[0]);
+    }
+  }
+  cmp.Expect(label + " greedy");
+}
+
+// Draft trees: per round the pending token, the next `tree_depth` true tokens as a chain, at
+// every depth a wrong sibling (before or after the true node), and under each wrong sibling the
+// next true token (right token, wrong branch). Exactly the true chain must be accepted; the
+// true rows' logits are compared within `tol`. Engine with StepWithLogits (CPU or CUDA).
+template <typename EngineT>
+void DraftTreesAcceptTheReferenceTokens(EngineT& e, const Reference& ref, const std::string& label,
+                                        double tol, int64_t kv_slots, int tree_depth) {
+  const int64_t V = e.config().vocab_size;
+  Compare cmp(V, tol);
+  int64_t rounds = 0, accepted = 0, expected_accepted = 0, short_rounds = 0;
+  for (size_t k = 0; k < ref.prompts.size(); ++k) {
+    const PromptRef& pr = ref.prompts[k];
+    const auto& cont = pr.continuation;
+    const int64_t L = static_cast<int64_t>(pr.prompt.size());
+    const int64_t N = static_cast<int64_t>(cont.size());
+    Slots slots(kv_slots);
+    std::vector<int32_t> committed = Prefill(e, pr, static_cast<int>(k), slots, cmp);
+    ASSERT_EQ(committed.size(), pr.prompt.size());
+    int64_t at = 0;  // the pending token is cont[at], at position L + at
+    while (at + 1 < N) {
+      const int64_t depth = std::min<int64_t>(tree_depth, N - 2 - at);
+      StepRequest q;
+      q.context_slots = committed;
+      q.tokens = {cont[at]};
+      q.parents = {-1};
+      std::vector<int32_t> true_rows = {0};
+      for (int64_t d = 1; d <= depth; ++d) {
+        const int32_t parent = true_rows.back();
+        const int32_t truth = cont[at + d];
+        const int32_t wrong = static_cast<int32_t>((truth + 1 + d) % V);
+        auto add = [&](int32_t tok, int32_t par) {
+          q.tokens.push_back(tok);
+          q.parents.push_back(par);
+          return static_cast<int32_t>(q.tokens.size()) - 1;
+        };
+        int32_t wrong_row = -1, true_row = -1;
+        if (d % 2 == 1) {
+          wrong_row = add(wrong, parent);
+          true_row = add(truth, parent);
+        } else {
+          true_row = add(truth, parent);
+          wrong_row = add(wrong, parent);
+        }
+        if (d < depth) add(cont[at + d + 1], wrong_row);
+        true_rows.push_back(true_row);
+      }
+      for (size_t t = 0; t < q.tokens.size(); ++t) q.tail_slots.push_back(slots.Next());
+      std::vector<float> logits;
+      absl::StatusOr<std::vector<StepResult>> r = e.StepWithLogits({q}, &logits);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_EQ(logits.size(), q.tokens.size() * V);
+      const StepResult& res = (*r)[0];
+      ++rounds;
+      expected_accepted += depth;
+      // The true rows' logits and predictions against transformers' positions.
+      for (int64_t d = 0; d <= depth; ++d) {
+        const int32_t row = true_rows[d];
+        cmp.Row(pr, static_cast<int>(k), L + at + d, logits.data() + row * V, res.predictions[row],
+                "tree");
+      }
+      // Accepted rows: a prefix of the true chain, every accepted token the reference's.
+      const size_t n_acc = res.accepted_rows.size();
+      ASSERT_LE(n_acc, static_cast<size_t>(depth)) << label << " round " << rounds;
+      for (size_t a = 0; a < n_acc; ++a) {
+        EXPECT_EQ(res.accepted_rows[a], true_rows[a + 1])
+            << label << " prompt " << k << " round " << rounds << ": accepted row " << a;
+        EXPECT_EQ(q.tokens[res.accepted_rows[a]], cont[at + 1 + a]);
+      }
+      std::vector<int32_t> kept = {q.tail_slots[0]};
+      for (int32_t row : res.accepted_rows) kept.push_back(q.tail_slots[row]);
+      EXPECT_EQ(res.kept_slots, kept);
+      accepted += static_cast<int64_t>(n_acc);
+      if (n_acc < static_cast<size_t>(depth)) {
+        // Only a near-tie (checked and counted by cmp.Row) can stop the true chain early.
+        ++short_rounds;
+        std::printf("  %s prompt %zu: tree round %lld accepted %zu of %lld true tokens\n",
+                    label.c_str(), k, static_cast<long long>(rounds), n_acc,
+                    static_cast<long long>(depth));
+      } else if (at + depth + 1 < N) {
+        EXPECT_EQ(res.bonus, cont[at + depth + 1]) << label << " prompt " << k;
+      }
+      committed.insert(committed.end(), res.kept_slots.begin(), res.kept_slots.end());
+      at += static_cast<int64_t>(n_acc) + 1;  // continue from transformers' token
+    }
+  }
+  cmp.Expect(label + " trees");
+  std::printf("%s trees: %lld rounds, %lld of %lld true draft tokens accepted, %lld short rounds\n",
+              label.c_str(), static_cast<long long>(rounds), static_cast<long long>(accepted),
+              static_cast<long long>(expected_accepted), static_cast<long long>(short_rounds));
+  EXPECT_LE(short_rounds, cmp.near_ties()) << label;
+}
+
+}  // namespace verifyd::tp::reftest
