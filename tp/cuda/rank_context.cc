@@ -158,8 +158,8 @@ absl::Status FillMoeLayer(const RankWeightInit& src, const ModelConfig& c, int64
   VERIFYD_ASSIGN_OR_RETURN(L.router, rk.Alloc<float>(E * hid));
   VERIFYD_RETURN_IF_ERROR(FillTensorF32(src, rk, n("mlp.gate.weight"), L.router, E, hid, 0, 0));
   VERIFYD_ASSIGN_OR_RETURN(L.router_bias, rk.Alloc<float>(E));
-  VERIFYD_RETURN_IF_ERROR(FillTensorF32(src, rk, n("mlp.gate.e_score_correction_bias"),
-                                        L.router_bias, 1, E, 0, 0));
+  VERIFYD_RETURN_IF_ERROR(
+      FillTensorF32(src, rk, n("mlp.gate.e_score_correction_bias"), L.router_bias, 1, E, 0, 0));
   if (Il > 0) {
     VERIFYD_ASSIGN_OR_RETURN(L.experts_gate_up, rk.Alloc<bf16>(E * 2 * Il * hid));
     VERIFYD_ASSIGN_OR_RETURN(L.experts_down, rk.Alloc<bf16>(E * hid * Il));
