@@ -354,8 +354,8 @@ absl::Status Scheduler::ApplyVerify(const tp::StepRequest& req, const tp::StepRe
   item.bonus = res.bonus;
   item.committed_len = s.committed_len();
   if (!item.request_id.empty()) {
-    s.StoreResult(StoredResult{item.request_id, item.accepted_nodes, item.accepted_tokens,
-                               item.bonus, item.committed_len});
+    s.StoreResult(StoredResult{item.request_id, item.fingerprint, item.accepted_nodes,
+                               item.accepted_tokens, item.bonus, item.committed_len});
   }
   metrics_->ObserveTree(depths, static_cast<int>(res.accepted_rows.size()));
   return absl::OkStatus();

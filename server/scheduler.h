@@ -49,6 +49,7 @@ struct VerifyWork {
   std::vector<int32_t> draft_parents;  // [N] -1 or j < i
   std::vector<int32_t> tail_slots;     // [N + 1] caller-allocated: pending row, then nodes
   std::string request_id;              // non-empty: the result is stored on the session
+  uint64_t fingerprint = 0;            // of the item (StoredResult::fingerprint)
   // Filled on success.
   std::vector<int32_t> accepted_nodes;   // tree indices, root side first
   std::vector<int32_t> accepted_tokens;  // their tokens

@@ -1,9 +1,11 @@
 #include "server/service.h"
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/status.h"
 #include "spdlog/spdlog.h"
@@ -12,6 +14,15 @@ namespace verifyd::server {
 namespace {
 
 namespace v1 = ::verify::v1;
+
+// What identifies a Verify item for a retry: its draft tree (expected_committed_len is a
+// precondition, not content: a retry may add it).
+uint64_t ItemFingerprint(const v1::VerifyItem& item) {
+  const std::vector<int32_t> tokens(item.tree().tokens().begin(), item.tree().tokens().end());
+  const std::vector<int32_t> parents(item.tree().parents().begin(), item.tree().parents().end());
+  return absl::Hash<std::tuple<std::vector<int32_t>, std::vector<int32_t>>>{}(
+      std::make_tuple(tokens, parents));
+}
 
 std::string CodeName(grpc::StatusCode code) {
   switch (code) {
@@ -201,8 +212,17 @@ absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req, v1::Verif
     const v1::VerifyItem& item = req.items(i);
     const std::string field = absl::StrCat("items[", i, "]");
     const std::shared_ptr<Session>& s = (*sessions)[i];
-    // A retry of an applied item: its stored result, nothing applied again.
+    // A retry of an applied item: its stored result, nothing applied again. The same request
+    // id with another tree is a client error, not a retry.
+    const uint64_t fingerprint = ItemFingerprint(item);
     if (const StoredResult* r = s->FindResult(item.request_id()); r != nullptr) {
+      if (r->fingerprint != fingerprint) {
+        release_all();
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".request_id: '", item.request_id(),
+            "' was already applied on this session with another draft tree; a retry must resend "
+            "the same tree"));
+      }
       replayed[i] = *r;
       continue;
     }
@@ -225,6 +245,7 @@ absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req, v1::Verif
     w.draft_tokens.assign(item.tree().tokens().begin(), item.tree().tokens().end());
     w.draft_parents.assign(item.tree().parents().begin(), item.tree().parents().end());
     w.request_id = item.request_id();
+    w.fingerprint = fingerprint;
   }
   for (VerifyWork& w : work) {
     auto tail = slots_->Allocate(static_cast<int64_t>(w.draft_tokens.size()) + 1);

@@ -51,6 +51,7 @@ inline constexpr int kMaxRequestIdBytes = 128;
 // The result of one applied Verify item, kept for a retry with the same request id.
 struct StoredResult {
   std::string request_id;
+  uint64_t fingerprint = 0;  // of the item's draft tree (service.cc ItemFingerprint)
   std::vector<int32_t> accepted_nodes;
   std::vector<int32_t> accepted_tokens;
   int32_t bonus_token = -1;

@@ -181,11 +181,14 @@ TEST(ServerSessions, DuplicateRequestIdsApplyOnceAndTheLastEightAreKept) {
   auto a = f.t.client->Verify(s->session_id, DraftTree{}, Rid("x"));
   ASSERT_TRUE(a.ok());
   for (int k = 0; k < 3; ++k) {
-    auto dup = f.t.client->Verify(s->session_id, DraftTree{{5}, {-1}}, Rid("x"));
+    auto dup = f.t.client->Verify(s->session_id, DraftTree{}, Rid("x"));
     ASSERT_TRUE(dup.ok()) << dup.status();
     EXPECT_EQ(dup->bonus_token, a->bonus_token);
     EXPECT_EQ(dup->committed_len, 4);
   }
+  // The same request id with another tree is a client error, not a retry: nothing applied.
+  ExpectCode(f.t.client->Verify(s->session_id, DraftTree{{5}, {-1}}, Rid("x")).status(),
+             absl::StatusCode::kInvalidArgument, "items[0].request_id");
   EXPECT_EQ(f.t.server->kv_slots_used(), 4);
   // Eight more ids: "x" falls out of the window and would run again; expected_committed_len
   // catches that (ABORTED), nothing applied.

@@ -150,7 +150,8 @@ absl::StatusOr<std::unique_ptr<CheckpointWeightSource>> CheckpointWeightSource::
         return absl::InvalidArgumentError(
             absl::StrCat(index_path.string(), ": weight_map['", it.key(), "'] is not a file name"));
       }
-      const std::string file = it.value().get<std::string>();
+      // One spelling per file ("a.safetensors" and "./a.safetensors" are the same file).
+      const std::string file = fs::path(it.value().get<std::string>()).lexically_normal().string();
       const fs::path rel(file);
       if (file.empty() || rel.is_absolute() ||
           std::any_of(rel.begin(), rel.end(), [](const fs::path& c) { return c == ".."; })) {
@@ -257,11 +258,17 @@ absl::Status CheckpointWeightSource::AddFile(const std::string& path) {
     e.dtype = v["dtype"].get<std::string>();
     e.type = TypeOf(e.dtype);
     e.elem = DTypeBytes(e.dtype);
-    uint64_t numel = 1;
+    // Every partial product must fit int64 (not only the total, which a zero dimension hides):
+    // MatrixViewOf multiplies the trailing dimensions.
+    int64_t numel = 1, trailing = 1;
     for (const json& d : v["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) return bad("shape has a bad dimension");
-      e.shape.push_back(d.get<int64_t>());
-      if (__builtin_mul_overflow(numel, d.get<uint64_t>(), &numel)) return bad("shape overflows");
+      const int64_t dim = d.get<int64_t>();
+      if (!e.shape.empty() && __builtin_mul_overflow(trailing, dim, &trailing)) {
+        return bad("shape overflows");
+      }
+      e.shape.push_back(dim);
+      if (__builtin_mul_overflow(numel, dim, &numel)) return bad("shape overflows");
     }
     e.view = MatrixViewOf(e.shape);
     const json& offs = v["data_offsets"];

@@ -384,8 +384,8 @@ class Harness {
       m.hist.insert(m.hist.end(), got.begin(), got.end());
       FUZZ_CHECK(w.committed_len == m.committed());
       if (!w.request_id.empty()) {
-        m.results.push_back(srv::StoredResult{w.request_id, w.accepted_nodes, w.accepted_tokens,
-                                              w.bonus, w.committed_len});
+        m.results.push_back(srv::StoredResult{w.request_id, w.fingerprint, w.accepted_nodes,
+                                              w.accepted_tokens, w.bonus, w.committed_len});
         if (m.results.size() > static_cast<size_t>(srv::kStoredResultsPerSession)) {
           m.results.pop_front();
         }
