@@ -18,6 +18,7 @@ struct Scheduler::Job {
   const std::vector<int32_t>* prompt_slots = nullptr;
   int64_t offset = 0;       // rows of the prompt already prefilled
   int32_t next_token = -1;  // prediction after the last prompt row
+  bool sat_out = false;     // left out of the previous step (so it runs in this one)
   // Verify.
   std::vector<VerifyWork>* items = nullptr;
   std::function<bool()> cancelled;  // optional: the caller went away
@@ -147,13 +148,32 @@ void Scheduler::Loop() {
         mu_.Await(absl::Condition(&ready));
         if (queue_.empty() && stopping_) return;
       }
-      // FIFO admission while the batch has room; a job never splits across steps.
-      while (!queue_.empty() && requests + queue_.front()->requests() <= options_.max_batch) {
+      // FIFO admission while the batch has room; a job never splits across steps. When the
+      // head does not fit, prefills that ran in the previous step sit this one out (the newest
+      // first, only as many as the head needs) if that makes it fit; otherwise it waits.
+      while (!queue_.empty()) {
+        const int need = requests + queue_.front()->requests() - options_.max_batch;
+        if (need > 0) {
+          std::vector<Job*> pausable;
+          for (auto it = batch.rbegin(); it != batch.rend(); ++it) {
+            if ((*it)->kind == Job::Kind::kPrefill && (*it)->started && !(*it)->sat_out) {
+              pausable.push_back(*it);
+            }
+          }
+          if (static_cast<int>(pausable.size()) < need) break;
+          for (int i = 0; i < need; ++i) {
+            batch.erase(std::find(batch.begin(), batch.end(), pausable[i]));
+          }
+          requests -= need;
+        }
         requests += queue_.front()->requests();
         batch.push_back(queue_.front());
         queue_.pop_front();
       }
       metrics_->SetQueueDepth(static_cast<int64_t>(queue_.size()));
+    }
+    for (Job* job : active_) {
+      job->sat_out = std::find(batch.begin(), batch.end(), job) == batch.end();
     }
     // Drop jobs whose caller went away while they waited: nothing has changed for them yet.
     // A prefill in progress stops too (its session only takes the slots when it completes).
@@ -240,6 +260,10 @@ void Scheduler::RunBatch(std::vector<Job*>& batch) {
 
   std::vector<Job*> finished;
   std::vector<Job*> still_active;
+  // Prefills that sat this step out stay active (their offsets are unchanged).
+  for (Job* job : active_) {
+    if (std::find(batch.begin(), batch.end(), job) == batch.end()) still_active.push_back(job);
+  }
   if (!results.ok()) {
     const bool failed = engine_->failed();
     spdlog::error("engine step failed (batch={} engine_failed={}): {}", reqs.size(), failed,
@@ -251,6 +275,9 @@ void Scheduler::RunBatch(std::vector<Job*>& batch) {
     for (Job* job : batch) job->status = job_status;
     finished = batch;
     if (failed) {
+      for (Job* job : still_active) job->status = job_status;
+      finished.insert(finished.end(), still_active.begin(), still_active.end());
+      still_active.clear();
       std::deque<Job*> rejected;
       {
         absl::MutexLock lock(&mu_);

@@ -8,6 +8,14 @@
 // Engine::Step for all of them, applies the results (KV slots, pending token, token history,
 // stored results for request ids) and completes the finished jobs.
 //
+// Prefills yield to the queue: when the job at the head of the queue does not fit, prefills
+// in progress that ran in the previous step sit this step out (their offsets stay on their
+// jobs), the most recently started first and only as many as the head job needs, if that
+// makes it fit; then FIFO admission goes on. Otherwise (too few such prefills) the head
+// waits and nothing sits out for it. A prefill never sits out two steps in a row, so each
+// one advances at least every other step; queued jobs are still admitted strictly in FIFO
+// order, and a batch never exceeds max_batch requests.
+//
 // Slot ownership: the caller allocates every slot a job uses (the prompt's slots, each
 // item's tail slots) and keeps ownership on failure: a failed job changes no session and
 // frees nothing. On success the scheduler moves kept slots into the session's context and

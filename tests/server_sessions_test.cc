@@ -425,6 +425,47 @@ TEST(ServerSessions, LongPrefillIsChunkedAndOtherSessionsKeepVerifying) {
   EXPECT_GE(rounds_during, 5) << "verify rounds waited for the whole prefill";
 }
 
+// A Verify call with max_batch items does not wait for a long prefill that holds a batch
+// place: the prefill sits out one step (never two in a row) and the call runs.
+TEST(ServerSessions, FullBatchVerifyDoesNotWaitForLongPrefill) {
+  constexpr int kN = 4;
+  ToyEngineOptions o;
+  o.max_context = 4096;
+  ServerOptions so;
+  so.max_batch = kN;
+  so.prefill_chunk = 16;
+  Fixture f = Start(o, so);
+  std::vector<std::string> ids;
+  for (int i = 0; i < kN; ++i) {
+    auto s = f.t.client->Open({1, 2, i});
+    ASSERT_TRUE(s.ok()) << s.status();
+    ids.push_back(s->session_id);
+  }
+  f.toy->set_step_delay(absl::Milliseconds(5));
+  std::vector<int32_t> prompt(1280);  // 80 chunks: >= 400 ms
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7) % 97);
+  const int64_t steps0 = f.toy->steps();
+  std::atomic<bool> opened{false};
+  absl::StatusOr<client::OpenResult> big;
+  std::thread t([&] {
+    big = f.t.client->Open(prompt);
+    opened = true;
+  });
+  ASSERT_TRUE(WaitFor([&] { return f.toy->steps() - steps0 >= 3; }));  // the prefill runs
+  int calls_during = 0;
+  for (int r = 0; r < 3; ++r) {
+    auto v = f.t.client->VerifyMany(ids, std::vector<DraftTree>(kN));
+    ASSERT_TRUE(v.ok()) << v.status();
+    ASSERT_EQ(v->size(), static_cast<size_t>(kN));
+    if (!opened.load()) ++calls_during;
+  }
+  t.join();
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->next_token, ToyEngine::Greedy(o, prompt, 1)[0]);
+  EXPECT_EQ(calls_during, 3) << "a full-batch Verify waited for the whole prefill";
+  EXPECT_LE(f.toy->max_batch_seen(), kN);
+}
+
 // ------------------------------------------------------ token equality (real CPU engine)
 
 constexpr uint64_t kSeed = 77;
