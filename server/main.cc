@@ -41,7 +41,7 @@ ABSL_FLAG(int, max_batch, 64, "requests per engine step");
 ABSL_FLAG(int, max_queue, 1024, "requests waiting for the engine before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, session_ttl_s, 600, "idle seconds before a session expires; 0 disables");
 ABSL_FLAG(int, max_sessions, 4096, "open sessions at once");
-ABSL_FLAG(int, prefill_chunk, 512,
+ABSL_FLAG(int, prefill_chunk, 32,
           "prompt rows per prefill engine step (the engine's per-request row limit caps it); a "
           "longer prompt is prefilled over several steps, interleaved with other sessions");
 ABSL_FLAG(bool, reflection, false, "enable gRPC server reflection");

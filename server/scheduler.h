@@ -71,9 +71,9 @@ struct JobTiming {
 };
 
 struct SchedulerOptions {
-  int max_batch = 64;       // requests per Engine::Step (<= the engine's limit)
-  int max_queue = 1024;     // queued jobs; more is ResourceExhausted
-  int prefill_chunk = 512;  // rows per prefill request (<= the engine's max_tail_rows)
+  int max_batch = 64;      // requests per Engine::Step (<= the engine's limit)
+  int max_queue = 1024;    // queued jobs; more is ResourceExhausted
+  int prefill_chunk = 32;  // rows per prefill request (<= the engine's max_tail_rows)
 };
 
 class Scheduler {

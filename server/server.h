@@ -47,7 +47,7 @@ struct ServerOptions {
   int max_sessions = 4096;  // open sessions; more -> RESOURCE_EXHAUSTED
   // Prompt rows per prefill step (capped by the engine's per-request row limit): a longer
   // prompt is prefilled over several engine steps, interleaved with other sessions' rounds.
-  int prefill_chunk = 512;
+  int prefill_chunk = 32;
   absl::Duration session_ttl = absl::Minutes(10);         // idle expiry; <= 0 disables
   absl::Duration housekeeping_period = absl::Seconds(1);  // TTL sweep, tokens/s refresh
   bool reflection = false;                                // gRPC server reflection
