@@ -60,6 +60,11 @@ void RankGroup::Loop(int r) {
   if (on_thread_exit_) on_thread_exit_(r);
 }
 
+void RankGroup::ClaimFailure(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (first_failed_rank_ < 0) first_failed_rank_ = rank;
+}
+
 RankGroup::Outcome RankGroup::Run(Job job, std::optional<Clock::time_point> deadline,
                                   std::chrono::milliseconds grace,
                                   const std::function<void()>& abort) {

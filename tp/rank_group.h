@@ -67,6 +67,11 @@ class RankGroup {
   Outcome Run(Job job, std::optional<Clock::time_point> deadline, std::chrono::milliseconds grace,
               const std::function<void()>& abort);
 
+  // Called by a rank's job that failed and is about to abort the group's collectives itself
+  // (before the job returns): makes that rank the one the outcome names, even if a rank that
+  // then sees the aborted collective finishes first. Thread-safe.
+  void ClaimFailure(int rank);
+
   // Tells the rank threads to exit after their current job and joins them (a rank blocked in
   // a job is waited for: abort its collectives first). Idempotent.
   void Stop();

@@ -119,7 +119,10 @@ absl::StatusOr<std::vector<StepResult>> CpuEngine::RunStep(const std::vector<Ste
       s = forwards_[r]->Forward(*shared_plan, &outputs->predictions[r],
                                 want_logits ? &outputs->logits[r] : nullptr);
     }
-    if (!s.ok()) comms_[r]->Abort();  // the other ranks stop waiting for this one
+    if (!s.ok()) {
+      group_->ClaimFailure(r);  // this rank, not one that then sees the aborted collective
+      comms_[r]->Abort();       // the other ranks stop waiting for this one
+    }
     return s;
   };
   std::optional<RankGroup::Clock::time_point> deadline;
