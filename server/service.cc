@@ -214,7 +214,7 @@ absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req, v1::Verif
     const std::shared_ptr<Session>& s = (*sessions)[i];
     // A retry of an applied item: its stored result, nothing applied again. The same request
     // id with another tree is a client error, not a retry.
-    const uint64_t fingerprint = ItemFingerprint(item);
+    const uint64_t fingerprint = item.request_id().empty() ? 0 : ItemFingerprint(item);
     if (const StoredResult* r = s->FindResult(item.request_id()); r != nullptr) {
       if (r->fingerprint != fingerprint) {
         release_all();

@@ -19,6 +19,7 @@
 #include "server/server.h"
 #include "server/testing/test_server.h"
 #include "server/testing/toy_engine.h"
+#include "tests/toy_server_fixture.h"
 
 namespace verifyd::server {
 namespace {
@@ -29,23 +30,6 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::ToyEngine;
 using testing::ToyEngineOptions;
-
-struct Fixture {
-  testing::TestServer t;
-  ToyEngine* toy = nullptr;
-  ToyEngineOptions toy_options;
-};
-
-Fixture Start(ToyEngineOptions toy_options = {}, ServerOptions options = {}) {
-  Fixture f;
-  f.toy_options = toy_options;
-  auto engine = std::make_unique<ToyEngine>(toy_options);
-  f.toy = engine.get();
-  auto t = testing::StartTestServer(options, std::move(engine), /*metrics=*/false);
-  EXPECT_TRUE(t.ok()) << t.status();
-  f.t = *std::move(t);
-  return f;
-}
 
 // Waits until `pred` holds (polling), up to `timeout`.
 template <typename Pred>

@@ -18,6 +18,7 @@
 #include "server/server.h"
 #include "server/testing/test_server.h"
 #include "server/testing/toy_engine.h"
+#include "tests/toy_server_fixture.h"
 
 namespace verifyd::server {
 namespace {
@@ -26,28 +27,8 @@ using client::DraftTree;
 using client::HealthStatus;
 using client::VerifyClient;
 using ::testing::HasSubstr;
-using testing::StartTestServer;
-using testing::TestServer;
 using testing::ToyEngine;
 using testing::ToyEngineOptions;
-
-struct Fixture {
-  TestServer t;
-  ToyEngine* toy = nullptr;  // owned by the server
-  ToyEngineOptions toy_options;
-};
-
-// Metrics off unless asked for: stopping the HTTP exposer costs ~2 s.
-Fixture Start(ToyEngineOptions toy_options = {}, ServerOptions options = {}, bool metrics = false) {
-  Fixture f;
-  f.toy_options = toy_options;
-  auto engine = std::make_unique<ToyEngine>(toy_options);
-  f.toy = engine.get();
-  auto t = StartTestServer(options, std::move(engine), metrics);
-  EXPECT_TRUE(t.ok()) << t.status();
-  f.t = *std::move(t);
-  return f;
-}
 
 std::vector<int32_t> RandomPrompt(int n, int64_t vocab, std::mt19937_64& rng) {
   std::vector<int32_t> p(n);

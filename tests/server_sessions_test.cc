@@ -19,6 +19,7 @@
 #include "server/server.h"
 #include "server/testing/test_server.h"
 #include "server/testing/toy_engine.h"
+#include "tests/toy_server_fixture.h"
 #include "tp/cpu/cpu_engine.h"
 
 namespace verifyd::server {
@@ -33,23 +34,6 @@ using testing::StartTestServer;
 using testing::TestServer;
 using testing::ToyEngine;
 using testing::ToyEngineOptions;
-
-struct Fixture {
-  TestServer t;
-  ToyEngine* toy = nullptr;  // owned by the server
-  ToyEngineOptions toy_options;
-};
-
-Fixture Start(ToyEngineOptions toy_options = {}, ServerOptions options = {}, bool metrics = false) {
-  Fixture f;
-  f.toy_options = toy_options;
-  auto engine = std::make_unique<ToyEngine>(toy_options);
-  f.toy = engine.get();
-  auto t = StartTestServer(options, std::move(engine), metrics);
-  EXPECT_TRUE(t.ok()) << t.status();
-  f.t = *std::move(t);
-  return f;
-}
 
 void ExpectCode(const absl::Status& st, absl::StatusCode code, const std::string& substr = "") {
   EXPECT_EQ(st.code(), code) << st;
