@@ -17,6 +17,8 @@ Table kinds:
                     (bench/peers/flashinfer_mla.py --json) of the SAME run, plus an optional
                     reference column (e.g. FlashMLA, measured elsewhere, labelled as such).
   engine            the CUDA engine step (bench/engine/engine_bench --json).
+  moe_layer         one MoE layer at Kimi-K2's dimensions (bench/moe_layer_bench --json), with
+                    PyTorch's grouped GEMMs of the same run (bench/peers/torch_grouped_moe.py).
   verify_attention_change, engine_change
                     the same benchmark of two builds in one GPU run (before / after a change).
 Only the Python standard library: runs on the CI machine.
@@ -229,7 +231,71 @@ def engine_change_table(spec):
     return "\n".join(out)
 
 
+def moe_layer_table(spec):
+    """bench/moe_layer_bench (verifyd's expert modes) and, when given, the same run's PyTorch
+    grouped GEMMs (bench/peers/torch_grouped_moe.py): per rows, the phase split, the expert
+    weight streaming rate and FLOP rate; then the EP vs TP table."""
+    d = load(spec["verifyd"])
+    peer = load(spec["torch"]) if spec.get("torch") else None
+    head = ["mode", "rows", "experts hit", "layer ms", "route", "permute", "gate_up", "swiglu",
+            "down", "shared", "combine", "expert GEMMs ms", "weights TB/s", "expert TFLOP/s",
+            "% of tensor peak"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    peer_rows = {}
+    if peer:
+        for r in peer["results"]:
+            if "error" not in r:
+                peer_rows.setdefault(r["rows"], []).append(r)
+    modes = spec.get("modes")
+    for r in d["results"]:
+        if modes and r["mode"] not in modes:
+            continue
+        ph = r["phase_ms"]
+        gemm = ph["gate_up"] + ph["swiglu"] + ph["down"] if r["mode"] == "bf16_per_expert" \
+            else ph["gate_up"] + ph["down"]
+        out.append("| " + " | ".join([
+            r["mode"], f"{r['rows']:,}", str(r["experts_hit"]), f"{r['total_ms']:.3f}",
+            f"{ph['route']:.3f}", f"{ph['permute']:.3f}", f"{ph['gate_up']:.3f}",
+            f"{ph['swiglu']:.3f}", f"{ph['down']:.3f}", f"{ph['shared']:.3f}",
+            f"{ph['combine']:.3f}", f"{gemm:.3f}", f"{r['weight_tbps']:.2f}",
+            f"{r['expert_tflops']:.0f}", f"{100.0 * r['expert_tflops'] / r['peak_tflops']:.0f} %"])
+            + " |")
+    if peer:
+        out += ["", "PyTorch's grouped GEMMs, same GPU run (expert GEMMs only: gate_up + down):", "",
+                "| kind | rows | experts hit | gate_up ms | down ms | expert GEMMs ms | weights TB/s | "
+                "expert TFLOP/s |", "|---|---|---|---|---|---|---|---|"]
+        for rows in sorted(peer_rows):
+            for r in peer_rows[rows]:
+                out.append(f"| torch {r['kind']} | {rows:,} | {r['experts_hit']} | "
+                           f"{r['gate_up_ms']:.3f} | {r['down_ms']:.3f} | "
+                           f"{r['gate_up_ms'] + r['down_ms']:.3f} | {r['weight_tbps']:.2f} | "
+                           f"{r['expert_tflops']:.0f} |")
+    ep = d.get("ep_vs_tp") or []
+    if ep:
+        w = ep[0]["world"]
+        out += ["", f"Expert parallelism vs tensor-parallel experts at world {w}: one rank's "
+                "routed FP8 GEMMs for the same routing (EP: the slowest rank):", "",
+                f"| rows | TP{w} rank ms | EP{w} slowest rank ms | EP{w} mean rank ms | EP / TP | "
+                "TP all-reduce MB/rank | EP all-to-all MB/rank |", "|---|---|---|---|---|---|---|"]
+        for r in ep:
+            out.append(f"| {r['rows']:,} | {r['tp_rank_ms']:.3f} | {r['ep_worst_rank_ms']:.3f} | "
+                       f"{r['ep_mean_rank_ms']:.3f} | "
+                       f"{r['ep_worst_rank_ms'] / r['tp_rank_ms']:.2f} | "
+                       f"{r['tp_allreduce_bytes_per_rank'] / 1e6:.2f} | "
+                       f"{r['ep_a2a_bytes_per_rank'] / 1e6:.2f} |")
+    dims = d.get("meta", {}).get("dims", {})
+    out += ["", "Dimensions: " + ", ".join(f"{k} {v}" for k, v in dims.items()) +
+            ". Source (raw JSON):", meta_line("moe_layer_bench", d, spec["verifyd"])]
+    if peer:
+        pm = peer.get("meta", {})
+        out.append(f"- **torch_grouped_moe**: `{spec['torch']}`, {pm.get('device', '?')}, "
+                   f"{pm.get('date', '?')}, torch {pm.get('torch_version', '?')}, "
+                   f"CUDA {pm.get('cuda_version', '?')}")
+    return "\n".join(out)
+
+
 KINDS = {"verify_attention": verify_attention_table, "engine": engine_table,
+         "moe_layer": moe_layer_table,
          "verify_attention_change": verify_attention_change_table,
          "engine_change": engine_change_table}
 

@@ -65,7 +65,8 @@ std::vector<int32_t> NgramGuess(const std::vector<int32_t>& history, int depth) 
 namespace {
 
 // One session's drafter: the oracle (a shadow session on the same server supplies the true
-// greedy continuation; each chain token is true with probability `accuracy`) or the n-gram
+// continuation (greedy, or seeded plain decoding with the same sampling parameters); each
+// chain token is true with probability `accuracy`) or the n-gram
 // prompt lookup. Used by RunDemo and by every RunLoad session.
 class SessionDrafter {
  public:
@@ -80,7 +81,13 @@ class SessionDrafter {
   // Oracle only: opens the shadow session on the same prompt.
   absl::Status Start(const std::vector<int32_t>& prompt) {
     if (!o_.oracle) return absl::OkStatus();
-    auto shadow = client_.Open(prompt);
+    // Plain decoding with the same sampling parameters and seed (no logprobs / hidden states).
+    SessionOptions plain;
+    plain.temperature = o_.session.temperature;
+    plain.top_p = o_.session.top_p;
+    plain.top_k = o_.session.top_k;
+    plain.seed = o_.session.seed;
+    auto shadow = client_.Open(prompt, "", plain);
     if (!shadow.ok()) return shadow.status();
     shadow_id_ = shadow->session_id;
     truth_.push_back(shadow->next_token);
@@ -104,7 +111,7 @@ class SessionDrafter {
     return guess;
   }
 
-  // Oracle only: whether `collected` equals plain greedy decoding (the shadow's tokens).
+  // Oracle only: whether `collected` equals plain decoding (the shadow's tokens).
   absl::StatusOr<bool> Lossless(const std::vector<int32_t>& collected) {
     if (auto st = ExtendTruth(collected.size()); !st.ok()) return st;
     return std::equal(collected.begin(), collected.end(), truth_.begin());
@@ -127,7 +134,7 @@ class SessionDrafter {
   const DemoOptions& o_;
   const int64_t vocab_;
   std::string shadow_id_;
-  std::vector<int32_t> truth_;  // greedy tokens after the prompt, from the shadow session
+  std::vector<int32_t> truth_;  // plain decoding after the prompt, from the shadow session
   int64_t shadow_calls_ = 0;
 };
 
@@ -141,7 +148,7 @@ absl::StatusOr<DemoReport> RunDemo(VerifyClient& client, const DemoOptions& o) {
   std::mt19937_64 rng(o.seed);
   const std::vector<int32_t> prompt = RandomPrompt(o.prompt_len, vocab, rng);
 
-  auto main = client.Open(prompt);
+  auto main = client.Open(prompt, "", o.session);
   if (!main.ok()) return main.status();
   SessionDrafter drafter(client, o, vocab);
   absl::Status status = drafter.Start(prompt);
@@ -219,7 +226,7 @@ absl::StatusOr<LoadReport> RunLoad(VerifyClient& client, const DemoOptions& o, i
     threads.emplace_back([&, s] {
       std::mt19937_64 rng(o.seed * 1000003 + s);
       const std::vector<int32_t> prompt = RandomPrompt(o.prompt_len, vocab, rng);
-      auto open = client.Open(prompt);
+      auto open = client.Open(prompt, "", o.session);
       if (!open.ok()) return record_error(open.status());
       SessionDrafter drafter(client, o, vocab);
       if (auto st = drafter.Start(prompt); !st.ok()) {

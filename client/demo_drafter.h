@@ -9,7 +9,10 @@
 //     last 1..3 tokens so far (random models often fall into loops, which this catches).
 // At every depth `branches - 1` random siblings are added. With the oracle, the demo and each
 // load session also check losslessness: the collected tokens must equal the shadow session's
-// greedy tokens.
+// tokens. Sessions open with `session` (sampling, logprobs, hidden states); the shadow session
+// gets the same sampling parameters and seed, so for temperature > 0 the check compares the
+// seeded speculative session with seeded plain decoding (coupled sampled verification emits
+// exactly those tokens).
 //
 // Thread-safety: RunDemo/RunLoad use their own sessions; BuildDraftTree is a pure function.
 #pragma once
@@ -44,6 +47,7 @@ struct DemoOptions {
   double accuracy = 0.8;
   int prompt_len = 16;
   uint64_t seed = 1;
+  SessionOptions session;  // how the sessions draw tokens and what they return
   std::function<void(const RoundReport&)> on_round;  // optional per-round callback
 };
 
@@ -54,7 +58,7 @@ struct DemoReport {
   double tokens_per_round = 0;
   double verify_seconds = 0;       // time spent in the main session's Verify calls
   double tokens_per_second = 0;    // tokens / verify_seconds (shadow calls excluded)
-  bool lossless = false;           // oracle only: collected tokens == shadow greedy tokens
+  bool lossless = false;           // oracle only: collected tokens == the shadow's tokens
   std::vector<int32_t> collected;  // next_token, then accepted + bonus of every round
 };
 
@@ -70,7 +74,7 @@ struct LoadReport {
   double p50_ms = 0, p90_ms = 0, p99_ms = 0, max_ms = 0;
   // Oracle drafter only: the shadow sessions' plain decode calls (not counted in calls,
   // tokens or latencies above, but load on the server), and the sessions whose collected
-  // tokens differed from plain greedy decoding (must be 0: the output is lossless).
+  // tokens differed from plain (greedy or seeded) decoding (must be 0: lossless).
   int64_t shadow_calls = 0;
   int64_t lossless_mismatches = 0;
 };

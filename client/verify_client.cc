@@ -1,5 +1,7 @@
 #include "client/verify_client.h"
 
+#include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -49,15 +51,53 @@ absl::StatusOr<v1::GetInfoResponse> VerifyClient::GetInfo() {
 }
 
 absl::StatusOr<OpenResult> VerifyClient::Open(const std::vector<int32_t>& prompt,
-                                              const std::string& prefix_session_id) {
+                                              const std::string& prefix_session_id,
+                                              const SessionOptions& options) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   v1::OpenSessionRequest req;
   req.mutable_prompt_tokens()->Add(prompt.begin(), prompt.end());
   req.set_prefix_session_id(prefix_session_id);
+  if (options.temperature != 0 || options.top_p || options.top_k != 0 || options.seed != 0) {
+    v1::SamplingParams* sp = req.mutable_sampling();
+    sp->set_temperature(options.temperature);
+    if (options.top_p) sp->set_top_p(*options.top_p);
+    sp->set_top_k(options.top_k);
+    sp->set_seed(options.seed);
+  }
+  if (options.top_logprobs) req.set_top_logprobs(*options.top_logprobs);
+  if (!options.hidden_layers.empty()) {
+    v1::HiddenStatesRequest* h = req.mutable_hidden_states();
+    h->mutable_layers()->Add(options.hidden_layers.begin(), options.hidden_layers.end());
+    h->set_include_prompt(options.include_prompt);
+    h->set_dtype(options.hidden_fp32 ? v1::HIDDEN_DTYPE_FP32 : v1::HIDDEN_DTYPE_BF16);
+  }
   v1::OpenSessionResponse resp;
   if (auto st = FromGrpcStatus(stub_->OpenSession(&ctx, req, &resp)); !st.ok()) return st;
-  return OpenResult{resp.session_id(), resp.next_token(), resp.committed_len()};
+  OpenResult r{resp.session_id(), resp.next_token(), resp.committed_len()};
+  r.logprobs.assign(resp.logprobs().begin(), resp.logprobs().end());
+  r.hidden_states = resp.hidden_states();
+  return r;
+}
+
+absl::StatusOr<std::vector<float>> DecodeHiddenStates(const v1::HiddenStates& h) {
+  const size_t width = h.dtype() == v1::HIDDEN_DTYPE_FP32 ? 4 : 2;
+  const size_t count = static_cast<size_t>(std::max(h.num_tokens(), 0)) *
+                       static_cast<size_t>(h.layers_size()) *
+                       static_cast<size_t>(std::max(h.hidden_size(), 0));
+  if (h.data().size() != count * width) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden_states.data: ", h.data().size(), " bytes, expected ", count * width));
+  }
+  std::vector<float> out(count);
+  const auto* p = reinterpret_cast<const unsigned char*>(h.data().data());
+  for (size_t i = 0; i < count; ++i, p += width) {
+    uint32_t bits = 0;
+    for (size_t k = 0; k < width; ++k) bits |= static_cast<uint32_t>(p[k]) << (8 * k);
+    if (width == 2) bits <<= 16;
+    std::memcpy(&out[i], &bits, 4);
+  }
+  return out;
 }
 
 namespace {
@@ -67,6 +107,9 @@ VerifyOutcome ToOutcome(const v1::VerifyResult& r) {
   o.accepted_tokens.assign(r.accepted_tokens().begin(), r.accepted_tokens().end());
   o.bonus_token = r.bonus_token();
   o.committed_len = r.committed_len();
+  o.logprobs.assign(r.logprobs().begin(), r.logprobs().end());
+  o.hidden_states = r.hidden_states();
+  o.stats = r.stats();
   return o;
 }
 

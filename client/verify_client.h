@@ -24,6 +24,8 @@ struct OpenResult {
   std::string session_id;
   int32_t next_token = -1;  // the pending token
   int64_t committed_len = 0;
+  std::vector<verify::v1::TokenLogprobs> logprobs;  // with top_logprobs: next_token's
+  verify::v1::HiddenStates hidden_states;           // with include_prompt
 };
 
 struct VerifyOutcome {
@@ -31,7 +33,26 @@ struct VerifyOutcome {
   std::vector<int32_t> accepted_tokens;
   int32_t bonus_token = -1;
   int64_t committed_len = 0;
+  std::vector<verify::v1::TokenLogprobs> logprobs;  // accepted tokens, then the bonus
+  verify::v1::HiddenStates hidden_states;           // the tokens the round committed
+  verify::v1::SessionStats stats;
 };
+
+// How a session draws its tokens and what it returns (OpenSessionRequest's options).
+struct SessionOptions {
+  float temperature = 0;                // 0: greedy
+  std::optional<float> top_p;           // unset: 1
+  int32_t top_k = 0;                    // 0: off
+  uint64_t seed = 0;                    // sampling seed
+  std::optional<int32_t> top_logprobs;  // unset: no logprobs
+  std::vector<int32_t> hidden_layers;   // empty: no hidden states
+  bool include_prompt = false;
+  bool hidden_fp32 = false;  // else bf16
+  bool sampled() const { return temperature > 0; }
+};
+
+// The float32 values of a HiddenStates message ([num_tokens][layers][hidden_size]).
+absl::StatusOr<std::vector<float>> DecodeHiddenStates(const verify::v1::HiddenStates& h);
 
 struct DraftTree {
   std::vector<int32_t> tokens;
@@ -61,7 +82,8 @@ class VerifyClient {
   absl::StatusOr<verify::v1::GetInfoResponse> GetInfo();
   // `prefix_session_id` (optional): start from that session's committed tokens.
   absl::StatusOr<OpenResult> Open(const std::vector<int32_t>& prompt,
-                                  const std::string& prefix_session_id = "");
+                                  const std::string& prefix_session_id = "",
+                                  const SessionOptions& options = {});
   // One session, one tree.
   absl::StatusOr<VerifyOutcome> Verify(const std::string& session_id, const DraftTree& tree,
                                        const VerifyOptions& options = {});

@@ -7,6 +7,9 @@
 //   verifyctl fork --session S                  (a new session sharing S's KV)
 //   verifyctl demo [--drafter oracle|ngram] [--rounds R] [--depth D] [--branches B]
 //   verifyctl load [--drafter oracle|ngram] --sessions N --rounds R
+// Session options (open, demo, load): --temperature T [--top_p P] [--top_k K] [--seed S]
+// (sampled verification), --top_logprobs N, --hidden_layers 0,5,9 [--include_prompt]
+// [--hidden_dtype bf16|fp32].
 // TLS: --tls_ca (server CA), + --tls_cert/--tls_key (mutual TLS), + --auth_token_file.
 // Exit status: 0 on success, 1 on an RPC error (printed as CODE: message), 2 on bad usage.
 #include <algorithm>
@@ -55,7 +58,22 @@ ABSL_FLAG(int, depth, 6, "demo/load: draft chain depth");
 ABSL_FLAG(int, branches, 2, "demo/load: alternatives per depth (1 = a plain chain)");
 ABSL_FLAG(double, accuracy, 0.8, "demo/load (oracle): chance each chain token is the true one");
 ABSL_FLAG(int, prompt_len, 16, "demo/load: random prompt length");
-ABSL_FLAG(uint64_t, seed, 1, "demo/load: random seed");
+ABSL_FLAG(uint64_t, seed, 1,
+          "open/demo/load: sampling seed of the sessions (with --temperature > 0); demo/load: "
+          "also the seed of the random prompts and drafts");
+ABSL_FLAG(double, temperature, 0,
+          "open/demo/load: sampling temperature (0 = greedy); demo/load check a seeded "
+          "speculative session against seeded plain decoding");
+ABSL_FLAG(double, top_p, 1, "open/demo/load: top-p of sampling, in (0, 1] (1 = off)");
+ABSL_FLAG(int, top_k, 0, "open/demo/load: top-k of sampling (0 = off)");
+ABSL_FLAG(int, top_logprobs, -1,
+          "open/demo/load: return logprobs of every emitted token with this many alternatives "
+          "(0..20; -1 = no logprobs)");
+ABSL_FLAG(std::string, hidden_layers, "",
+          "open/demo/load: comma-separated 0-based decoder layers whose hidden states every "
+          "committed token returns");
+ABSL_FLAG(bool, include_prompt, false, "open: with --hidden_layers, also the prompt's");
+ABSL_FLAG(std::string, hidden_dtype, "bf16", "open/demo/load: hidden states as bf16 or fp32");
 ABSL_FLAG(bool, quiet, false, "demo: no per-round lines");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA bundle to verify verifyd's certificate: connect over TLS");
@@ -70,6 +88,7 @@ ABSL_FLAG(std::string, auth_token_file, "",
 namespace {
 
 using verifyd::client::DemoOptions;
+using verifyd::client::SessionOptions;
 using verifyd::client::VerifyClient;
 
 int Fail(const absl::Status& st) {
@@ -115,6 +134,44 @@ int CmdHealth(VerifyClient& c) {
   return *h == verifyd::client::HealthStatus::kServing ? 0 : 1;
 }
 
+// The session options of the flags (InvalidArgument naming a bad flag).
+absl::StatusOr<SessionOptions> SessionOptionsFromFlags() {
+  SessionOptions o;
+  o.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  if (absl::GetFlag(FLAGS_top_p) != 1.0) o.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+  o.top_k = absl::GetFlag(FLAGS_top_k);
+  if (o.temperature > 0) o.seed = absl::GetFlag(FLAGS_seed);
+  if (absl::GetFlag(FLAGS_top_logprobs) >= 0) o.top_logprobs = absl::GetFlag(FLAGS_top_logprobs);
+  auto layers =
+      verifyd::client::ParseIntList(absl::GetFlag(FLAGS_hidden_layers), "--hidden_layers");
+  if (!layers.ok()) return layers.status();
+  o.hidden_layers = *layers;
+  o.include_prompt = absl::GetFlag(FLAGS_include_prompt);
+  const std::string dtype = absl::GetFlag(FLAGS_hidden_dtype);
+  if (dtype != "bf16" && dtype != "fp32") {
+    return absl::InvalidArgumentError("--hidden_dtype: bf16 or fp32");
+  }
+  o.hidden_fp32 = dtype == "fp32";
+  return o;
+}
+
+void PrintLogprobs(const std::vector<verify::v1::TokenLogprobs>& logprobs) {
+  for (const auto& lp : logprobs) {
+    std::string top;
+    for (int k = 0; k < lp.top_tokens_size(); ++k) {
+      absl::StrAppend(&top, k ? " " : "", lp.top_tokens(k), ":", lp.top_logprobs(k));
+    }
+    std::printf("logprob: token=%d logprob=%.6f top=[%s]\n", lp.token(), lp.logprob(), top.c_str());
+  }
+}
+
+void PrintHidden(const verify::v1::HiddenStates& h) {
+  if (h.layers_size() == 0) return;
+  std::printf("hidden_states: tokens=%d layers=[%s] hidden_size=%d dtype=%s bytes=%zu\n",
+              h.num_tokens(), absl::StrJoin(h.layers(), ",").c_str(), h.hidden_size(),
+              h.dtype() == verify::v1::HIDDEN_DTYPE_FP32 ? "fp32" : "bf16", h.data().size());
+}
+
 int CmdOpen(VerifyClient& c) {
   auto prompt = verifyd::client::ParseIntList(absl::GetFlag(FLAGS_prompt), "--prompt");
   if (!prompt.ok()) return Fail(prompt.status());
@@ -126,12 +183,16 @@ int CmdOpen(VerifyClient& c) {
     prompt->clear();
     for (int64_t i = 0; i < n; ++i) prompt->push_back(static_cast<int32_t>(tok(rng)));
   }
+  auto options = SessionOptionsFromFlags();
+  if (!options.ok()) return Usage(std::string(options.status().message()));
   const absl::Time t0 = absl::Now();
-  auto r = c.Open(*prompt, absl::GetFlag(FLAGS_prefix_session));
+  auto r = c.Open(*prompt, absl::GetFlag(FLAGS_prefix_session), *options);
   if (!r.ok()) return Fail(r.status());
   std::printf("session_id: %s\nnext_token: %d\ncommitted_len: %lld\nopen_seconds: %.3f\n",
               r->session_id.c_str(), r->next_token, (long long)r->committed_len,
               absl::ToDoubleSeconds(absl::Now() - t0));
+  PrintLogprobs(r->logprobs);
+  PrintHidden(r->hidden_states);
   return 0;
 }
 
@@ -152,6 +213,12 @@ int CmdVerify(VerifyClient& c) {
       "committed_len: %lld\n",
       absl::StrJoin(r->accepted_nodes, ",").c_str(), absl::StrJoin(r->accepted_tokens, ",").c_str(),
       r->bonus_token, (long long)r->committed_len);
+  PrintLogprobs(r->logprobs);
+  PrintHidden(r->hidden_states);
+  std::printf("stats: rounds=%lld draft_tokens=%lld accepted_tokens=%lld accepted_by_depth=[%s]\n",
+              (long long)r->stats.rounds(), (long long)r->stats.draft_tokens(),
+              (long long)r->stats.accepted_tokens(),
+              absl::StrJoin(r->stats.accepted_by_depth(), ",").c_str());
   return 0;
 }
 
@@ -176,8 +243,11 @@ int CmdFork(VerifyClient& c) {
   return 0;
 }
 
-DemoOptions DemoOptionsFromFlags() {
+absl::StatusOr<DemoOptions> DemoOptionsFromFlags() {
   DemoOptions o;
+  auto session = SessionOptionsFromFlags();
+  if (!session.ok()) return session.status();
+  o.session = *session;
   o.oracle = absl::GetFlag(FLAGS_drafter) == "oracle";
   o.rounds = absl::GetFlag(FLAGS_rounds);
   o.depth = absl::GetFlag(FLAGS_depth);
@@ -191,7 +261,9 @@ DemoOptions DemoOptionsFromFlags() {
 int CmdDemo(VerifyClient& c) {
   const std::string drafter = absl::GetFlag(FLAGS_drafter);
   if (drafter != "oracle" && drafter != "ngram") return Usage("--drafter: oracle or ngram");
-  DemoOptions o = DemoOptionsFromFlags();
+  auto options = DemoOptionsFromFlags();
+  if (!options.ok()) return Usage(std::string(options.status().message()));
+  DemoOptions o = *options;
   const bool quiet = absl::GetFlag(FLAGS_quiet);
   o.on_round = [quiet](const verifyd::client::RoundReport& r) {
     if (quiet) return;
@@ -205,17 +277,20 @@ int CmdDemo(VerifyClient& c) {
   if (!report.ok()) return Fail(report.status());
   std::printf(
       "demo: drafter=%s rounds=%d tokens=%lld mean_accepted_length=%.3f "
-      "tokens_per_round=%.3f tokens_per_second=%.1f verify_seconds=%.3f%s\n",
+      "tokens_per_round=%.3f tokens_per_second=%.1f verify_seconds=%.3f%s%s\n",
       drafter.c_str(), report->rounds, (long long)report->tokens, report->mean_accepted,
       report->tokens_per_round, report->tokens_per_second, report->verify_seconds,
-      o.oracle ? (report->lossless ? " lossless=yes" : " lossless=NO") : "");
+      o.oracle ? (report->lossless ? " lossless=yes" : " lossless=NO") : "",
+      o.oracle && o.session.sampled() ? " (vs seeded plain decoding)" : "");
   return o.oracle && !report->lossless ? 1 : 0;
 }
 
 int CmdLoad(VerifyClient& c) {
   const std::string drafter = absl::GetFlag(FLAGS_drafter);
   if (drafter != "oracle" && drafter != "ngram") return Usage("--drafter: oracle or ngram");
-  DemoOptions o = DemoOptionsFromFlags();
+  auto options = DemoOptionsFromFlags();
+  if (!options.ok()) return Usage(std::string(options.status().message()));
+  DemoOptions o = *options;
   const int n = absl::GetFlag(FLAGS_sessions);
   if (n < 1) return Usage("--sessions: must be >= 1");
   auto report = verifyd::client::RunLoad(c, o, n);

@@ -30,8 +30,14 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# With the CUDA toolkit: the CUTLASS headers of the grouped expert GEMMs (pinned wheel, after
+# the packages: it needs python3-pip).
+fetch_cutlass() {
+  if [ -x /usr/local/cuda/bin/nvcc ]; then "$(dirname "$0")/fetch-cutlass.sh"; fi
+}
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
+  fetch_cutlass
   exit 0
 fi
 SUDO=""
@@ -39,3 +45,4 @@ SUDO=""
 echo "install-deps: installing ${missing[*]}"
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fetch_cutlass

@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
 # The README's test command: installs the dependencies, builds, and runs the CPU test suite
-# (CTest label `cpu`: every test that needs no GPU), then the GPU suites (label `gpu`), which
-# run on a machine with a GPU and report Skipped (exit 77) on one without.
+# (CTest label `cpu`: every test that needs no GPU) and the Python client's tests, then the
+# GPU suites (label `gpu`), which run on a machine with a GPU and report Skipped (exit 77) on
+# one without.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install-deps.sh"
 "$root/scripts/build.sh" "$@"
 build=${VERIFYD_BUILD_DIR:-$root/build}
 ctest --test-dir "$build" -L cpu --output-on-failure -j "${VERIFYD_TEST_JOBS:-2}"
+# The Python client (client/python): installed from this tree into a virtual environment in
+# the build directory (its stubs are generated from proto/ as it is built), then its pytest
+# suite runs against the verifyd just built.
+venv="$build/python-client-venv"
+"$venv/bin/python" -c '' 2>/dev/null || "${VERIFYD_PYTHON:-python3}" -m venv --clear "$venv"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "$root/client/python[numpy]" pytest
+VERIFYD_BIN="$build/server/verifyd" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+  "$root/client/python/tests"
 if ctest --test-dir "$build" -N -L gpu | grep -q "Test *#"; then
   ctest --test-dir "$build" -L gpu --output-on-failure
 fi

@@ -36,6 +36,10 @@ ABSL_FLAG(std::string, cuda_devices, "",
           "cuda backend: the CUDA device of each rank, comma-separated (default 0..tp-1); one "
           "device repeated for every rank (e.g. 0,0,0,0) runs the ranks on that GPU through the "
           "loopback communicator (testing tensor parallelism on one GPU)");
+ABSL_FLAG(bool, fp8_experts, true,
+          "cuda backend: keep FP8-stored routed experts (128x128 block scales) in FP8 on sm_90 "
+          "GPUs (grouped FP8 GEMMs, activations quantized per 128 columns); false: dequantize "
+          "them to bf16");
 ABSL_FLAG(int64_t, kv_slots, 65536, "latent KV pool capacity in tokens");
 ABSL_FLAG(int, max_batch, 64, "requests per engine step");
 ABSL_FLAG(int, max_queue, 1024, "requests waiting for the engine before RESOURCE_EXHAUSTED");
@@ -120,6 +124,7 @@ int main(int argc, char** argv) {
     }
     spec.engine.cuda.devices.push_back(dev);
   }
+  spec.engine.cuda.fp8_experts = absl::GetFlag(FLAGS_fp8_experts);
   spec.testing_fault = absl::GetFlag(FLAGS_testing_fault);
   spdlog::info("loading model={} backend={} tp={} kv_slots={}", spec.engine.model, spec.backend,
                spec.engine.tp, spec.engine.kv_slots);

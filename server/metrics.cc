@@ -47,6 +47,40 @@ Metrics::Metrics(int tp_size, const std::string& version, const std::string& bac
     rank_step_.push_back(&rank.Add({{"rank", std::to_string(r)}}, LatencyBuckets()));
   }
 
+  auto& prefill = prometheus::BuildHistogram()
+                      .Name("verifyd_prefill_latency_seconds")
+                      .Help(
+                          "OpenSession prefill latency in seconds by stage: queue (waiting for "
+                          "its first engine step), engine (the steps that ran its chunks), "
+                          "total (handler)")
+                      .Register(reg);
+  prefill_queue_ = &prefill.Add({{"stage", "queue"}}, LatencyBuckets());
+  prefill_engine_ = &prefill.Add({{"stage", "engine"}}, LatencyBuckets());
+  prefill_total_ = &prefill.Add({{"stage", "total"}}, LatencyBuckets());
+  prompt_tokens_ = &prometheus::BuildCounter()
+                        .Name("verifyd_prompt_tokens_total")
+                        .Help("Prompt tokens prefilled by OpenSession")
+                        .Register(reg)
+                        .Add({});
+  drafts_ = &prometheus::BuildCounter()
+                 .Name("verifyd_drafts_total")
+                 .Help(
+                     "Draft trees with at least one node verified (mean acceptance length = "
+                     "1 + verifyd_accepted_tokens_total / verifyd_drafts_total)")
+                 .Register(reg)
+                 .Add({});
+  auto& rounds = prometheus::BuildCounter()
+                     .Name("verifyd_rounds_total")
+                     .Help("Verify items applied, by the session's decoding mode")
+                     .Register(reg);
+  rounds_greedy_ = &rounds.Add({{"mode", "greedy"}});
+  rounds_sampled_ = &rounds.Add({{"mode", "sampled"}});
+  auto& sessions = prometheus::BuildCounter()
+                       .Name("verifyd_sessions_opened_total")
+                       .Help("Sessions opened (prefilled) by OpenSession, by decoding mode")
+                       .Register(reg);
+  sessions_greedy_ = &sessions.Add({{"mode", "greedy"}});
+  sessions_sampled_ = &sessions.Add({{"mode", "sampled"}});
   draft_tokens_ = &prometheus::BuildCounter()
                        .Name("verifyd_draft_tokens_total")
                        .Help("Draft tree nodes received in Verify")
@@ -150,7 +184,18 @@ void Metrics::ObserveEngineStep(double total_s, const std::vector<double>& per_r
 
 void Metrics::ObserveBatchSize(int n) { batch_size_->Observe(n); }
 
-void Metrics::ObserveTree(const std::vector<int>& node_depths, int accepted) {
+void Metrics::ObservePrefill(double queue_s, double engine_s, double total_s, int64_t prompt_tokens,
+                             bool sampled) {
+  prefill_queue_->Observe(queue_s);
+  prefill_engine_->Observe(engine_s);
+  prefill_total_->Observe(total_s);
+  prompt_tokens_->Increment(static_cast<double>(prompt_tokens));
+  (sampled ? sessions_sampled_ : sessions_greedy_)->Increment();
+}
+
+void Metrics::ObserveTree(const std::vector<int>& node_depths, int accepted, bool sampled) {
+  if (!node_depths.empty()) drafts_->Increment();
+  (sampled ? rounds_sampled_ : rounds_greedy_)->Increment();
   draft_tokens_->Increment(static_cast<double>(node_depths.size()));
   accepted_tokens_->Increment(accepted);
   emitted_tokens_->Increment(accepted + 1);

@@ -37,8 +37,13 @@ class Metrics {
   void ObserveEngineStep(double total_s, const std::vector<double>& per_rank_s);
   void ObserveBatchSize(int n);
   // One verified tree: `depths` = depth (1-based) of every draft node; `accepted` = accepted
-  // path length (the accepted node at position k is at depth k + 1).
-  void ObserveTree(const std::vector<int>& node_depths, int accepted);
+  // path length (the accepted node at position k is at depth k + 1); `sampled`: the session
+  // draws its tokens (else greedy).
+  void ObserveTree(const std::vector<int>& node_depths, int accepted, bool sampled = false);
+  // One completed OpenSession prefill of `prompt_tokens` tokens: latency by stage (seconds),
+  // and whether the session samples.
+  void ObservePrefill(double queue_s, double engine_s, double total_s, int64_t prompt_tokens,
+                      bool sampled);
   void CountRequest(const std::string& method, const std::string& code);
 
   void SetActiveSessions(int64_t n) { active_sessions_->Set(static_cast<double>(n)); }
@@ -54,6 +59,15 @@ class Metrics {
   prometheus::Histogram* latency_total_;
   prometheus::Histogram* engine_step_;
   std::vector<prometheus::Histogram*> rank_step_;
+  prometheus::Histogram* prefill_queue_;
+  prometheus::Histogram* prefill_engine_;
+  prometheus::Histogram* prefill_total_;
+  prometheus::Counter* prompt_tokens_;
+  prometheus::Counter* drafts_;
+  prometheus::Counter* rounds_greedy_;
+  prometheus::Counter* rounds_sampled_;
+  prometheus::Counter* sessions_greedy_;
+  prometheus::Counter* sessions_sampled_;
   prometheus::Counter* draft_tokens_;
   prometheus::Counter* accepted_tokens_;
   prometheus::Counter* emitted_tokens_;

@@ -19,6 +19,7 @@ struct Scheduler::Job {
   int64_t offset = 0;       // rows of the prompt already prefilled
   int32_t next_token = -1;  // prediction after the last prompt row
   bool sat_out = false;     // left out of the previous step (so it runs in this one)
+  PrefillOutputs outputs;   // logprobs of the last chunk, hidden states of every chunk
   // Verify.
   std::vector<VerifyWork>* items = nullptr;
   std::function<bool()> cancelled;  // optional: the caller went away
@@ -75,7 +76,8 @@ absl::Duration Scheduler::current_step_age() const {
 absl::StatusOr<int32_t> Scheduler::Prefill(const std::shared_ptr<Session>& session,
                                            const std::vector<int32_t>& prompt,
                                            const std::vector<int32_t>& prompt_slots,
-                                           JobTiming* timing, std::function<bool()> cancelled) {
+                                           JobTiming* timing, std::function<bool()> cancelled,
+                                           PrefillOutputs* outputs) {
   Job job;
   job.kind = Job::Kind::kPrefill;
   job.cancelled = std::move(cancelled);
@@ -85,6 +87,7 @@ absl::StatusOr<int32_t> Scheduler::Prefill(const std::shared_ptr<Session>& sessi
   absl::Status st = SubmitAndWait(&job);
   if (timing) *timing = job.timing;
   if (!st.ok()) return st;
+  if (outputs) *outputs = std::move(job.outputs);
   return job.next_token;
 }
 
@@ -217,6 +220,10 @@ void Scheduler::RunBatch(std::vector<Job*>& batch) {
                           job->prompt_slots->begin() + end);
       for (int64_t t = 0; t < end - job->offset; ++t) r.parents.push_back(t - 1);
       r.accept = false;
+      const SessionConfig& cfg = job->session->config;
+      r.sampling = cfg.sampling;
+      r.top_logprobs = cfg.top_logprobs;
+      if (cfg.include_prompt) r.hidden_layers = cfg.hidden_layers;
       reqs.push_back(std::move(r));
       origin.emplace_back(job, -1);
     } else {
@@ -232,6 +239,10 @@ void Scheduler::RunBatch(std::vector<Job*>& batch) {
         for (int32_t p : w.draft_parents) r.parents.push_back(p + 1);
         r.tail_slots = w.tail_slots;
         r.accept = true;
+        const SessionConfig& cfg = w.session->config;
+        r.sampling = cfg.sampling;
+        r.top_logprobs = cfg.top_logprobs;
+        r.hidden_layers = cfg.hidden_layers;
         reqs.push_back(std::move(r));
         origin.emplace_back(job, static_cast<int>(i));
       }
@@ -303,6 +314,14 @@ void Scheduler::RunBatch(std::vector<Job*>& batch) {
         if (res.predictions.size() != reqs[k].tokens.size()) {
           job->status = absl::InternalError("engine returned a wrong prediction count");
         }
+        const size_t hidden_floats = reqs[k].tokens.size() * reqs[k].hidden_layers.size() *
+                                     static_cast<size_t>(engine_->config().hidden_size);
+        if (res.hidden.size() != hidden_floats ||
+            res.logprobs.size() != (reqs[k].top_logprobs >= 0 ? 1u : 0u)) {
+          job->status = absl::InternalError("engine returned wrong logprobs / hidden states");
+        }
+        job->outputs.logprobs = res.logprobs;
+        job->outputs.hidden.insert(job->outputs.hidden.end(), res.hidden.begin(), res.hidden.end());
       } else if (job->status.ok()) {
         job->status = ApplyVerify(reqs[k], res, (*job->items)[item]);
       }
@@ -336,10 +355,14 @@ absl::Status Scheduler::ApplyVerify(const tp::StepRequest& req, const tp::StepRe
   const int n = static_cast<int>(req.tokens.size());
   // Check the engine's answer before touching the session: a structurally wrong result must
   // not corrupt the KV bookkeeping.
+  const int64_t hid = engine_->config().hidden_size;
+  const int64_t layers = static_cast<int64_t>(req.hidden_layers.size());
   if (static_cast<int>(res.predictions.size()) != n ||
       res.kept_slots.size() != res.accepted_rows.size() + 1 ||
       res.kept_slots.size() + res.freed_slots.size() != req.tail_slots.size() || res.bonus < 0 ||
-      res.bonus >= engine_->config().vocab_size) {
+      res.bonus >= engine_->config().vocab_size ||
+      res.logprobs.size() != (req.top_logprobs >= 0 ? static_cast<size_t>(n) : 0u) ||
+      static_cast<int64_t>(res.hidden.size()) != n * layers * hid) {
     return absl::InternalError("engine returned an inconsistent verify result");
   }
   int prev = 0;
@@ -380,11 +403,38 @@ absl::Status Scheduler::ApplyVerify(const tp::StepRequest& req, const tp::StepRe
   }
   item.bonus = res.bonus;
   item.committed_len = s.committed_len();
+  // The path rows: the old pending token's row, then the accepted rows. Row j's prediction is
+  // the token emitted after it, and its residual stream is the hidden state of its token.
+  std::vector<int32_t> path = {0};
+  path.insert(path.end(), res.accepted_rows.begin(), res.accepted_rows.end());
+  item.logprobs.clear();
+  if (req.top_logprobs >= 0) {
+    for (int32_t row : path) item.logprobs.push_back(res.logprobs[row]);
+  }
+  item.hidden.clear();
+  if (layers > 0) {
+    item.hidden.reserve(path.size() * layers * hid);
+    for (int32_t row : path) {
+      item.hidden.insert(item.hidden.end(), res.hidden.begin() + row * layers * hid,
+                         res.hidden.begin() + (row + 1) * layers * hid);
+    }
+  }
+  SessionCounters& c = s.counters;
+  c.rounds += 1;
+  c.draft_tokens += static_cast<int64_t>(item.draft_tokens.size());
+  c.accepted_tokens += static_cast<int64_t>(res.accepted_rows.size());
+  if (c.accepted_by_depth.size() < res.accepted_rows.size()) {
+    c.accepted_by_depth.resize(res.accepted_rows.size(), 0);
+  }
+  for (size_t k = 0; k < res.accepted_rows.size(); ++k) c.accepted_by_depth[k] += 1;
+  item.stats = c;
   if (!item.request_id.empty()) {
     s.StoreResult(StoredResult{item.request_id, item.fingerprint, item.accepted_nodes,
-                               item.accepted_tokens, item.bonus, item.committed_len});
+                               item.accepted_tokens, item.bonus, item.committed_len, item.logprobs,
+                               item.stats});
   }
-  metrics_->ObserveTree(depths, static_cast<int>(res.accepted_rows.size()));
+  metrics_->ObserveTree(depths, static_cast<int>(res.accepted_rows.size()),
+                        s.config.sampling.sampled());
   return absl::OkStatus();
 }
 

@@ -63,6 +63,18 @@ struct VerifyWork {
   std::vector<int32_t> accepted_tokens;  // their tokens
   int32_t bonus = -1;                    // the new pending token
   int64_t committed_len = 0;             // after the round
+  // With the session's top_logprobs: one per emitted token (accepted tokens, then the bonus).
+  std::vector<tp::RowLogprobs> logprobs;
+  // With the session's hidden layers: [1 + accepted][layers][hidden] float32, the old pending
+  // token's row first, then the accepted nodes' (the tokens this round committed).
+  std::vector<float> hidden;
+  SessionCounters stats;  // the session's counters after the round
+};
+
+// What a prefill returns besides the next token (with the session's config).
+struct PrefillOutputs {
+  std::vector<tp::RowLogprobs> logprobs;  // top_logprobs: [1], for the next token
+  std::vector<float> hidden;              // include_prompt: [prompt][layers][hidden] float32
 };
 
 struct JobTiming {
@@ -92,10 +104,13 @@ class Scheduler {
   // to session->history, and sets session->pending to that token.
   // `cancelled` (optional): as for Verify, and a prefill already running also stops at its
   // next chunk (Cancelled; the session is unchanged and the caller still owns the slots).
+  // The session's config (sampling, logprobs, hidden states with include_prompt) applies;
+  // `outputs` (optional) receives the logprobs and hidden states it asks for.
   absl::StatusOr<int32_t> Prefill(const std::shared_ptr<Session>& session,
                                   const std::vector<int32_t>& prompt,
                                   const std::vector<int32_t>& prompt_slots, JobTiming* timing,
-                                  std::function<bool()> cancelled = nullptr);
+                                  std::function<bool()> cancelled = nullptr,
+                                  PrefillOutputs* outputs = nullptr);
   // Runs every item in one engine step (items.size() <= max_batch; distinct busy sessions).
   // `cancelled` (optional; the caller's deadline passed or it went away) is polled while the
   // job waits (every ~20 ms) and when it leaves the queue: the job is then dropped at once

@@ -74,6 +74,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
   limits.max_draft_nodes = elimits.max_tail_rows - 1;
   limits.max_context = elimits.max_context;
   limits.max_batch = std::min(options.max_batch, elimits.max_batch);
+  limits.num_hidden_layers = eng->config().num_hidden_layers;
+  limits.hidden_size = eng->config().hidden_size;
+  limits.max_response_bytes = options.max_message_bytes;
 
   s->metrics_ = std::make_unique<Metrics>(eng->tp_size(), options.version, eng->backend());
   s->slots_ = std::make_unique<SlotAllocator>(eng->kv_slots());

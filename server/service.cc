@@ -1,12 +1,14 @@
 #include "server/service.h"
 
 #include <algorithm>
+#include <cstring>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/common.h"
 #include "kernels/status.h"
 #include "spdlog/spdlog.h"
 
@@ -78,6 +80,47 @@ grpc::Status ToGrpcStatus(const absl::Status& st, uint64_t request_id) {
     default:
       return grpc::Status(code, std::string(st.message()));
   }
+}
+
+void FillLogprobs(const std::vector<tp::RowLogprobs>& in,
+                  google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* out) {
+  for (const tp::RowLogprobs& r : in) {
+    v1::TokenLogprobs* t = out->Add();
+    t->set_token(r.token);
+    t->set_logprob(r.logprob);
+    t->mutable_top_tokens()->Add(r.top_tokens.begin(), r.top_tokens.end());
+    t->mutable_top_logprobs()->Add(r.top_logprobs.begin(), r.top_logprobs.end());
+  }
+}
+
+void FillHiddenStates(const SessionConfig& config, int64_t hidden_size,
+                      const std::vector<float>& hidden, v1::HiddenStates* out) {
+  const int64_t per_token = static_cast<int64_t>(config.hidden_layers.size()) * hidden_size;
+  out->mutable_layers()->Add(config.hidden_layers.begin(), config.hidden_layers.end());
+  out->set_hidden_size(static_cast<int32_t>(hidden_size));
+  out->set_num_tokens(
+      per_token > 0 ? static_cast<int32_t>(static_cast<int64_t>(hidden.size()) / per_token) : 0);
+  out->set_dtype(config.hidden_fp32 ? v1::HIDDEN_DTYPE_FP32 : v1::HIDDEN_DTYPE_BF16);
+  std::string* data = out->mutable_data();
+  const size_t width = config.hidden_fp32 ? 4 : 2;
+  data->resize(hidden.size() * width);
+  char* p = data->data();
+  for (float f : hidden) {
+    uint32_t bits;
+    if (config.hidden_fp32) {
+      std::memcpy(&bits, &f, 4);
+    } else {
+      bits = kernels::FloatToBf16(f);
+    }
+    for (size_t k = 0; k < width; ++k) *p++ = static_cast<char>((bits >> (8 * k)) & 0xffu);
+  }
+}
+
+void FillStats(const SessionCounters& in, v1::SessionStats* out) {
+  out->set_rounds(in.rounds);
+  out->set_draft_tokens(in.draft_tokens);
+  out->set_accepted_tokens(in.accepted_tokens);
+  out->mutable_accepted_by_depth()->Add(in.accepted_by_depth.begin(), in.accepted_by_depth.end());
 }
 
 VerifyServiceImpl::VerifyServiceImpl(tp::Engine* engine, SessionManager* sessions,
@@ -247,6 +290,33 @@ absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req, v1::Verif
     w.request_id = item.request_id();
     w.fingerprint = fingerprint;
   }
+  // The response must fit in one message: refuse a call whose worst case (every item
+  // accepting its deepest path) could not, before anything runs.
+  if (limits_.max_response_bytes > 0) {
+    int64_t total = 16;
+    for (int i = 0; i < n; ++i) {
+      const v1::VerifyItem& item = req.items(i);
+      SessionConfig cfg = (*sessions)[i]->config;
+      int depth = TreeDepth(item.tree());
+      if (work_of[i] < 0) {  // a replay: no hidden states
+        cfg.hidden_layers.clear();
+        depth = static_cast<int>(replayed[i].accepted_tokens.size());
+      }
+      total += VerifyResultBytesBound(cfg, item.tree().tokens_size(), depth,
+                                      item.session_id().size(), limits_);
+      if (total > limits_.max_response_bytes) {
+        release_all();
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "items[", i, "]: the response could reach ", total, " bytes (hidden states of up to ",
+            depth + 1, " tokens x ", cfg.hidden_layers.size(), " layers x ", limits_.hidden_size,
+            " values for this item), over the server's "
+            "--max_message_bytes ",
+            limits_.max_response_bytes,
+            "; nothing was applied: send shallower trees or fewer items per call, or open the "
+            "session with fewer hidden layers"));
+      }
+    }
+  }
   for (VerifyWork& w : work) {
     auto tail = slots_->Allocate(static_cast<int64_t>(w.draft_tokens.size()) + 1);
     if (!tail.ok()) {
@@ -271,6 +341,8 @@ absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req, v1::Verif
         r->mutable_accepted_tokens()->Add(x.accepted_tokens.begin(), x.accepted_tokens.end());
         r->set_bonus_token(x.bonus_token);
         r->set_committed_len(x.committed_len);
+        FillLogprobs(x.logprobs, r->mutable_logprobs());
+        FillStats(x.stats, r->mutable_stats());
         continue;
       }
       const VerifyWork& w = work[work_of[i]];
@@ -278,10 +350,26 @@ absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req, v1::Verif
       r->mutable_accepted_tokens()->Add(w.accepted_tokens.begin(), w.accepted_tokens.end());
       r->set_bonus_token(w.bonus);
       r->set_committed_len(w.committed_len);
+      FillLogprobs(w.logprobs, r->mutable_logprobs());
+      if (!w.session->config.hidden_layers.empty()) {
+        FillHiddenStates(w.session->config, limits_.hidden_size, w.hidden,
+                         r->mutable_hidden_states());
+      }
+      FillStats(w.stats, r->mutable_stats());
     }
     if (!work.empty()) {
       metrics_->ObserveVerifyLatency(timing.queue_s, timing.engine_s,
                                      absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    // The bound above makes this unreachable; a safety net, never a truncated message.
+    if (limits_.max_response_bytes > 0 &&
+        static_cast<int64_t>(resp->ByteSizeLong()) > limits_.max_response_bytes) {
+      const int64_t size = static_cast<int64_t>(resp->ByteSizeLong());
+      resp->Clear();
+      st = absl::ResourceExhaustedError(
+          absl::StrCat("the response of ", size, " bytes exceeds the server's --max_message_bytes ",
+                       limits_.max_response_bytes,
+                       "; the round was applied: retry with the same request_id for its tokens"));
     }
   }
   release_all();

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
@@ -28,6 +29,15 @@ namespace verifyd::server {
 
 // absl -> grpc at the RPC edge. Internal/Unknown/DataLoss messages are replaced.
 grpc::Status ToGrpcStatus(const absl::Status& st, uint64_t request_id);
+
+// Engine outputs as API messages.
+void FillLogprobs(const std::vector<tp::RowLogprobs>& in,
+                  google::protobuf::RepeatedPtrField<verify::v1::TokenLogprobs>* out);
+// `hidden`: [tokens][layers][hidden_size] float32 -> little-endian bf16 (round to nearest
+// even) or float32 bytes, as the session's config asks.
+void FillHiddenStates(const SessionConfig& config, int64_t hidden_size,
+                      const std::vector<float>& hidden, verify::v1::HiddenStates* out);
+void FillStats(const SessionCounters& in, verify::v1::SessionStats* out);
 
 class VerifyServiceImpl final : public verify::v1::VerifyService::Service {
  public:

@@ -22,7 +22,27 @@ absl::Status SessionIdPresent(const std::string& id, const std::string& field) {
 absl::Status VerifyServiceImpl::DoOpen(grpc::ServerContext* ctx, const v1::OpenSessionRequest& req,
                                        v1::OpenSessionResponse* resp) {
   const absl::Time deadline = Deadline(*ctx, absl::Now());
+  const absl::Time start = absl::Now();
   VERIFYD_RETURN_IF_ERROR(ValidatePrompt(req, limits_));
+  VERIFYD_ASSIGN_OR_RETURN(SessionConfig config, SessionConfigFromRequest(req, limits_));
+  if (limits_.max_response_bytes > 0) {
+    // Checked before anything runs: the prompt's hidden states, and one Verify round's.
+    const int64_t open_bytes = OpenResponseBytesBound(config, req.prompt_tokens_size(), limits_);
+    if (open_bytes > limits_.max_response_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "hidden_states.include_prompt: the prompt's hidden states (",
+          HiddenStatesBytes(config, req.prompt_tokens_size(), limits_),
+          " bytes) exceed the server's --max_message_bytes ", limits_.max_response_bytes,
+          "; open without include_prompt, with fewer layers or a shorter prompt"));
+    }
+    const int64_t round_bytes = VerifyResultBytesBound(config, 0, 0, 64, limits_);
+    if (round_bytes > limits_.max_response_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "hidden_states.layers: one token's hidden states (",
+          HiddenStatesBytes(config, 1, limits_),
+          " bytes) do not fit in the server's --max_message_bytes ", limits_.max_response_bytes));
+    }
+  }
   if (scheduler_->engine_failed()) return absl::UnavailableError("engine failed");
   const std::string owner = Owner(*ctx);
   const std::vector<int32_t> prompt(req.prompt_tokens().begin(), req.prompt_tokens().end());
@@ -49,9 +69,11 @@ absl::Status VerifyServiceImpl::DoOpen(grpc::ServerContext* ctx, const v1::OpenS
       sessions_->Create(static_cast<int64_t>(prompt.size()), &prompt_slots, owner, prefix.get());
   if (prefix) sessions_->Release(prefix);
   if (!session.ok()) return session.status();
+  (*session)->config = config;  // busy and not yet ready: only this handler sees it
   JobTiming timing;
-  absl::StatusOr<int32_t> next =
-      scheduler_->Prefill(*session, prompt, prompt_slots, &timing, Bounds(ctx, deadline).cancelled);
+  PrefillOutputs outputs;
+  absl::StatusOr<int32_t> next = scheduler_->Prefill(*session, prompt, prompt_slots, &timing,
+                                                     Bounds(ctx, deadline).cancelled, &outputs);
   if (!next.ok()) {
     sessions_->Discard(*session, prompt_slots);
     return MapCancelled(next.status(), deadline);
@@ -60,7 +82,14 @@ absl::Status VerifyServiceImpl::DoOpen(grpc::ServerContext* ctx, const v1::OpenS
   resp->set_session_id((*session)->id);
   resp->set_next_token(*next);
   resp->set_committed_len((*session)->committed_len());
+  FillLogprobs(outputs.logprobs, resp->mutable_logprobs());
+  if (config.include_prompt && !config.hidden_layers.empty()) {
+    FillHiddenStates(config, limits_.hidden_size, outputs.hidden, resp->mutable_hidden_states());
+  }
   sessions_->Release(*session);
+  metrics_->ObservePrefill(timing.queue_s, timing.engine_s,
+                           absl::ToDoubleSeconds(absl::Now() - start),
+                           static_cast<int64_t>(prompt.size()), config.sampling.sampled());
   return absl::OkStatus();
 }
 

@@ -187,6 +187,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Fork(
   s->context_slots = parent->context_slots;
   s->history = parent->history;
   s->pending = parent->pending;
+  s->config = parent->config;
   s->ready = true;
   s->last_used = absl::Now();
   table_[s->id] = s;

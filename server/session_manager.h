@@ -40,7 +40,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "kernels/sampling.h"
 #include "server/slot_allocator.h"
+#include "tp/engine.h"
 
 namespace verifyd::server {
 
@@ -48,7 +50,26 @@ namespace verifyd::server {
 inline constexpr int kStoredResultsPerSession = 8;
 inline constexpr int kMaxRequestIdBytes = 128;
 
-// The result of one applied Verify item, kept for a retry with the same request id.
+// What a session returns besides tokens and how it draws them, fixed at OpenSession (forks
+// inherit it).
+struct SessionConfig {
+  kernels::SamplingParams sampling;    // default: greedy
+  int top_logprobs = -1;               // -1: no logprobs
+  std::vector<int32_t> hidden_layers;  // empty: no hidden states
+  bool hidden_fp32 = false;            // else bf16
+  bool include_prompt = false;         // the prompt's hidden states at OpenSession
+};
+
+// A session's counters (VerifyResult.stats).
+struct SessionCounters {
+  int64_t rounds = 0;
+  int64_t draft_tokens = 0;
+  int64_t accepted_tokens = 0;
+  std::vector<int64_t> accepted_by_depth;  // [d]: accepted nodes at depth d + 1
+};
+
+// The result of one applied Verify item, kept for a retry with the same request id (hidden
+// states are not kept).
 struct StoredResult {
   std::string request_id;
   uint64_t fingerprint = 0;  // of the item's draft tree (service.cc ItemFingerprint)
@@ -56,6 +77,8 @@ struct StoredResult {
   std::vector<int32_t> accepted_tokens;
   int32_t bonus_token = -1;
   int64_t committed_len = 0;
+  std::vector<tp::RowLogprobs> logprobs;  // with top_logprobs: one per emitted token
+  SessionCounters stats;                  // the session's counters after that round
 };
 
 struct Session {
@@ -68,6 +91,8 @@ struct Session {
   std::vector<int32_t> history;        // [committed_len + 1] committed tokens, then pending
   int32_t pending = -1;                // pending token (valid once prefilled)
   std::deque<StoredResult> results;    // last kStoredResultsPerSession, oldest first
+  SessionConfig config;                // set before the prefill, then read-only (forks copy it)
+  SessionCounters counters;            // updated by every applied Verify item
   int64_t committed_len() const { return static_cast<int64_t>(context_slots.size()); }
   // The stored result for `request_id` (non-empty), or null.
   const StoredResult* FindResult(const std::string& request_id) const;
@@ -133,8 +158,9 @@ class SessionManager {
   // by the caller: 0 < committed_len <= s->committed_len()), dropping its references to the
   // slots beyond and its stored results. The pending token becomes history[committed_len].
   void Truncate(const std::shared_ptr<Session>& s, int64_t committed_len);
-  // A new ready, idle session with the same committed slots (shared), history and pending
-  // token as `parent` (which the caller holds busy). ResourceExhausted when the table is full.
+  // A new ready, idle session with the same committed slots (shared), history, pending token
+  // and config as `parent` (which the caller holds busy); its counters start at zero.
+  // ResourceExhausted when the table is full.
   absl::StatusOr<std::shared_ptr<Session>> Fork(const std::shared_ptr<Session>& parent,
                                                 const std::string& owner);
 

@@ -1,5 +1,9 @@
 #include "server/validation.h"
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "server/session_manager.h"
@@ -22,6 +26,105 @@ absl::Status ValidatePrompt(const verify::v1::OpenSessionRequest& req, const Api
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<SessionConfig> SessionConfigFromRequest(const verify::v1::OpenSessionRequest& req,
+                                                       const ApiLimits& limits) {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  SessionConfig cfg;
+  if (req.has_sampling()) {
+    const verify::v1::SamplingParams& sp = req.sampling();
+    if (!(sp.temperature() >= 0.0f) || std::isinf(sp.temperature())) {
+      return bad("sampling.temperature: ", sp.temperature(), " must be finite and >= 0");
+    }
+    if (sp.has_top_p() && !(sp.top_p() > 0.0f && sp.top_p() <= 1.0f)) {
+      return bad("sampling.top_p: ", sp.top_p(), " is outside (0, 1] (leave it unset for 1)");
+    }
+    if (sp.top_k() < 0) return bad("sampling.top_k: ", sp.top_k(), " must be >= 0 (0 = off)");
+    cfg.sampling.temperature = sp.temperature();
+    cfg.sampling.top_p = sp.has_top_p() ? sp.top_p() : 1.0f;
+    cfg.sampling.top_k = sp.top_k();
+    cfg.sampling.seed = sp.seed();
+  }
+  if (req.has_top_logprobs()) {
+    if (req.top_logprobs() < 0 || req.top_logprobs() > kernels::kMaxTopLogprobs) {
+      return bad("top_logprobs: ", req.top_logprobs(), " is outside [0, ", kernels::kMaxTopLogprobs,
+                 "]");
+    }
+    cfg.top_logprobs = req.top_logprobs();
+  }
+  if (req.has_hidden_states()) {
+    const verify::v1::HiddenStatesRequest& h = req.hidden_states();
+    if (h.layers_size() == 0) {
+      return bad("hidden_states.layers: must name at least one layer (0 .. ",
+                 limits.num_hidden_layers - 1, ")");
+    }
+    for (int i = 0; i < h.layers_size(); ++i) {
+      const int32_t l = h.layers(i);
+      if (l < 0 || l >= limits.num_hidden_layers) {
+        return bad("hidden_states.layers[", i, "]: layer ", l, " is outside [0, ",
+                   limits.num_hidden_layers, ") (0-based decoder layers)");
+      }
+      for (int j = 0; j < i; ++j) {
+        if (h.layers(j) == l) {
+          return bad("hidden_states.layers[", i, "]: layer ", l, " is listed twice");
+        }
+      }
+      cfg.hidden_layers.push_back(l);
+    }
+    if (h.dtype() != verify::v1::HIDDEN_DTYPE_BF16 && h.dtype() != verify::v1::HIDDEN_DTYPE_FP32) {
+      return bad("hidden_states.dtype: unknown value ", static_cast<int>(h.dtype()));
+    }
+    cfg.hidden_fp32 = h.dtype() == verify::v1::HIDDEN_DTYPE_FP32;
+    cfg.include_prompt = h.include_prompt();
+  }
+  return cfg;
+}
+
+int64_t HiddenStatesBytes(const SessionConfig& config, int64_t tokens, const ApiLimits& limits) {
+  return tokens * static_cast<int64_t>(config.hidden_layers.size()) * limits.hidden_size *
+         (config.hidden_fp32 ? 4 : 2);
+}
+
+namespace {
+
+// Generous upper bounds of the encoded sizes (a varint is at most 10 bytes, a tag at most 2,
+// a length prefix at most 5).
+int64_t LogprobsBound(const SessionConfig& c, int64_t tokens) {
+  if (c.top_logprobs < 0) return 0;
+  return tokens * (32 + int64_t{c.top_logprobs} * 20);
+}
+
+int64_t HiddenBound(const SessionConfig& c, int64_t tokens, const ApiLimits& limits) {
+  if (c.hidden_layers.empty()) return 0;
+  return 64 + 12 * static_cast<int64_t>(c.hidden_layers.size()) +
+         HiddenStatesBytes(c, tokens, limits);
+}
+
+}  // namespace
+
+int64_t VerifyResultBytesBound(const SessionConfig& config, int nodes, int depth, size_t id_bytes,
+                               const ApiLimits& limits) {
+  return 256 + static_cast<int64_t>(id_bytes) + int64_t{depth} * 24 +
+         LogprobsBound(config, depth + 1) + HiddenBound(config, depth + 1, limits) +
+         (64 + 12 * int64_t{std::max(nodes, limits.max_draft_nodes)});
+}
+
+int64_t OpenResponseBytesBound(const SessionConfig& config, int64_t prompt_len,
+                               const ApiLimits& limits) {
+  return 256 + LogprobsBound(config, 1) +
+         (config.include_prompt ? HiddenBound(config, prompt_len, limits) : 0);
+}
+
+int TreeDepth(const verify::v1::DraftTree& tree) {
+  std::vector<int> depth(tree.tokens_size(), 1);
+  int deepest = 0;
+  for (int i = 0; i < tree.tokens_size(); ++i) {
+    const int p = tree.parents(i);
+    if (p >= 0 && p < i) depth[i] = depth[p] + 1;
+    deepest = std::max(deepest, depth[i]);
+  }
+  return deepest;
 }
 
 absl::Status ValidateTree(const verify::v1::DraftTree& tree, const ApiLimits& limits,
@@ -75,6 +178,12 @@ absl::Status ValidateVerifyRequest(const verify::v1::VerifyRequest& req, const A
                        kMaxRequestIdBytes));
     }
     if (absl::Status st = ValidateTree(item.tree(), limits, field + ".tree"); !st.ok()) return st;
+    if (item.draft_probs_size() > 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          field,
+          ".draft_probs: multi-draft rejection sampling is not implemented; send no "
+          "draft_probs (sampled sessions use coupled verification, which needs none)"));
+    }
   }
   return absl::OkStatus();
 }

@@ -16,6 +16,12 @@ if(VERIFYD_WITH_CUDA)
          nlohmann_json::nlohmann_json CUDA::cudart)
   target_compile_definitions(gpu_reference_checkpoint_test
                              PRIVATE VERIFYD_TEST_DATA_DIR="${CMAKE_SOURCE_DIR}/tests/data")
+  # Sampling, logprobs and hidden states: the GPU draws against the reference sampler on the
+  # GPU's own logits, logprobs and hidden states against the CPU engine, seeded speculative
+  # decoding against seeded plain decoding (TP 1 and loopback TP 2).
+  verifyd_add_test(gpu_sampling_test LABEL gpu
+    SOURCES gpu_sampling_test.cc
+    LIBS verifyd_tp_cuda verifyd_tp verifyd_kernels_ref)
   verifyd_add_test(gpu_loopback_test LABEL gpu
     SOURCES gpu_loopback_test.cc
     LIBS verifyd_tp_cuda CUDA::cudart)

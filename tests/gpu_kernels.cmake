@@ -8,6 +8,9 @@ if(VERIFYD_WITH_CUDA)
   verifyd_add_test(gpu_tree_accept_test LABEL gpu
     SOURCES gpu_tree_accept_test.cc
     LIBS verifyd_kernels_cuda verifyd_kernels_ref CUDA::cudart)
+  verifyd_add_test(gpu_moe_grouped_test LABEL gpu
+    SOURCES gpu_moe_grouped_test.cc
+    LIBS verifyd_kernels_cuda_dense CUDA::cudart)
   verifyd_add_test(kernels_verify_attention_launch_test LABEL cpu
     SOURCES kernels_verify_attention_launch_test.cc
     LIBS verifyd_kernels_cuda CUDA::cudart)

@@ -3,7 +3,9 @@
 // which checks the CPU engine to 1e-4):
 //   dense         MLA, dense MLPs, plain RoPE, bf16;
 //   moe_yarn      MoE (sigmoid / noaux_tc routing, groups, shared expert) + YaRN, bf16;
-//   moe_yarn_fp8  the same as FP8 (dequantized to bf16 when loaded).
+//   moe_yarn_fp8  the same as FP8 (dequantized to bf16 when loaded: its 32-wide experts are not
+//                 whole 128 x 128 blocks);
+//   moe_fp8_block128  FP8 with whole blocks: the routed experts stay FP8 (GpuFp8ExpertsTest).
 // For the dense checkpoint at TP 1 and at loopback TP 2 and 4 (all ranks on device 0):
 //   - prefill + greedy decoding with empty trees driven by transformers' tokens: every logit
 //     row within 1.5e-2 relative (max |diff| / max |logit| and rel-L2) of transformers' float32
@@ -51,10 +53,11 @@ constexpr double kLogitTol = 1.5e-2;
 constexpr int64_t kKvSlots = 1024;
 constexpr int kTreeDepth = 4;  // true draft tokens per tree
 
-std::unique_ptr<CudaEngine> MakeEngine(const std::string& name, int tp) {
+std::unique_ptr<CudaEngine> MakeEngine(const std::string& name, int tp, bool fp8_experts = true) {
   EngineOptions o;
   o.model = reftest::CheckpointDir(name);
   o.tp = tp;
+  o.cuda.fp8_experts = fp8_experts;
   o.kv_slots = kKvSlots;
   if (tp > 1) o.cuda.devices.assign(tp, 0);  // loopback: every rank on device 0
   absl::StatusOr<std::unique_ptr<CudaEngine>> e = CudaEngine::Create(o);
@@ -224,6 +227,115 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, GpuReferenceCheckpointTest,
                                   std::to_string(std::get<1>(info.param));
                          });
 
+// moe_fp8_block128 (FP8, whole 128 x 128 blocks in the experts): the engine opened from the
+// checkpoint directory keeps the routed experts in FP8 (e4m3 + block scales, grouped GEMMs) and
+// quantizes their inputs per 128 columns (W8A8, as DeepSeek-V3's own inference does), while
+// transformers' reference holds the dequantized weights in float32: hence kFp8LogitTol. Greedy
+// tokens must still equal transformers' except at counted near-ties, and draft trees must
+// accept exactly the reference tokens. An e4m3 rounding has a relative error of rms ~3.6 %
+// (uniform within half of a 1/8 step); the expert inputs are rounded twice (gate_up and down
+// inputs), so the MoE output, and this checkpoint's logits (its MoE layer is the last), move by
+// ~5 % (measured on an H200: rel-L2 5.3e-2, max rel 7.7e-2 against the bf16-expert engine;
+// 8.4e-2 max rel against transformers): hence 0.1. The checkpoint's routing is pinned
+// (tests/data/make_reference_checkpoints.py), so no routing decision can flip.
+constexpr double kFp8LogitTol = 0.1;
+// The same checkpoint with the experts in bf16 (bf16 activations through the MoE MLP as well
+// as attention): measured 3.5e-2 against transformers (the dense checkpoint: 1.2e-2).
+constexpr double kMoeBf16LogitTol = 5e-2;
+
+class GpuFp8ExpertsTest : public GpuReferenceCheckpointTest {};
+
+TEST_P(GpuFp8ExpertsTest, KeepsExpertsInFp8AndMatchesTransformers) {
+  std::unique_ptr<CudaEngine> e = MakeEngine(name_, tp_);
+  ASSERT_NE(e, nullptr);
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  if (major == 9) EXPECT_EQ(e->expert_mode(), "fp8 block-scaled grouped GEMMs");
+  std::printf("%s: experts run as %s\n", label_.c_str(), e->expert_mode().c_str());
+  reftest::GreedyDecodeAndCompare(*e, ref_, label_, kFp8LogitTol, kKvSlots);
+}
+
+TEST_P(GpuFp8ExpertsTest, DraftTreesAcceptTheReferenceTokens) {
+  std::unique_ptr<CudaEngine> e = MakeEngine(name_, tp_);
+  ASSERT_NE(e, nullptr);
+  reftest::DraftTreesAcceptTheReferenceTokens(*e, ref_, label_, kFp8LogitTol, kKvSlots, kTreeDepth);
+}
+
+// FP8 experts against the same engine with the experts dequantized to bf16, on the reference
+// prompts (prefill + greedy steps driven by transformers' tokens). The checkpoint's only MoE
+// layer is its last, so both engines route every row identically and the difference is the
+// W8A8 expert GEMMs alone. Asserted: every logit row within kFp8VsBf16Tol (rel-L2 and max
+// |diff| / max |logit|); printed: the bf16 engine against transformers for comparison.
+constexpr double kFp8VsBf16Tol = 0.1;
+
+TEST_P(GpuFp8ExpertsTest, Fp8ExpertsMatchBf16Experts) {
+  std::unique_ptr<CudaEngine> f = MakeEngine(name_, tp_, /*fp8_experts=*/true);
+  std::unique_ptr<CudaEngine> b = MakeEngine(name_, tp_, /*fp8_experts=*/false);
+  ASSERT_NE(f, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_NE(b->expert_mode(), "fp8 block-scaled grouped GEMMs");
+  const int64_t V = f->config().vocab_size;
+  double max_l2 = 0, max_rel = 0;
+  int64_t rows = 0, flips = 0;
+  for (const PromptRef& pr : ref_.prompts) {
+    reftest::Slots slots(kKvSlots);
+    std::vector<int32_t> committed;
+    std::vector<int32_t> seq = pr.prompt;
+    seq.insert(seq.end(), pr.continuation.begin(), pr.continuation.end() - 1);
+    // The prompt as one prefill, then one step per continuation token.
+    size_t at = 0;
+    while (at < seq.size()) {
+      StepRequest q;
+      q.context_slots = committed;
+      const size_t n = at == 0 ? pr.prompt.size() : 1;
+      for (size_t t = 0; t < n; ++t) {
+        q.tokens.push_back(seq[at + t]);
+        q.parents.push_back(static_cast<int32_t>(t) - 1);
+        q.tail_slots.push_back(slots.Next());
+      }
+      q.accept = false;
+      std::vector<float> lf, lb;
+      auto rf = f->StepWithLogits({q}, &lf);
+      auto rb = b->StepWithLogits({q}, &lb);
+      ASSERT_TRUE(rf.ok()) << rf.status();
+      ASSERT_TRUE(rb.ok()) << rb.status();
+      for (size_t r = 0; r < n; ++r) {
+        double num = 0, den = 0, mx = 0, ma = 0;
+        for (int64_t v = 0; v < V; ++v) {
+          const double d = double(lf[r * V + v]) - lb[r * V + v];
+          num += d * d;
+          den += double(lb[r * V + v]) * lb[r * V + v];
+          mx = std::max(mx, std::fabs(d));
+          ma = std::max(ma, std::fabs(double(lb[r * V + v])));
+        }
+        max_l2 = std::max(max_l2, std::sqrt(num / den));
+        max_rel = std::max(max_rel, mx / ma);
+        flips += (*rf)[0].predictions[r] != (*rb)[0].predictions[r];
+        ++rows;
+      }
+      committed.insert(committed.end(), q.tail_slots.begin(), q.tail_slots.end());
+      at += n;
+    }
+  }
+  std::printf(
+      "%s: fp8 vs bf16 experts over %lld rows: max rel-L2 %.3g, max rel %.3g, %lld "
+      "greedy differences\n",
+      label_.c_str(), static_cast<long long>(rows), max_l2, max_rel, static_cast<long long>(flips));
+  EXPECT_GT(rows, 0);
+  EXPECT_LT(max_l2, kFp8VsBf16Tol);
+  EXPECT_LT(max_rel, kFp8VsBf16Tol);
+  // The bf16-expert engine against transformers, as strictly as the dense checkpoint.
+  reftest::GreedyDecodeAndCompare(*b, ref_, label_ + " bf16 experts", kMoeBf16LogitTol, kKvSlots);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp8, GpuFp8ExpertsTest,
+                         ::testing::Combine(::testing::Values("moe_fp8_block128"),
+                                            ::testing::Values(1, 2)),
+                         [](const ::testing::TestParamInfo<Param>& info) {
+                           return std::get<0>(info.param) + "_tp" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
 // ---- The MoE kernels against the reference ---------------------------------------------------
 
 template <typename T>
@@ -246,8 +358,7 @@ struct RouteCase {
   float quantum;  // logits and biases are multiples of it: 0 = continuous, else many ties
 };
 
-void RunRouteCase(const RouteCase& rc, uint64_t seed) {
-  const int rows = 97;
+void RunRouteCase(const RouteCase& rc, uint64_t seed, int rows) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-3.f, 3.f);
   auto draw = [&] {
@@ -270,7 +381,8 @@ void RunRouteCase(const RouteCase& rc, uint64_t seed) {
 
   DeviceBuffer<float> d_logits(logits.size()), d_bias(bias.size()), d_w(want_w.size());
   DeviceBuffer<int32_t> d_e(want_e.size()), d_off(rc.E + 1), d_rows(want_e.size()),
-      d_pos(want_e.size());
+      d_pos(want_e.size()),
+      d_ws(kernels::cuda::MoePermuteWorkspaceInts(static_cast<int64_t>(rows) * rc.K, rc.E));
   ASSERT_NE(d_logits.p, nullptr);
   CUDA_ASSERT(cudaMemcpy(d_logits.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice));
   CUDA_ASSERT(cudaMemcpy(d_bias.p, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice));
@@ -295,6 +407,7 @@ void RunRouteCase(const RouteCase& rc, uint64_t seed) {
   pp.offsets = d_off.p;
   pp.perm_rows = d_rows.p;
   pp.pair_pos = d_pos.p;
+  pp.workspace = d_ws.p;
   ASSERT_TRUE(kernels::cuda::MoePermuteCuda(pp).ok());
   CUDA_ASSERT(cudaDeviceSynchronize());
   std::vector<int32_t> got_e(want_e.size()), off(rc.E + 1), prow(want_e.size()), pos(want_e.size());
@@ -304,8 +417,9 @@ void RunRouteCase(const RouteCase& rc, uint64_t seed) {
   CUDA_ASSERT(cudaMemcpy(off.data(), d_off.p, off.size() * 4, cudaMemcpyDeviceToHost));
   CUDA_ASSERT(cudaMemcpy(prow.data(), d_rows.p, prow.size() * 4, cudaMemcpyDeviceToHost));
   CUDA_ASSERT(cudaMemcpy(pos.data(), d_pos.p, pos.size() * 4, cudaMemcpyDeviceToHost));
-  const std::string what = absl::StrCat("E=", rc.E, " K=", rc.K, " G=", rc.G, " keep ",
-                                        rc.topk_group, " quantum ", rc.quantum, " seed ", seed);
+  const std::string what =
+      absl::StrCat("rows=", rows, " E=", rc.E, " K=", rc.K, " G=", rc.G, " keep ", rc.topk_group,
+                   " quantum ", rc.quantum, " seed ", seed);
   // Experts exactly (ties included); weights up to the sigmoid's expf (an ulp or two).
   EXPECT_EQ(got_e, want_e) << what;
   for (size_t i = 0; i < want_w.size(); ++i) {
@@ -340,7 +454,60 @@ TEST(GpuMoeKernels, RouteAndPermuteMatchReference) {
       {32, 3, 32, 7, true, 1.f, 0.25f},   // one expert per group, ties
   };
   for (const RouteCase& rc : cases) {
-    for (uint64_t seed : {1u, 2u}) RunRouteCase(rc, seed);
+    // 97 rows: a few permutation chunks of 256 pairs; 600 rows: many.
+    for (uint64_t seed : {1u, 2u}) RunRouteCase(rc, seed, seed == 1 ? 97 : 600);
+  }
+}
+
+// The router's fp32 logits kernel against a double-precision host dot product, for row counts
+// around its 16-row tiles and a hidden size that is not a multiple of 4 (scalar path); a
+// row's logits must not depend on how many rows share the launch (bit-identical).
+TEST(GpuMoeKernels, RouterLogitsMatchHostAndDoNotDependOnRows) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (const int64_t H : {int64_t{7168}, int64_t{130}}) {
+    const int E = 40, rows = 37;  // several 16-row tiles, one partial
+    std::vector<float> x(rows * H), w(E * H);
+    for (float& v : x) v = u(rng);
+    for (float& v : w) v = u(rng);
+    DeviceBuffer<float> d_x(x.size()), d_w(w.size()), d_y(rows * E), d_y1(E);
+    CUDA_ASSERT(cudaMemcpy(d_x.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMemcpy(d_w.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+    kernels::cuda::MoeRouterLogitsParams p;
+    p.rows = rows;
+    p.num_experts = E;
+    p.hidden = H;
+    p.x = d_x.p;
+    p.ldx = H;
+    p.w = d_w.p;
+    p.ldw = H;
+    p.y = d_y.p;
+    p.ldy = E;
+    ASSERT_TRUE(kernels::cuda::MoeRouterLogitsCuda(p).ok());
+    // Row 20 alone.
+    kernels::cuda::MoeRouterLogitsParams one = p;
+    one.rows = 1;
+    one.x = d_x.p + 20 * H;
+    one.y = d_y1.p;
+    ASSERT_TRUE(kernels::cuda::MoeRouterLogitsCuda(one).ok());
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    std::vector<float> y(rows * E), y1(E);
+    CUDA_ASSERT(cudaMemcpy(y.data(), d_y.p, y.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_ASSERT(cudaMemcpy(y1.data(), d_y1.p, y1.size() * 4, cudaMemcpyDeviceToHost));
+    for (int r = 0; r < rows; ++r) {
+      for (int e = 0; e < E; ++e) {
+        double want = 0, mag = 0;
+        for (int64_t k = 0; k < H; ++k) {
+          want += double(x[r * H + k]) * w[e * H + k];
+          mag += std::fabs(double(x[r * H + k]) * w[e * H + k]);
+        }
+        ASSERT_NEAR(y[r * E + e], want, 1e-6 * mag) << "H=" << H << " row " << r << " e " << e;
+      }
+    }
+    for (int e = 0; e < E; ++e) {
+      ASSERT_EQ(y1[e], y[20 * E + e]) << "H=" << H << " expert " << e << ": row 20 alone differs";
+    }
   }
 }
 

@@ -10,6 +10,8 @@ verifyd_add_test(server_service_test LABEL cpu
   SOURCES server_service_test.cc LIBS verifyd_server_testing)
 verifyd_add_test(server_sessions_test LABEL cpu
   SOURCES server_sessions_test.cc LIBS verifyd_server_testing verifyd_tp)
+verifyd_add_test(server_sampling_test LABEL cpu
+  SOURCES server_sampling_test.cc LIBS verifyd_server_testing verifyd_tp)
 verifyd_add_test(server_lossless_test LABEL cpu
   SOURCES server_lossless_test.cc LIBS verifyd_server_testing verifyd_tp)
 verifyd_add_test(server_main_test LABEL cpu

@@ -1,10 +1,12 @@
-// Lossless over loopback gRPC with the real CPU engine (tiny preset) at TP 1, 2 and 4:
+// Lossless over loopback gRPC with the real CPU engine (tiny preset) at TP 1, 2 and 4 (and
+// sampled sessions against plain seeded decoding at TP 1 and 2):
 // several concurrent sessions with random prompts (some longer than one 64-row prefill
 // chunk) send random draft trees that sometimes contain the true continuation; the tokens
 // each collects (next_token, then accepted + bonus per round) must equal plain greedy
 // decoding run straight through Engine::Step on a second engine with the same weights.
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "gtest/gtest.h"
 #include "server/server.h"
@@ -28,10 +30,14 @@ absl::StatusOr<std::unique_ptr<tp::Engine>> TinyEngine(int tp_size) {
   return tp::CreateCpuEngine(o);
 }
 
-class LosslessTest : public ::testing::TestWithParam<int> {};
-
-TEST_P(LosslessTest, CollectedTokensEqualPlainGreedy) {
-  const int tp_size = GetParam();
+// Sessions decode with `sampling` (greedy by default); the reference is plain decoding with
+// the same parameters and seed through Engine::Step.
+void RunLossless(int tp_size, const client::SessionOptions& options) {
+  kernels::SamplingParams sampling;
+  sampling.temperature = options.temperature;
+  sampling.top_p = options.top_p.value_or(1.0f);
+  sampling.top_k = options.top_k;
+  sampling.seed = options.seed;
   auto reference = TinyEngine(tp_size);
   ASSERT_TRUE(reference.ok()) << reference.status();
   auto engine = TinyEngine(tp_size);
@@ -45,9 +51,14 @@ TEST_P(LosslessTest, CollectedTokensEqualPlainGreedy) {
   for (int i = 0; i < kSessions; ++i) {
     const int len = i == 0 ? 70 : 1 + static_cast<int>(rng() % 30);  // one spans 2 chunks
     for (int k = 0; k < len; ++k) prompts[i].push_back(static_cast<int32_t>(rng() % vocab));
-    auto g = testing::GreedyViaEngine(reference->get(), prompts[i], kTokens + 16);
+    auto g = testing::GreedyViaEngine(reference->get(), prompts[i], kTokens + 16, sampling);
     ASSERT_TRUE(g.ok()) << g.status();
     truths[i] = *g;
+  }
+  if (options.sampled()) {  // the sampled continuation really is not the greedy one
+    auto g = testing::GreedyViaEngine(reference->get(), prompts[0], kTokens + 16);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_NE(*g, truths[0]);
   }
 
   auto t = testing::StartTestServer(ServerOptions{}, *std::move(engine), /*metrics=*/false);
@@ -58,7 +69,7 @@ TEST_P(LosslessTest, CollectedTokensEqualPlainGreedy) {
   for (int i = 0; i < kSessions; ++i) {
     threads.emplace_back([&, i] {
       std::mt19937_64 r(100 * tp_size + i);
-      auto s = t->client->Open(prompts[i]);
+      auto s = t->client->Open(prompts[i], "", options);
       if (!s.ok()) return void(errors[i] = s.status().ToString());
       std::vector<int32_t> got = {s->next_token};
       while (static_cast<int>(got.size()) < kTokens) {
@@ -78,7 +89,7 @@ TEST_P(LosslessTest, CollectedTokensEqualPlainGreedy) {
       for (int k = 0; k < kTokens; ++k) {
         if (got[k] != truths[i][k]) {
           return void(errors[i] = "token " + std::to_string(k) + " differs: got " +
-                                  std::to_string(got[k]) + ", greedy " +
+                                  std::to_string(got[k]) + ", plain decoding " +
                                   std::to_string(truths[i][k]));
         }
       }
@@ -96,8 +107,37 @@ TEST_P(LosslessTest, CollectedTokensEqualPlainGreedy) {
   EXPECT_EQ(t->server->kv_slots_used(), 0);
 }
 
+class LosslessTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(LosslessTest, CollectedTokensEqualPlainGreedy) { RunLossless(GetParam(), {}); }
+
 INSTANTIATE_TEST_SUITE_P(Tp, LosslessTest, ::testing::Values(1, 2, 4),
                          [](const auto& info) { return "tp" + std::to_string(info.param); });
+
+// Coupled sampled verification: a seeded session emits exactly the tokens of plain seeded
+// decoding, bit for bit, whatever the drafts (random trees, often holding the true sampled
+// continuation), at TP 1 and TP 2, with and without top-k / top-p.
+class SampledLosslessTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(SampledLosslessTest, CollectedTokensEqualSeededPlainDecoding) {
+  client::SessionOptions o;
+  o.seed = 77 + std::get<1>(GetParam());
+  if (std::get<1>(GetParam()) == 0) {
+    o.temperature = 1.0f;
+  } else {
+    o.temperature = 0.7f;
+    o.top_k = 20;
+    o.top_p = 0.9f;
+  }
+  RunLossless(std::get<0>(GetParam()), o);
+}
+
+INSTANTIATE_TEST_SUITE_P(TpAndParams, SampledLosslessTest,
+                         ::testing::Combine(::testing::Values(1, 2), ::testing::Values(0, 1)),
+                         [](const auto& info) {
+                           return "tp" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_topk_topp" : "_plain");
+                         });
 
 }  // namespace
 }  // namespace verifyd::server

@@ -24,3 +24,6 @@ if(TARGET verifyd)
     VERIFYD_BINARY="$<TARGET_FILE:verifyd>")
   add_dependencies(tp_bad_checkpoint_cli_test verifyd)
 endif()
+# Sampled verification on the CPU engine: draws against the target distribution (chi-square),
+# logprobs against the logits, hidden states against the residual stream, the reference sampler.
+verifyd_add_test(tp_sampling_test LABEL cpu SOURCES tp_sampling_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})

@@ -4,6 +4,7 @@
 //   moe_yarn      MoE (sigmoid / noaux_tc routing with a non-zero correction bias, groups,
 //                 shared expert) + YaRN, bf16 in two shards, transformers-5 config spelling;
 //   moe_yarn_fp8  the same architecture as DeepSeek-V3 publishes FP8 (128x128 blocks).
+//   moe_fp8_block128  FP8 with whole 128x128 blocks in the experts (hidden 128, two layers).
 // For every checkpoint and TP 1, 2, 4:
 //   - the parsed config gives transformers' RoPE inv_freq and attention softmax scale;
 //   - prefill + greedy decoding with empty trees (driven by the reference tokens): every
@@ -189,7 +190,8 @@ TEST_P(ReferenceCheckpointTest, DraftTreesAcceptTheReferenceTokens) {
   reftest::DraftTreesAcceptTheReferenceTokens(*e, ref_, label_, kLogitTol, kKvSlots, kTreeDepth);
 }
 
-const std::vector<std::string> kCheckpoints = {"dense", "moe_yarn", "moe_yarn_fp8"};
+const std::vector<std::string> kCheckpoints = {"dense", "moe_yarn", "moe_yarn_fp8",
+                                               "moe_fp8_block128"};
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, ReferenceConfigTest, ::testing::ValuesIn(kCheckpoints),
                          [](const ::testing::TestParamInfo<std::string>& info) {

@@ -2,6 +2,7 @@
 #include "tp/batch_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
@@ -80,6 +81,31 @@ absl::StatusOr<BatchPlan> BuildBatchPlan(const std::vector<StepRequest>& batch,
     }
     if (static_cast<int64_t>(q.tail_slots.size()) != n) {
       return bad("batch[", b, "].tail_slots has ", q.tail_slots.size(), " entries, tokens has ", n);
+    }
+    const kernels::SamplingParams& sp = q.sampling;
+    if (!(sp.temperature >= 0.0f) || std::isinf(sp.temperature)) {
+      return bad("batch[", b, "].sampling.temperature = ", sp.temperature,
+                 " must be finite and >= 0");
+    }
+    if (!(sp.top_p > 0.0f && sp.top_p <= 1.0f)) {
+      return bad("batch[", b, "].sampling.top_p = ", sp.top_p, " is outside (0, 1]");
+    }
+    if (sp.top_k < 0) return bad("batch[", b, "].sampling.top_k = ", sp.top_k, " must be >= 0");
+    if (q.top_logprobs < -1 || q.top_logprobs > kernels::kMaxTopLogprobs) {
+      return bad("batch[", b, "].top_logprobs = ", q.top_logprobs, " is outside [-1, ",
+                 kernels::kMaxTopLogprobs, "]");
+    }
+    for (size_t i = 0; i < q.hidden_layers.size(); ++i) {
+      const int32_t l = q.hidden_layers[i];
+      if (l < 0 || l >= c.num_hidden_layers) {
+        return bad("batch[", b, "].hidden_layers[", i, "] = ", l, " is outside [0, ",
+                   c.num_hidden_layers, ")");
+      }
+      for (size_t j = 0; j < i; ++j) {
+        if (q.hidden_layers[j] == l) {
+          return bad("batch[", b, "].hidden_layers[", i, "] = ", l, " is listed twice");
+        }
+      }
     }
     const int64_t committed = static_cast<int64_t>(q.context_slots.size());
     if (committed + n > limits.max_context) {

@@ -39,7 +39,8 @@ struct BatchPlan {
 // builds its plan. Checks: batch size <= limits.max_batch; 1 <= rows <= limits.max_tail_rows;
 // parents/tail_slots sizes; parents[0] = -1 and parents[t] in [0, t); tokens in [0, vocab);
 // context and tail slots in [0, kv_slots); context + rows <= limits.max_context; tail
-// slots distinct across the batch and not a context slot of any request.
+// slots distinct across the batch and not a context slot of any request; sampling params,
+// top_logprobs and hidden_layers as engine.h states.
 // with_kv_indices = false leaves plan.kv_indices empty (kv_indptr is still filled): the CUDA
 // engine writes the slot lists straight into its pinned upload buffer instead (one copy of
 // what can be 24 MB per step, into memory that is already mapped).

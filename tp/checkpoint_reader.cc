@@ -477,4 +477,41 @@ absl::Status CheckpointWeightSource::ReadBlockBf16(const std::string& name, int6
   return absl::OkStatus();
 }
 
+bool CheckpointWeightSource::StoredAsFp8(const std::string& name) const {
+  auto found = Find(name);
+  return found.ok() && (*found)->type == StoredType::kF8E4M3;
+}
+
+absl::Status CheckpointWeightSource::ReadBlockFp8(const std::string& name, int64_t row0,
+                                                  int64_t rows, int64_t col0, int64_t cols,
+                                                  uint8_t* dst, float* scale_dst) const {
+  VERIFYD_ASSIGN_OR_RETURN(const Entry* e, Find(name));
+  const std::string where = absl::StrCat(files_[e->file]->path, ": tensor '", name, "'");
+  if (e->type != StoredType::kF8E4M3) {
+    return absl::UnimplementedError(absl::StrCat(where, " is stored as ", e->dtype, ", not FP8"));
+  }
+  VERIFYD_RETURN_IF_ERROR(CheckBlock(where, e->shape, row0, rows, col0, cols));
+  if (e->block_rows != 128 || e->block_cols != 128 || row0 % 128 != 0 || rows % 128 != 0 ||
+      col0 % 128 != 0 || cols % 128 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where,
+                     ": raw FP8 blocks need 128 x 128 scale blocks and a 128-aligned block (scale "
+                     "blocks ",
+                     e->block_rows, " x ", e->block_cols, ", block rows ", row0, "+", rows,
+                     " cols ", col0, "+", cols, ")"));
+  }
+  const MappedFile& f = *files_[e->file];
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* p = f.base + f.data_begin + e->begin + (row0 + r) * e->view.cols + col0;
+    std::memcpy(dst + r * cols, p, static_cast<size_t>(cols));
+  }
+  const Entry& sc = entries_[e->scale];
+  for (int64_t br = 0; br < rows / 128; ++br) {
+    for (int64_t bc = 0; bc < cols / 128; ++bc) {
+      scale_dst[br * (cols / 128) + bc] = ScaleAt(sc, row0 / 128 + br, col0 / 128 + bc);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace verifyd::tp

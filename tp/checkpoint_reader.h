@@ -93,6 +93,9 @@ class CheckpointWeightSource final : public WeightSource {
                          int64_t cols, float* dst) const override;
   absl::Status ReadBlockBf16(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
                              int64_t cols, uint16_t* dst) const override;
+  bool StoredAsFp8(const std::string& name) const override;
+  absl::Status ReadBlockFp8(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                            int64_t cols, uint8_t* dst, float* scale_dst) const override;
   // The path of the file that holds the tensor ("" when absent).
   std::string Location(const std::string& name) const override;
 

@@ -11,6 +11,21 @@
 // GPU). Both are built from tp::EngineOptions (tp/engine_options.h) and run their ranks on a
 // tp::RankGroup (tp/rank_group.h).
 //
+// Per request, besides the greedy predictions (all optional; a request that asks for none of
+// them costs nothing extra):
+//   sampling      temperature / top-k / top-p / seed (kernels/sampling.h has the definition):
+//                 a sampled row's prediction is the draw for position positions[t] + 1, so
+//                 acceptance ("a node is accepted iff its token equals the prediction after its
+//                 parent") becomes coupled sampled verification. Greedy (temperature 0) rows
+//                 are the argmax, bit for bit as without sampling.
+//   top_logprobs  >= 0: the logprob of each row's prediction and the best top_logprobs tokens
+//                 (log-softmax of logits / temperature, before top-k / top-p).
+//   hidden_layers the residual stream after each listed decoder layer (0-based; transformers'
+//                 hidden_states[l + 1]) for every row, float32.
+// For a prefill chunk (accept = false) only the last row is sampled and gets logprobs (its
+// prediction is the pending token when the chunk is the prompt's last); the other rows'
+// predictions stay greedy. Hidden states cover every row of the request either way.
+//
 // Thread-safety: Step() may be called from one thread at a time (the scheduler's engine
 // loop); the accessors are safe from any thread.
 #pragma once
@@ -21,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/sampling.h"
 #include "tp/model_config.h"
 
 namespace verifyd::tp {
@@ -39,14 +55,33 @@ struct StepRequest {
   std::vector<int32_t> parents;        // [n]
   std::vector<int32_t> tail_slots;     // [n] fresh slots; the engine writes each row's KV
   bool accept = true;                  // false for prefill chunks: predictions only
+  // Optional outputs (see the top of the file). Validated with the batch: top_logprobs in
+  // [-1, kernels::kMaxTopLogprobs], hidden layers distinct and in [0, num_hidden_layers),
+  // temperature finite and >= 0, top_p in (0, 1], top_k >= 0.
+  kernels::SamplingParams sampling;    // default: greedy
+  int top_logprobs = -1;               // -1: no logprobs
+  std::vector<int32_t> hidden_layers;  // empty: no hidden states
+};
+
+// The logprobs of one row's prediction (StepRequest::top_logprobs).
+struct RowLogprobs {
+  int32_t token = -1;  // the row's prediction
+  float logprob = 0;
+  std::vector<int32_t> top_tokens;  // best first, lower id on ties
+  std::vector<float> top_logprobs;
 };
 
 struct StepResult {
-  std::vector<int32_t> predictions;    // [n] greedy target token after each row
+  std::vector<int32_t> predictions;    // [n] target token after each row (greedy or drawn)
   std::vector<int32_t> accepted_rows;  // accepted local rows >= 1, root side first
   int32_t bonus = -1;                  // target token after the last accepted row
   std::vector<int32_t> kept_slots;     // root slot then accepted rows' slots (path order)
   std::vector<int32_t> freed_slots;    // the other tail slots
+  // top_logprobs >= 0: [n] one per row (accept = true), or [1] the last row's (prefill chunk).
+  std::vector<RowLogprobs> logprobs;
+  // hidden_layers non-empty: [n][hidden_layers.size()][hidden_size], rows in request order,
+  // layers in the order asked.
+  std::vector<float> hidden;
 };
 
 // Optional timing of the last step, for metrics (seconds).

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "tp/model_config.h"
 #include "tp/safetensors.h"
 #include "tp/weights.h"
@@ -49,6 +50,23 @@ class WeightSource {
   // to nearest even (BF16-stored tensors are copied bit for bit).
   virtual absl::Status ReadBlockBf16(const std::string& name, int64_t row0, int64_t rows,
                                      int64_t col0, int64_t cols, uint16_t* dst) const = 0;
+
+  // FP8 block-scaled tensors as stored, for engines that keep them in FP8 (the CUDA engine's
+  // routed experts): the e4m3 bytes of block [row0, +rows) x [col0, +cols) into dst[rows *
+  // cols] and the float32 value of its `_scale_inv` entries, [rows / 128][cols / 128] into
+  // scale_dst. row0, rows, col0 and cols must be multiples of 128 and the tensor's scale
+  // blocks 128 x 128. Unimplemented when the tensor is not stored as F8_E4M3 (or the source
+  // keeps no FP8 bytes); InvalidArgument naming the tensor for a misaligned block.
+  virtual bool StoredAsFp8(const std::string& name) const {
+    (void)name;
+    return false;
+  }
+  virtual absl::Status ReadBlockFp8(const std::string& name, int64_t row0, int64_t rows,
+                                    int64_t col0, int64_t cols, uint8_t* dst,
+                                    float* scale_dst) const {
+    (void)row0, (void)rows, (void)col0, (void)cols, (void)dst, (void)scale_dst;
+    return absl::UnimplementedError(absl::StrCat("tensor '", name, "' is not stored as FP8"));
+  }
 
   // Where the tensor is stored, for error messages ("path/model-00001.safetensors"); empty
   // when the source has no files.

@@ -26,7 +26,8 @@ absl::StatusOr<TestServer> StartTestServer(ServerOptions options,
 }
 
 absl::StatusOr<std::vector<int32_t>> GreedyViaEngine(tp::Engine* engine,
-                                                     const std::vector<int32_t>& prompt, int n) {
+                                                     const std::vector<int32_t>& prompt, int n,
+                                                     const kernels::SamplingParams& sampling) {
   const int chunk = std::max(1, std::min(64, engine->limits().max_tail_rows));
   std::vector<int32_t> seq = prompt;
   std::vector<int32_t> out;
@@ -45,6 +46,7 @@ absl::StatusOr<std::vector<int32_t>> GreedyViaEngine(tp::Engine* engine,
       r.tail_slots.push_back(static_cast<int32_t>(i));
     }
     r.accept = false;
+    r.sampling = sampling;
     auto res = engine->Step({r});
     if (!res.ok()) return res.status();
     next = (*res)[0].predictions.back();

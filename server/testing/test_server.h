@@ -31,9 +31,11 @@ absl::StatusOr<TestServer> StartTestServer(ServerOptions options,
 
 // Plain greedy decoding through Engine::Step on slots [0, prompt + n): prefill in chunks of
 // max_tail_rows rows (accept = false), then one row per step. Returns the n tokens after the
-// prompt (the first is the pending token after the prompt).
+// prompt (the first is the pending token after the prompt). With `sampling`: plain seeded
+// decoding (every step's request carries it).
 absl::StatusOr<std::vector<int32_t>> GreedyViaEngine(tp::Engine* engine,
-                                                     const std::vector<int32_t>& prompt, int n);
+                                                     const std::vector<int32_t>& prompt, int n,
+                                                     const kernels::SamplingParams& sampling = {});
 
 // A random draft tree of at most max_nodes nodes: a path of random depth whose node at depth
 // d is truth[d] with probability `hit` (until the first miss), hidden among random siblings,

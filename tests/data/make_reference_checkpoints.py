@@ -24,6 +24,14 @@ tests/data/references/<name>.json and <name>_logits.safetensors.
                 ("rope_scaling" with "type": "yarn", top-level rope_theta, scoring_func,
                 topk_method, moe_layer_freq) plus quantization_config; two shards with an index
                 (one weight and its scale_inv happen to land in different shards).
+  moe_fp8_block128  FP8 like moe_yarn_fp8 but with whole 128 x 128 blocks in the experts: hidden
+                128, moe_intermediate_size 256 (two blocks; one per rank at TP 2), 8 routed
+                experts in 2 groups (top-1 group), top-2, two layers (the second MoE): the dims
+                at which the CUDA engine keeps the routed experts in FP8 (block-scaled grouped
+                GEMMs). Routing pinned (e_score_correction_bias = 2 e: every token picks experts
+                7 and 6) so that the GPU's FP8 expert path is compared with transformers without
+                routing decisions near a tie (routing is what the other MoE checkpoints test).
+                One shard.
 
 The MoE checkpoints set max_position_embeddings 256 while factor * original is 128: transformers
 warns and uses the explicit factor (4) for both inv_freq and the softmax mscale, so a reader
@@ -56,7 +64,7 @@ logits' argmax equals the step-by-step greedy tokens.
 Rerun (deterministic; a Python environment with torch, transformers 5 and safetensors, e.g.
 `pip install torch transformers safetensors`), from the repository root:
 
-  python tests/data/make_reference_checkpoints.py
+  python tests/data/make_reference_checkpoints.py [NAME ...]
 
 The C++ test tests/tp_reference_checkpoint_test.cc compares the CPU engine with these files.
 """
@@ -64,6 +72,7 @@ The C++ test tests/tp_reference_checkpoint_test.cc compares the CPU engine with 
 import json
 import math
 import os
+import sys
 import shutil
 
 import torch
@@ -164,6 +173,28 @@ CHECKPOINTS = [
         fp8=True,
         shards=2,
         prompt_lengths=[5, 33, 38],
+    ),
+    dict(
+        name="moe_fp8_block128",
+        seed=4004,
+        config=dict(
+            COMMON,
+            **dict(
+                MOE,
+                moe_intermediate_size=256,
+                n_group=2,
+                topk_group=1,
+            ),
+            hidden_size=128,
+            num_hidden_layers=2,
+            max_position_embeddings=256,
+            rope_parameters=dict(YARN),
+        ),
+        spelling="v4",
+        fp8=True,
+        shards=1,
+        prompt_lengths=[7, 24],
+        pin_routing=True,
     ),
 ]
 
@@ -445,6 +476,14 @@ def build(spec):
     cfg._attn_implementation = "eager"
     model = DeepseekV3ForCausalLM(cfg).float().eval()
     randomize(model, cfg, gen)
+    if spec.get("pin_routing"):
+        # e_score_correction_bias = 2 e: the choice (score + bias) always prefers the higher
+        # experts by more than any score difference, so every token routes identically on every
+        # backend (bf16 activations cannot flip a decision).
+        with torch.no_grad():
+            for buffer_name, b in model.named_buffers():
+                if buffer_name.endswith("e_score_correction_bias"):
+                    b.copy_(2.0 * torch.arange(b.numel(), dtype=b.dtype))
 
     # Write the checkpoint, then rebuild the float32 reference model from the written files so
     # it holds exactly the stored values (bf16-rounded or dequantized FP8).
@@ -552,8 +591,10 @@ def build(spec):
 def main():
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
+    only = set(sys.argv[1:])  # checkpoint names to (re)build; none: all
     for spec in CHECKPOINTS:
-        build(spec)
+        if not only or spec["name"] in only:
+            build(spec)
 
 
 if __name__ == "__main__":

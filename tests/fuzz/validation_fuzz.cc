@@ -6,7 +6,8 @@
 //   odd:  the rest builds a structured request (limits, items, trees whose parents are
 //         mostly valid) so the checks past the first field are reached.
 // Invariants: validation never crashes; it accepts exactly the requests the oracle accepts;
-// a rejection is InvalidArgument whose message starts with the offending field; an accepted
+// a rejection is InvalidArgument (Unimplemented for draft_probs) whose message starts with
+// the offending field; an accepted
 // tree is one greedy tree acceptance can walk (every accepted row's parent is the previous
 // accepted row, tokens match predictions); CheckContext matches its formula.
 #include <cstdint>
@@ -44,6 +45,7 @@ bool OracleVerify(const v1::VerifyRequest& r, const ApiLimits& l) {
   for (const auto& it : r.items()) {
     if (it.session_id().empty() || !ids.insert(it.session_id()).second) return false;
     if (!OracleTree(it.tree(), l)) return false;
+    if (it.draft_probs_size() > 0) return false;  // Unimplemented (no rejection sampling)
   }
   return true;
 }
@@ -58,7 +60,9 @@ bool OraclePrompt(const v1::OpenSessionRequest& r, const ApiLimits& l) {
 }
 
 void CheckRejection(const absl::Status& st, const char* field_prefix) {
-  FUZZ_CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  FUZZ_CHECK(st.code() == absl::StatusCode::kInvalidArgument ||
+             (st.code() == absl::StatusCode::kUnimplemented &&
+              absl::StrContains(st.message(), ".draft_probs: ")));
   FUZZ_CHECK(absl::StartsWith(st.message(), field_prefix));
 }
 

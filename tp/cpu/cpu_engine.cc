@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/reference/sampling_ref.h"
 #include "kernels/status.h"
 #include "kernels/tree_accept.h"
 #include "kernels/verify_attention.h"
@@ -100,24 +101,57 @@ absl::StatusOr<std::vector<StepResult>> CpuEngine::RunStep(const std::vector<Ste
   auto shared_plan = std::make_shared<const BatchPlan>(std::move(*plan));
   const BatchPlan& p = *shared_plan;
 
+  // Sampling, logprobs and hidden states: which rows need their full logits gathered, and
+  // which residual rows rank 0 copies after which layer (tp/cpu/cpu_forward.h).
+  auto extras = std::make_shared<ForwardExtras>();
+  std::vector<int64_t> logit_index(p.total_rows, -1);  // plan row -> row of row_logits
+  std::vector<int64_t> hidden_base(batch.size(), 0);   // request -> its first hidden float
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const StepRequest& q = batch[b];
+    const int32_t row0 = p.q_indptr[b], n = p.q_indptr[b + 1] - row0;
+    if (q.sampling.sampled() || q.top_logprobs >= 0) {
+      for (int32_t t = q.accept ? 0 : n - 1; t < n; ++t) {
+        logit_index[row0 + t] = static_cast<int64_t>(extras->logit_rows.size());
+        extras->logit_rows.push_back(row0 + t);
+      }
+    }
+    if (!q.hidden_layers.empty()) {
+      if (extras->by_layer.empty()) extras->by_layer.resize(config_.num_hidden_layers);
+      const int64_t hid = config_.hidden_size, nl = static_cast<int64_t>(q.hidden_layers.size());
+      hidden_base[b] = extras->hidden_floats;
+      for (int64_t li = 0; li < nl; ++li) {
+        extras->by_layer[q.hidden_layers[li]].push_back(
+            {row0, n, extras->hidden_floats + li * hid, nl * hid});
+      }
+      extras->hidden_floats += int64_t{n} * nl * hid;
+    }
+  }
+  const bool want_extras = !extras->logit_rows.empty() || !extras->by_layer.empty();
+
   // What each rank produces; shared with the jobs so that a rank that outlives a failed step
   // writes into memory that is still alive.
   struct RankOutputs {
     std::vector<std::vector<int32_t>> predictions;
     std::vector<std::vector<float>> logits;
+    std::vector<std::vector<float>> row_logits;
+    std::vector<float> hidden;  // rank 0's
   };
   auto outputs = std::make_shared<RankOutputs>();
   outputs->predictions.resize(tp_);
   outputs->logits.resize(tp_);
+  outputs->row_logits.resize(tp_);
   const bool want_logits = logits != nullptr;
   const int64_t step = step_index_++;
-  RankGroup::Job job = [this, shared_plan, outputs, want_logits, step](int r) -> absl::Status {
+  RankGroup::Job job = [this, shared_plan, outputs, want_logits, step, extras,
+                        want_extras](int r) -> absl::Status {
     absl::Status s;
     if (fault_hook_) s = fault_hook_(r, step);
     if (s.ok() && failed_.load()) s = absl::UnavailableError("engine already failed");
     if (s.ok()) {
       s = forwards_[r]->Forward(*shared_plan, &outputs->predictions[r],
-                                want_logits ? &outputs->logits[r] : nullptr);
+                                want_logits ? &outputs->logits[r] : nullptr,
+                                want_extras ? extras.get() : nullptr, &outputs->row_logits[r],
+                                r == 0 ? &outputs->hidden : nullptr);
     }
     if (!s.ok()) {
       group_->ClaimFailure(r);  // this rank, not one that then sees the aborted collective
@@ -144,9 +178,25 @@ absl::StatusOr<std::vector<StepResult>> CpuEngine::RunStep(const std::vector<Ste
     AbortComms();
     return absl::UnavailableError(absl::StrCat("cpu engine step failed: ", failure));
   }
-  const std::vector<int32_t>& preds = outputs->predictions[0];
+  std::vector<int32_t>& preds = outputs->predictions[0];
   if (logits) *logits = std::move(outputs->logits[0]);
   if (timing) timing->per_rank_s = run.seconds;
+
+  // Sampled rows: the draw replaces the argmax (before acceptance, so acceptance is coupled).
+  const int64_t V = config_.vocab_size;
+  const std::vector<float>& row_logits = outputs->row_logits[0];
+  for (size_t b = 0; b < batch.size(); ++b) {
+    if (!batch[b].sampling.sampled()) continue;
+    for (int32_t r = p.q_indptr[b]; r < p.q_indptr[b + 1]; ++r) {
+      if (logit_index[r] < 0) continue;
+      const int32_t tok = kernels::ref::SampleToken(row_logits.data() + logit_index[r] * V, V,
+                                                    batch[b].sampling, int64_t{p.positions[r]} + 1);
+      if (tok < 0) {
+        return absl::InternalError(absl::StrCat("cpu engine: row ", r, " has no finite logit"));
+      }
+      preds[r] = tok;
+    }
+  }
 
   // Acceptance, once, from the predictions every rank agrees on.
   std::vector<StepResult> results(batch.size());
@@ -154,6 +204,22 @@ absl::StatusOr<std::vector<StepResult>> CpuEngine::RunStep(const std::vector<Ste
     const int32_t row0 = p.q_indptr[b], n = p.q_indptr[b + 1] - row0;
     StepResult& res = results[b];
     res.predictions.assign(preds.begin() + row0, preds.begin() + row0 + n);
+    if (batch[b].top_logprobs >= 0) {
+      for (int32_t r = row0; r < row0 + n; ++r) {
+        if (logit_index[r] < 0) continue;
+        kernels::ref::TokenLogprobs lp = kernels::ref::ComputeLogprobs(
+            row_logits.data() + logit_index[r] * V, V, batch[b].sampling.temperature,
+            batch[b].sampling.sampled(), preds[r], batch[b].top_logprobs);
+        res.logprobs.push_back(RowLogprobs{lp.token, lp.logprob, std::move(lp.top_tokens),
+                                           std::move(lp.top_logprobs)});
+      }
+    }
+    if (!batch[b].hidden_layers.empty()) {
+      const int64_t count =
+          int64_t{n} * static_cast<int64_t>(batch[b].hidden_layers.size()) * config_.hidden_size;
+      res.hidden.assign(outputs->hidden.begin() + hidden_base[b],
+                        outputs->hidden.begin() + hidden_base[b] + count);
+    }
     if (!batch[b].accept) {
       // Prefill chunk: every row is committed; bonus = the prediction after the last row.
       res.bonus = res.predictions.back();

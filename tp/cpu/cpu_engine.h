@@ -17,6 +17,13 @@
 // (embeddings, q_a, kv_a, norms, routers) once per rank. Generated weights (presets, `config`)
 // are made whole on the host first.
 //
+// Sampling, logprobs, hidden states (tp/engine.h): the rows that draw or give logprobs have
+// their full-vocabulary logits all-gathered (every rank takes part; only those rows), and the
+// draw (kernels/reference/sampling_ref.h) replaces the row's argmax before acceptance, so
+// acceptance is coupled and a row's draw depends only on its logits, seed and position
+// (batch-invariant). Hidden states are copied by rank 0 after each asked layer: the residual
+// stream is replicated (it only changes by all-reduced sums), so nothing is gathered.
+//
 // Requests with accept = false (prefill chunks): accepted_rows empty, kept_slots = all
 // tail_slots (every row is committed), freed_slots empty, bonus = predictions.back() (the
 // target's token after the chunk: the pending token when it is the prompt's last chunk).

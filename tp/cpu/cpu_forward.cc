@@ -207,7 +207,8 @@ void RankForward::Rope(float* x, int64_t rows, int64_t heads, int64_t head_strid
 }
 
 absl::Status RankForward::Forward(const BatchPlan& plan, std::vector<int32_t>* predictions,
-                                  std::vector<float>* logits) {
+                                  std::vector<float>* logits, const ForwardExtras* extras,
+                                  std::vector<float>* row_logits, std::vector<float>* hidden_out) {
   const ModelConfig& c = config_;
   const int64_t R = plan.total_rows, hid = c.hidden_size, Hl = w_.heads.size;
   const int64_t qk = c.qk_head_dim(), lat = c.latent_dim(), kvl = c.kv_lora_rank;
@@ -226,6 +227,8 @@ absl::Status RankForward::Forward(const BatchPlan& plan, std::vector<int32_t>* p
   std::vector<float> h(R * hid), qa, q(R * Hl * qk), kva(R * lat), attn(R * Hl * v);
   std::vector<float> part(R * hid), gate(R * Il), up(R * Il), act(R * Il);
   if (c.q_lora_rank > 0) qa.resize(R * c.q_lora_rank);
+  const bool capture = extras != nullptr && hidden_out != nullptr && !extras->by_layer.empty();
+  if (capture) hidden_out->assign(extras->hidden_floats, 0.0f);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const RankWeights::Layer& L = w_.layers[l];
     ref::RmsNorm(x.data(), R, hid, hid, L.input_norm.data(), eps, h.data());
@@ -279,6 +282,14 @@ absl::Status RankForward::Forward(const BatchPlan& plan, std::vector<int32_t>* p
       return s;
     }
     ref::AddInPlace(x.data(), part.data(), R * hid);
+    if (capture) {
+      for (const ForwardExtras::Capture& cap : extras->by_layer[l]) {
+        for (int32_t t = 0; t < cap.rows; ++t) {
+          std::memcpy(hidden_out->data() + cap.offset + t * cap.stride,
+                      x.data() + int64_t{cap.row0 + t} * hid, hid * sizeof(float));
+        }
+      }
+    }
   }
   // LM head on the local vocab rows, then the vocab-parallel argmax.
   ref::RmsNorm(x.data(), R, hid, hid, w_.final_norm.data(), eps, h.data());
@@ -319,19 +330,51 @@ absl::Status RankForward::Forward(const BatchPlan& plan, std::vector<int32_t>* p
     (*predictions)[r] = best_i;
   }
   if (logits != nullptr) {
-    std::vector<float> gathered(static_cast<size_t>(world) * R * Vmax);
-    if (absl::Status s = comm_->AllGather(local_logits.data(), gathered.data(),
-                                          local_logits.size() * sizeof(float), nullptr);
-        !s.ok()) {
+    std::vector<int32_t> all(R);
+    for (int64_t r = 0; r < R; ++r) all[r] = static_cast<int32_t>(r);
+    if (absl::Status s = GatherLogitRows(local_logits, R, Vmax, all, logits); !s.ok()) return s;
+  }
+  if (extras != nullptr && !extras->logit_rows.empty() && row_logits != nullptr) {
+    if (logits != nullptr) {
+      // Already gathered: copy the rows.
+      row_logits->resize(extras->logit_rows.size() * c.vocab_size);
+      for (size_t i = 0; i < extras->logit_rows.size(); ++i) {
+        std::memcpy(row_logits->data() + i * c.vocab_size,
+                    logits->data() + int64_t{extras->logit_rows[i]} * c.vocab_size,
+                    c.vocab_size * sizeof(float));
+      }
+    } else if (absl::Status s =
+                   GatherLogitRows(local_logits, R, Vmax, extras->logit_rows, row_logits);
+               !s.ok()) {
       return s;
     }
-    logits->assign(R * c.vocab_size, 0.0f);
-    for (int k = 0; k < world; ++k) {
-      const ShardRange vr = VocabShard(c.vocab_size, world, k);
-      for (int64_t r = 0; r < R; ++r) {
-        std::memcpy(logits->data() + r * c.vocab_size + vr.begin,
-                    gathered.data() + (k * R + r) * Vmax, vr.size * sizeof(float));
-      }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RankForward::GatherLogitRows(const std::vector<float>& local_logits, int64_t R,
+                                          int64_t Vmax, const std::vector<int32_t>& rows,
+                                          std::vector<float>* out) {
+  const ModelConfig& c = config_;
+  const int world = w_.world;
+  const int64_t n = static_cast<int64_t>(rows.size());
+  std::vector<float> mine(n * Vmax);
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(mine.data() + i * Vmax, local_logits.data() + int64_t{rows[i]} * Vmax,
+                Vmax * sizeof(float));
+  }
+  std::vector<float> gathered(static_cast<size_t>(world) * n * Vmax);
+  if (absl::Status s =
+          comm_->AllGather(mine.data(), gathered.data(), mine.size() * sizeof(float), nullptr);
+      !s.ok()) {
+    return s;
+  }
+  out->assign(n * c.vocab_size, 0.0f);
+  for (int k = 0; k < world; ++k) {
+    const ShardRange vr = VocabShard(c.vocab_size, world, k);
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(out->data() + i * c.vocab_size + vr.begin, gathered.data() + (k * n + i) * Vmax,
+                  vr.size * sizeof(float));
     }
   }
   return absl::OkStatus();

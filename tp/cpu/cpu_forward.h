@@ -97,6 +97,23 @@ absl::Status AbsorbedMlaAttention(const ModelConfig& c, int64_t heads, const Bat
                                   const float* q, const float* w_uk_t, const float* w_uv,
                                   const float* kv, int64_t kv_slots, float* out);
 
+// What a step asks of the forward besides the predictions (sampling, logprobs, hidden states;
+// tp/engine.h). Built once by the engine and shared read-only by every rank.
+struct ForwardExtras {
+  // Rows whose full-vocabulary logits are gathered (every rank takes part in the gather;
+  // every rank must pass the same list).
+  std::vector<int32_t> logit_rows;
+  // Hidden-state capture: the residual stream after a decoder layer is the same on every rank
+  // (it is updated only by all-reduced sums), so only the rank given `hidden_out` copies it.
+  struct Capture {
+    int32_t row0 = 0, rows = 0;  // plan rows [row0, row0 + rows)
+    int64_t offset = 0;          // where row row0 goes in hidden_out (floats)
+    int64_t stride = 0;          // floats from one row to the next in hidden_out
+  };
+  std::vector<std::vector<Capture>> by_layer;  // [num_hidden_layers] (empty: no capture)
+  int64_t hidden_floats = 0;                   // size of hidden_out
+};
+
 // One rank's model: its weights, its full copy of the latent KV pool
 // ([layers][kv_slots][kv_lora + rope] float, unused slots NaN) and its communicator.
 class RankForward {
@@ -106,8 +123,13 @@ class RankForward {
   // Runs the plan: writes the tail rows' latent KV, fills predictions [total_rows] (identical
   // on every rank) and, when logits != nullptr, the full logits [total_rows, vocab] (gathered
   // from every rank; every rank must pass logits != nullptr or none).
+  // With `extras`: also gathers the full logits of extras->logit_rows into *row_logits
+  // ([logit_rows.size(), vocab]) and, when hidden_out != nullptr, copies the residual rows
+  // extras->by_layer asks for into *hidden_out.
   absl::Status Forward(const BatchPlan& plan, std::vector<int32_t>* predictions,
-                       std::vector<float>* logits);
+                       std::vector<float>* logits, const ForwardExtras* extras = nullptr,
+                       std::vector<float>* row_logits = nullptr,
+                       std::vector<float>* hidden_out = nullptr);
 
   // The latent cache of one layer: [kv_slots, kv_lora + rope].
   const float* kv_layer(int64_t layer) const {
@@ -118,6 +140,9 @@ class RankForward {
   // RoPE in place on columns [offset, offset + rope) of each of `heads` heads.
   void Rope(float* x, int64_t rows, int64_t heads, int64_t head_stride, int64_t offset,
             const int32_t* positions) const;
+  // Full-vocabulary rows `rows` of the vocab-sharded local logits [R, Vmax] (a collective).
+  absl::Status GatherLogitRows(const std::vector<float>& local_logits, int64_t R, int64_t Vmax,
+                               const std::vector<int32_t>& rows, std::vector<float>* out);
   float* kv_layer_mut(int64_t layer) {
     return kv_.data() + layer * kv_slots_ * config_.latent_dim();
   }

@@ -49,8 +49,8 @@ using Clock = std::chrono::steady_clock;
 // Offsets (bytes) of the step plan's arrays in one arena (host pinned and device copies).
 struct PlanLayout {
   size_t mask = 0, tokens = 0, positions = 0, slots = 0, parents = 0, q_indptr = 0, kv_indptr = 0,
-         kv_indices = 0, total = 0;
-  static PlanLayout For(int64_t rows, int64_t batch, int64_t kv_total) {
+         kv_indices = 0, specs = 0, total = 0;
+  static PlanLayout For(int64_t rows, int64_t batch, int64_t kv_total, int64_t specs = 0) {
     PlanLayout l;
     size_t o = 0;
     auto take = [&o](size_t bytes) {
@@ -66,6 +66,7 @@ struct PlanLayout {
     l.q_indptr = take((batch + 1) * 4);
     l.kv_indptr = take((batch + 1) * 4);
     l.kv_indices = take(std::max<int64_t>(kv_total, 1) * 4);
+    l.specs = take(specs * sizeof(kernels::cuda::SampleRowSpec));
     l.total = o;
     return l;
   }
@@ -88,6 +89,52 @@ absl::Status CheckCudaSupports(const ModelConfig& c) {
     return refuse(absl::StrCat("'num_experts_per_tok' = ", c.moe.num_experts_per_tok,
                                " (more than ", kc::kMoeMaxTopK, ")"));
   }
+  return absl::OkStatus();
+}
+
+// Sampling, logprobs and hidden states of one step (tp/engine.h), planned on the Step thread
+// and shared read-only with the ranks.
+struct StepExtras {
+  std::vector<kc::SampleRowSpec> specs;  // rows to draw and / or give logprobs for
+  std::vector<int32_t> spec_request;     // [specs] the request of each spec
+  // Hidden-state capture on rank 0: after layer l, rows [row0, row0 + rows) of the residual
+  // stream go to hidden + offset with `stride` floats between rows.
+  struct Capture {
+    int32_t row0 = 0, rows = 0;
+    int64_t offset = 0, stride = 0;
+  };
+  std::vector<std::vector<Capture>> by_layer;  // [layers] or empty
+  std::vector<int64_t> hidden_base;            // [batch] first float of each request
+  int64_t hidden_floats = 0;
+};
+
+// Grows a device buffer and its pinned host copy to at least `need` elements (frees the old
+// ones after draining the stream: earlier steps may still read them).
+template <typename T>
+absl::Status GrowPair(CudaRankContext& rk, T** dev, T** host, int64_t* capacity, int64_t need) {
+  if (*capacity >= need) return absl::OkStatus();
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rk.stream));
+  if (*dev != nullptr) {
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaFree(*dev));
+    rk.allocs.erase(std::find(rk.allocs.begin(), rk.allocs.end(), static_cast<void*>(*dev)));
+    *dev = nullptr;
+  }
+  if (*host != nullptr) {
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaFreeHost(*host));
+    rk.host_allocs.erase(
+        std::find(rk.host_allocs.begin(), rk.host_allocs.end(), static_cast<void*>(*host)));
+    *host = nullptr;
+  }
+  *capacity = 0;
+  const int64_t n = need + need / 4;
+  absl::StatusOr<T*> d = rk.Alloc<T>(n);
+  if (!d.ok()) return d.status();
+  *dev = *d;
+  void* h = nullptr;
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h, static_cast<size_t>(n) * sizeof(T)));
+  rk.host_allocs.push_back(h);
+  *host = static_cast<T*>(h);
+  *capacity = n;
   return absl::OkStatus();
 }
 
@@ -122,7 +169,7 @@ struct CudaEngine::Impl {
   RankGroup::Outcome RunOnRanks(std::function<absl::Status(CudaRankContext&)> fn);
   void AbortComms();
   absl::Status Forward(CudaRankContext& rk, const BatchPlan& plan, const PlanLayout& lay,
-                       bool want_logits);
+                       bool want_logits, const StepExtras& ex);
   absl::StatusOr<std::vector<StepResult>> RunStep(const std::vector<StepRequest>& batch,
                                                   std::vector<float>* logits, StepTiming* timing);
 };
@@ -150,7 +197,8 @@ void CudaEngine::Impl::AbortComms() {
 // The forward of one step on one rank.
 
 absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& plan,
-                                       const PlanLayout& lay, bool want_logits) {
+                                       const PlanLayout& lay, bool want_logits,
+                                       const StepExtras& ex) {
   const ModelConfig& c = config;
   const int64_t R = plan.total_rows, B = plan.batch;
   rk.profiling = options.cuda.profile && rk.rank == 0;
@@ -221,13 +269,31 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
     }
   }
 
+  // Hidden states: the residual stream is the same on every rank after each layer (it changes
+  // only by all-reduced sums), so rank 0 copies the asked rows after each asked layer into one
+  // device buffer, brought to the host once at the end of the step (no gather across ranks).
+  const bool capture = rk.rank == 0 && ex.hidden_floats > 0;
+  if (capture) {
+    VERIFYD_RETURN_IF_ERROR(
+        GrowPair(rk, &rk.hidden_dev, &rk.hidden_host, &rk.hidden_capacity, ex.hidden_floats));
+  }
+  const int64_t hid = c.hidden_size;
   VERIFYD_RETURN_IF_ERROR(EmbedTokens(step, rk));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     VERIFYD_RETURN_IF_ERROR(RunMlaLayer(step, l, rk));
+    if (!capture) continue;
+    for (const StepExtras::Capture& cap : ex.by_layer[l]) {
+      VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+          rk.hidden_dev + cap.offset, cap.stride * sizeof(float), rk.x + cap.row0 * hid,
+          hid * sizeof(float), hid * sizeof(float), cap.rows, cudaMemcpyDeviceToDevice, rk.stream));
+    }
   }
   VERIFYD_RETURN_IF_ERROR(RunLmHeadArgmax(step, rk));
 
-  if (want_logits && tp > 1) {
+  // Sampled rows and logprobs need every row's full logits: all-gathered to every rank (a
+  // collective) when TP > 1, then drawn on rank 0 before acceptance.
+  const int64_t nspecs = static_cast<int64_t>(ex.specs.size());
+  if ((want_logits || nspecs > 0) && tp > 1) {
     if (rk.logits_gathered == nullptr) {
       absl::StatusOr<float*> g = rk.Alloc<float>(static_cast<int64_t>(tp) * max_rows * rk.vmax);
       if (!g.ok()) return g.status();
@@ -235,6 +301,21 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
     }
     VERIFYD_RETURN_IF_ERROR(
         rk.comm->AllGather(rk.logits, rk.logits_gathered, R * rk.vmax * sizeof(float), rk.stream));
+  }
+  if (rk.rank == 0 && nspecs > 0) {
+    VERIFYD_RETURN_IF_ERROR(
+        GrowPair(rk, &rk.sample_out, &rk.sample_out_host, &rk.sample_capacity, nspecs));
+    kc::SampleRowsParams sp;
+    sp.rows = static_cast<int>(nspecs);
+    sp.specs = reinterpret_cast<const kc::SampleRowSpec*>(rk.plan_dev + lay.specs);
+    sp.logits = tp > 1 ? rk.logits_gathered : rk.logits;
+    sp.vocab = c.vocab_size;
+    sp.vmax = rk.vmax;
+    sp.shard_stride = R * rk.vmax;
+    sp.predictions = rk.preds;
+    sp.out = rk.sample_out;
+    sp.stream = rk.stream;
+    VERIFYD_RETURN_IF_ERROR(kc::SampleRowsCuda(sp));
   }
   // Acceptance and the kept / freed slot lists, once, on rank 0; one copy out.
   if (rk.rank == 0) {
@@ -263,6 +344,16 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
     VERIFYD_CUDA_RETURN_IF_ERROR(copy_out(h + 3 * R, rk.freed, rb));
     VERIFYD_CUDA_RETURN_IF_ERROR(copy_out(h + 4 * R, rk.num_accepted, bb));
     VERIFYD_CUDA_RETURN_IF_ERROR(copy_out(h + 4 * R + B, rk.bonus, bb));
+    if (nspecs > 0) {
+      VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(rk.sample_out_host, rk.sample_out,
+                                                   nspecs * sizeof(kc::SampledLogprobs),
+                                                   cudaMemcpyDeviceToHost, rk.stream));
+    }
+    if (capture) {
+      VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(rk.hidden_host, rk.hidden_dev,
+                                                   ex.hidden_floats * sizeof(float),
+                                                   cudaMemcpyDeviceToHost, rk.stream));
+    }
   }
   MarkProfile(rk, ProfileCategory::kOther);
   VERIFYD_RETURN_IF_ERROR(WaitRankStream(rk, options.comm_timeout_ms));
@@ -290,7 +381,42 @@ absl::StatusOr<std::vector<StepResult>> CudaEngine::Impl::RunStep(
     return std::vector<StepResult>{};
   }
   const int64_t R = plan.total_rows, B = plan.batch;
-  const PlanLayout lay = PlanLayout::For(R, B, static_cast<int64_t>(plan.kv_indptr.back()));
+  // Sampling / logprobs specs and hidden-state captures (tp/engine.h: a prefill chunk draws
+  // and gives logprobs for its last row only).
+  auto extras = std::make_shared<StepExtras>();
+  extras->hidden_base.assign(batch.size(), 0);
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const StepRequest& q = batch[b];
+    const int32_t row0 = plan.q_indptr[b], n = plan.q_indptr[b + 1] - row0;
+    const bool draw = q.sampling.sampled();
+    if (draw || q.top_logprobs >= 0) {
+      for (int32_t t = q.accept ? 0 : n - 1; t < n; ++t) {
+        kc::SampleRowSpec spec;
+        spec.row = row0 + t;
+        spec.draw = draw ? 1 : 0;
+        spec.top_logprobs = q.top_logprobs;
+        spec.top_k = q.sampling.top_k;
+        spec.temperature = q.sampling.temperature;
+        spec.top_p = q.sampling.top_p;
+        spec.seed = q.sampling.seed;
+        spec.position = int64_t{plan.positions[row0 + t]} + 1;
+        extras->specs.push_back(spec);
+        extras->spec_request.push_back(static_cast<int32_t>(b));
+      }
+    }
+    if (!q.hidden_layers.empty()) {
+      if (extras->by_layer.empty()) extras->by_layer.resize(config.num_hidden_layers);
+      const int64_t hid = config.hidden_size, nl = static_cast<int64_t>(q.hidden_layers.size());
+      extras->hidden_base[b] = extras->hidden_floats;
+      for (int64_t li = 0; li < nl; ++li) {
+        extras->by_layer[q.hidden_layers[li]].push_back(
+            {row0, n, extras->hidden_floats + li * hid, nl * hid});
+      }
+      extras->hidden_floats += int64_t{n} * nl * hid;
+    }
+  }
+  const int64_t nspecs = static_cast<int64_t>(extras->specs.size());
+  const PlanLayout lay = PlanLayout::For(R, B, static_cast<int64_t>(plan.kv_indptr.back()), nspecs);
   if (plan_host_bytes < lay.total) {
     if (plan_host != nullptr) cudaFreeHost(plan_host);
     plan_host = nullptr;
@@ -310,6 +436,7 @@ absl::StatusOr<std::vector<StepResult>> CudaEngine::Impl::RunStep(
   put(lay.parents, plan.parents.data(), R * 4);
   put(lay.q_indptr, plan.q_indptr.data(), (B + 1) * 4);
   put(lay.kv_indptr, plan.kv_indptr.data(), (B + 1) * 4);
+  put(lay.specs, extras->specs.data(), nspecs * sizeof(kc::SampleRowSpec));
   // Slot lists straight from the requests into the pinned buffer (the plan holds only their
   // offsets): context slots then tail slots, per request.
   {
@@ -325,9 +452,9 @@ absl::StatusOr<std::vector<StepResult>> CudaEngine::Impl::RunStep(
   const int64_t step_no = step_index++;
   const bool want_logits = logits != nullptr;
   RankGroup::Outcome run = RunOnRanks(
-      [this, shared_plan, lay, step_no, want_logits](CudaRankContext& rk) -> absl::Status {
+      [this, shared_plan, lay, step_no, want_logits, extras](CudaRankContext& rk) -> absl::Status {
         if (options.fault_hook) VERIFYD_RETURN_IF_ERROR(options.fault_hook(rk.rank, step_no));
-        return Forward(rk, *shared_plan, lay, want_logits);
+        return Forward(rk, *shared_plan, lay, want_logits, *extras);
       });
   if (!run.status.ok()) {
     failed.store(true);
@@ -353,6 +480,12 @@ absl::StatusOr<std::vector<StepResult>> CudaEngine::Impl::RunStep(
     const int32_t row0 = plan.q_indptr[b], n = plan.q_indptr[b + 1] - row0;
     StepResult& res = results[b];
     res.predictions.assign(preds + row0, preds + row0 + n);
+    if (!batch[b].hidden_layers.empty()) {
+      const int64_t count =
+          int64_t{n} * static_cast<int64_t>(batch[b].hidden_layers.size()) * config.hidden_size;
+      res.hidden.assign(r0.hidden_host + extras->hidden_base[b],
+                        r0.hidden_host + extras->hidden_base[b] + count);
+    }
     if (!batch[b].accept) {
       // Prefill chunk: every row is committed; bonus = the prediction after the last row.
       res.bonus = res.predictions.back();
@@ -364,6 +497,21 @@ absl::StatusOr<std::vector<StepResult>> CudaEngine::Impl::RunStep(
     res.bonus = bonus[b];
     res.kept_slots.assign(kept + row0, kept + row0 + 1 + na);
     res.freed_slots.assign(freed + row0, freed + row0 + (n - 1 - na));
+  }
+  // Logprobs, per request in row order (the specs were made in that order).
+  for (int64_t i = 0; i < nspecs; ++i) {
+    const kc::SampleRowSpec& spec = extras->specs[i];
+    if (spec.top_logprobs < 0) continue;
+    const kc::SampledLogprobs& o = r0.sample_out_host[i];
+    RowLogprobs lp;
+    lp.token = o.token;
+    lp.logprob = o.logprob;
+    for (int k = 0; k < std::min(spec.top_logprobs, kernels::kMaxTopLogprobs); ++k) {
+      if (o.top_tokens[k] < 0) break;
+      lp.top_tokens.push_back(o.top_tokens[k]);
+      lp.top_logprobs.push_back(o.top_logprobs[k]);
+    }
+    results[extras->spec_request[i]].logprobs.push_back(std::move(lp));
   }
   if (want_logits) {
     // [world, R, Vmax] (TP > 1, gathered on every rank) or [R, Vmax] -> [R, vocab].
@@ -431,6 +579,11 @@ void CudaEngine::set_profile(bool on) {
 CudaStepProfile CudaEngine::last_profile() const {
   std::lock_guard<std::mutex> lock(impl_->step_mu);
   return impl_->ranks.empty() ? CudaStepProfile{} : impl_->ranks[0]->profile;
+}
+
+std::string CudaEngine::expert_mode() const {
+  if (impl_->config.moe.n_routed_experts == 0 || impl_->ranks.empty()) return "";
+  return ExpertModeName(impl_->ranks[0]->expert_mode);
 }
 
 absl::StatusOr<std::vector<float>> CudaEngine::LatentRow(int rank, int64_t layer, int32_t slot) {
@@ -557,6 +710,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   setup.max_rows = static_cast<int64_t>(lim.max_batch) * lim.max_tail_rows;
   setup.max_batch = lim.max_batch;
   setup.use_verify_kernel = o.cuda.use_verify_kernel;
+  setup.fp8_experts = o.cuda.fp8_experts;
   setup.comm_timeout_ms = o.comm_timeout_ms;
   m.max_rows = setup.max_rows;
   if (o.tp > 1 && shared_device) {

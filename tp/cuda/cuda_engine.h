@@ -18,6 +18,14 @@
 // computed on rank 0's GPU; the results are copied out once per step. Per-rank device state:
 // tp/cuda/rank_context.h.
 //
+// Sampling and logprobs (tp/engine.h): when a step has sampled or logprob rows, the logits
+// are all-gathered to every rank (TP > 1) and rank 0 runs kernels/cuda/dense/sampling.h (one
+// block per row) before acceptance, overwriting the drawn rows' predictions; the logprobs
+// come back with the step's other results. Hidden states: rank 0 copies the asked rows of the
+// residual stream (replicated on every rank after each all-reduce) after each asked layer
+// into one device buffer, copied to the host once per step. Greedy steps without these do
+// none of it.
+//
 // Failure: a rank error, an NCCL async error or a collective / stream wait longer than
 // comm_timeout_ms aborts the NCCL group; Step answers Unavailable, failed() turns true and
 // stays true (the server reports NOT_SERVING and exits non-zero).
@@ -83,6 +91,9 @@ class CudaEngine final : public Engine {
   void set_profile(bool on);
   // The time split of the last step (profile option), else zeros.
   CudaStepProfile last_profile() const;
+  // How rank 0 runs the routed experts (tp/cuda/rank_context.h ExpertMode: "fp8 block-scaled
+  // grouped GEMMs", "bf16 grouped GEMMs" or "bf16 per-expert cuBLAS GEMMs"); "" without MoE.
+  std::string expert_mode() const;
 
   struct Impl;
 

@@ -138,6 +138,48 @@ absl::Status FillTensorF32(const RankWeightInit& source, CudaRankContext& rk,
   return absl::OkStatus();
 }
 
+// Fills dst [rows, cols] (e4m3 bytes) and scale [rows / 128, cols / 128] with the block
+// [row0, +rows) x [col0, +cols) of an FP8-stored tensor as stored (ReadBlockFp8), 128 rows at
+// a time through a host staging buffer. Every scale must be finite and positive and no byte a
+// NaN code (0x7f / 0xff), else InvalidArgument naming the tensor and its file.
+absl::Status FillTensorFp8(const RankWeightInit& source, CudaRankContext& rk,
+                           const std::string& name, uint8_t* dst, float* scale, int64_t rows,
+                           int64_t cols, int64_t row0, int64_t col0) {
+  const tp::WeightSource& src = *source.host;
+  const int64_t chunk = std::clamp<int64_t>(kStagingBytes / cols / 128 * 128, 128, rows);
+  std::vector<uint8_t> bytes(static_cast<size_t>(chunk * cols));
+  std::vector<float> sc(static_cast<size_t>(chunk / 128 * (cols / 128)));
+  for (int64_t r = 0; r < rows; r += chunk) {
+    const int64_t n = std::min(chunk, rows - r);
+    VERIFYD_RETURN_IF_ERROR(
+        src.ReadBlockFp8(name, row0 + r, n, col0, cols, bytes.data(), sc.data()));
+    const std::string where = src.Location(name);
+    for (int64_t i = 0; i < n * cols; ++i) {
+      if ((bytes[i] & 0x7f) == 0x7f) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where.empty() ? "" : where + ": ", "tensor '", name, "' element [",
+                         row0 + r + i / cols, ", ", col0 + i % cols, "] is an FP8 NaN"));
+      }
+    }
+    for (int64_t i = 0; i < n / 128 * (cols / 128); ++i) {
+      if (!(std::isfinite(sc[i]) && sc[i] > 0)) {
+        return absl::InvalidArgumentError(absl::StrCat(where.empty() ? "" : where + ": ",
+                                                       "tensor '", name, "_scale_inv' has ", sc[i],
+                                                       " (not a finite positive scale)"));
+      }
+    }
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + r * cols, bytes.data(),
+                                                 static_cast<size_t>(n * cols),
+                                                 cudaMemcpyHostToDevice, rk.stream));
+    VERIFYD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(scale + r / 128 * (cols / 128), sc.data(),
+                        static_cast<size_t>(n / 128 * (cols / 128)) * sizeof(float),
+                        cudaMemcpyHostToDevice, rk.stream));
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rk.stream));
+  }
+  return absl::OkStatus();
+}
+
 // A device buffer of `count` T with every byte 0xFF (an fp32 / bf16 NaN, an int32 -1), so a
 // read of an element nothing wrote shows up.
 template <typename T>
@@ -160,7 +202,25 @@ absl::Status FillMoeLayer(const RankWeightInit& src, const ModelConfig& c, int64
   VERIFYD_ASSIGN_OR_RETURN(L.router_bias, rk.Alloc<float>(E));
   VERIFYD_RETURN_IF_ERROR(
       FillTensorF32(src, rk, n("mlp.gate.e_score_correction_bias"), L.router_bias, 1, E, 0, 0));
-  if (Il > 0) {
+  if (Il > 0 && rk.expert_mode == ExpertMode::kFp8Grouped) {
+    const int64_t hb = hid / 128, ib = Il / 128;
+    VERIFYD_ASSIGN_OR_RETURN(L.experts_gate_up_fp8, rk.Alloc<uint8_t>(E * 2 * Il * hid));
+    VERIFYD_ASSIGN_OR_RETURN(L.experts_gate_up_scale, rk.Alloc<float>(E * 2 * ib * hb));
+    VERIFYD_ASSIGN_OR_RETURN(L.experts_down_fp8, rk.Alloc<uint8_t>(E * hid * Il));
+    VERIFYD_ASSIGN_OR_RETURN(L.experts_down_scale, rk.Alloc<float>(E * hb * ib));
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string p = absl::StrCat("mlp.experts.", e, ".");
+      uint8_t* gu = L.experts_gate_up_fp8 + e * 2 * Il * hid;
+      float* gus = L.experts_gate_up_scale + e * 2 * ib * hb;
+      VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, n(p + "gate_proj.weight"), gu, gus, Il, hid,
+                                            rk.moe_inter.begin, 0));
+      VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, n(p + "up_proj.weight"), gu + Il * hid,
+                                            gus + ib * hb, Il, hid, rk.moe_inter.begin, 0));
+      VERIFYD_RETURN_IF_ERROR(
+          FillTensorFp8(src, rk, n(p + "down_proj.weight"), L.experts_down_fp8 + e * hid * Il,
+                        L.experts_down_scale + e * hb * ib, hid, Il, 0, rk.moe_inter.begin));
+    }
+  } else if (Il > 0) {
     VERIFYD_ASSIGN_OR_RETURN(L.experts_gate_up, rk.Alloc<bf16>(E * 2 * Il * hid));
     VERIFYD_ASSIGN_OR_RETURN(L.experts_down, rk.Alloc<bf16>(E * hid * Il));
     for (int64_t e = 0; e < E; ++e) {
@@ -200,16 +260,62 @@ absl::Status AllocMoeBuffers(const ModelConfig& c, int64_t R, CudaRankContext& r
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_offsets, AllocPoisoned<int32_t>(rk, E + 1));
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_rows, AllocPoisoned<int32_t>(rk, P));
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_pos, AllocPoisoned<int32_t>(rk, P));
+  VERIFYD_ASSIGN_OR_RETURN(
+      rk.moe_permute_ws,
+      AllocPoisoned<int32_t>(rk, kc::MoePermuteWorkspaceInts(P, static_cast<int>(E))));
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_x, AllocPoisoned<bf16>(rk, P * hid));
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_gu, AllocPoisoned<float>(rk, std::max(P * 2 * Il, R * 2 * Sl)));
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_act, AllocPoisoned<bf16>(rk, std::max(P * Il, R * Sl)));
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_y, AllocPoisoned<float>(rk, P * hid));
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_shared, AllocPoisoned<float>(rk, R * hid));
+  if (rk.expert_mode == ExpertMode::kFp8Grouped) {
+    VERIFYD_ASSIGN_OR_RETURN(rk.moe_xq, AllocPoisoned<uint8_t>(rk, P * hid));
+    VERIFYD_ASSIGN_OR_RETURN(rk.moe_xq_scale, AllocPoisoned<float>(rk, P * hid / 128));
+    VERIFYD_ASSIGN_OR_RETURN(rk.moe_actq, AllocPoisoned<uint8_t>(rk, P * Il));
+    VERIFYD_ASSIGN_OR_RETURN(rk.moe_actq_scale, AllocPoisoned<float>(rk, P * Il / 128));
+  }
+  if (rk.expert_mode != ExpertMode::kBf16PerExpert) {
+    const kc::GroupedGemmKind kind = rk.expert_mode == ExpertMode::kFp8Grouped
+                                         ? kc::GroupedGemmKind::kFp8Block128
+                                         : kc::GroupedGemmKind::kBf16;
+    // FP8: 64-row tiles (measured faster at every verify batch size, bench/moe_layer_bench;
+    // bit-identical to 128-row tiles).
+    const int tile_m = kind == kc::GroupedGemmKind::kFp8Block128 ? 64 : 128;
+    VERIFYD_ASSIGN_OR_RETURN(
+        rk.moe_gemm_gate_up,
+        kc::GroupedGemm::Create({kind, static_cast<int>(E), 2 * Il, hid, rk.device, tile_m}));
+    VERIFYD_ASSIGN_OR_RETURN(
+        rk.moe_gemm_down,
+        kc::GroupedGemm::Create({kind, static_cast<int>(E), hid, Il, rk.device, tile_m}));
+  }
   void* h = nullptr;
   VERIFYD_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h, (E + 1) * sizeof(int32_t)));
   rk.host_allocs.push_back(h);
   rk.moe_offsets_host = static_cast<int32_t*>(h);
   return absl::OkStatus();
+}
+
+// The rank's expert mode (rank_context.h): FP8 grouped when the checkpoint stores the routed
+// experts in FP8 with 128 x 128 blocks, the rank's slice is 128-aligned and the GPU runs the
+// grouped kernels; bf16 grouped when the GPU runs them and the dims are multiples of 16;
+// per-expert cuBLAS otherwise.
+ExpertMode ChooseExpertMode(const RankSetup& setup, const CudaRankContext& rk) {
+  const ModelConfig& c = *setup.config;
+  const int64_t hid = c.hidden_size, Il = rk.moe_inter.size;
+  if (Il == 0 || !kc::GroupedGemmAvailable(rk.device)) return ExpertMode::kBf16PerExpert;
+  int64_t first_moe = -1;
+  for (int64_t l = 0; l < c.num_hidden_layers && first_moe < 0; ++l) {
+    if (c.IsMoeLayer(l)) first_moe = l;
+  }
+  const tp::WeightSource* host = setup.weights.host;
+  if (setup.fp8_experts && host != nullptr && first_moe >= 0 &&
+      host->StoredAsFp8(LayerTensorName(first_moe, "mlp.experts.0.gate_proj.weight")) &&
+      c.quant.block_rows == 128 && c.quant.block_cols == 128 && hid % 128 == 0 && Il % 128 == 0 &&
+      rk.moe_inter.begin % 128 == 0) {
+    return ExpertMode::kFp8Grouped;
+  }
+  if (hid % 16 == 0 && Il % 16 == 0) return ExpertMode::kBf16Grouped;
+  return ExpertMode::kBf16PerExpert;
 }
 
 // YaRN parameters of a config (kernels/reference/yarn.h).
@@ -227,6 +333,18 @@ kernels::ref::YarnParams YarnOf(const ModelConfig& c) {
 }
 
 }  // namespace
+
+const char* ExpertModeName(ExpertMode m) {
+  switch (m) {
+    case ExpertMode::kFp8Grouped:
+      return "fp8 block-scaled grouped GEMMs";
+    case ExpertMode::kBf16Grouped:
+      return "bf16 grouped GEMMs";
+    case ExpertMode::kBf16PerExpert:
+      return "bf16 per-expert cuBLAS GEMMs";
+  }
+  return "?";
+}
 
 absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
   const ModelConfig& c = *setup.config;
@@ -257,6 +375,7 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
   rk.moe_shared_inter =
       IntermediateShard(c.moe.moe_intermediate_size * c.moe.n_shared_experts, tp, rk.rank);
   rk.vmax = CeilShardMax(c.vocab_size, tp);
+  if (c.moe.n_routed_experts > 0) rk.expert_mode = ChooseExpertMode(setup, rk);
   const int64_t hid = c.hidden_size, qk = c.qk_head_dim(), nope = c.qk_nope_head_dim;
   const int64_t v = c.v_head_dim, kvl = c.kv_lora_rank, lat = c.latent_dim();
   const int64_t Hl = rk.heads.size, h0 = rk.heads.begin, Il = rk.inter.size;
@@ -420,6 +539,8 @@ void FreeRankContext(CudaRankContext& rk) {
   cudaSetDevice(rk.device);
   if (rk.stream != nullptr) cudaStreamSynchronize(rk.stream);
   rk.comm.reset();
+  rk.moe_gemm_gate_up.reset();
+  rk.moe_gemm_down.reset();
   if (rk.vk_ws.device != nullptr) (void)rk.vk_ws.Free();
   for (cudaEvent_t e : rk.events) cudaEventDestroy(e);
   rk.events.clear();

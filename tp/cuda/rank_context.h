@@ -22,7 +22,10 @@
 //   moe_pos [P] i32 (the permutation);  moe_x [P, hidden] bf16 gathered expert inputs
 //   moe_gu [max(P * 2 Ie_l, R * 2 Is_l)] fp32;  moe_act [max(P * Ie_l, R * Is_l)] bf16
 //   moe_y [P, hidden] fp32 expert outputs;  moe_shared [R, hidden] fp32
-//   moe_offsets_host: pinned [E + 1] (the per-expert row counts the host sizes GEMMs with)
+//   moe_offsets_host: pinned [E + 1] (the per-expert row counts the host sizes GEMMs with,
+//     expert mode kBf16PerExpert only)
+//   moe_xq [P, hidden] e4m3 + moe_xq_scale, moe_actq [P, Ie_l] e4m3 + moe_actq_scale
+//     (expert mode kFp8Grouped: the quantized expert inputs and SwiGLU outputs)
 //
 // Thread-safety: a CudaRankContext is used only by its rank's thread once created (the
 // engine reads the results in out_host / profile after the rank finished its job).
@@ -43,6 +46,8 @@
 #include "kernels/common.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dense/argmax.h"
+#include "kernels/cuda/dense/grouped_gemm.h"
+#include "kernels/cuda/dense/sampling.h"
 #include "kernels/cuda/verify_attention/api.h"
 #include "tp/cuda/cuda_engine.h"
 #include "tp/cuda/loopback_communicator.h"
@@ -68,11 +73,26 @@ struct CudaLayerWeights {
   // columns, the fused shared experts' likewise.
   float* router = nullptr;          // [E, hidden] fp32 mlp.gate.weight
   float* router_bias = nullptr;     // [E] fp32 mlp.gate.e_score_correction_bias
-  bf16* experts_gate_up = nullptr;  // [E, 2 Ie_l, hidden]
+  bf16* experts_gate_up = nullptr;  // [E, 2 Ie_l, hidden]   (expert mode kBf16*)
   bf16* experts_down = nullptr;     // [E, hidden, Ie_l]
-  bf16* shared_gate_up = nullptr;   // [2 Is_l, hidden]
-  bf16* shared_down = nullptr;      // [hidden, Is_l]
+  // Expert mode kFp8Grouped: the checkpoint's e4m3 bytes and 128 x 128 block scales.
+  uint8_t* experts_gate_up_fp8 = nullptr;  // [E, 2 Ie_l, hidden]
+  float* experts_gate_up_scale = nullptr;  // [E, 2 Ie_l / 128, hidden / 128]
+  uint8_t* experts_down_fp8 = nullptr;     // [E, hidden, Ie_l]
+  float* experts_down_scale = nullptr;     // [E, hidden / 128, Ie_l / 128]
+  bf16* shared_gate_up = nullptr;          // [2 Is_l, hidden]
+  bf16* shared_down = nullptr;             // [hidden, Is_l]
 };
+
+// How a rank runs its routed experts (tp/cuda/moe_layer.h), chosen at load:
+//   kFp8Grouped:   FP8-stored checkpoint experts kept in FP8 (block scales), activations
+//                  quantized per 128 columns, one CUTLASS grouped GEMM per projection (sm_90,
+//                  128-aligned hidden and local expert intermediate);
+//   kBf16Grouped:  bf16 experts, one CUTLASS grouped GEMM per projection (sm_90, dims % 16);
+//   kBf16PerExpert: bf16 experts, one cuBLAS GEMM per non-empty expert after one host sync
+//                  for the row counts (other GPUs, or dims the grouped kernels refuse).
+enum class ExpertMode { kFp8Grouped, kBf16Grouped, kBf16PerExpert };
+const char* ExpertModeName(ExpertMode m);
 
 struct CudaRankContext {
   using bf16 = kernels::bf16_bits;
@@ -117,13 +137,29 @@ struct CudaRankContext {
   int32_t* moe_offsets = nullptr;
   int32_t* moe_rows = nullptr;
   int32_t* moe_pos = nullptr;
+  int32_t* moe_permute_ws = nullptr;    // MoePermuteWorkspaceInts(P, E)
   int32_t* moe_offsets_host = nullptr;  // pinned
   bf16* moe_x = nullptr;
   bf16* moe_act = nullptr;
+  ExpertMode expert_mode = ExpertMode::kBf16PerExpert;
+  std::unique_ptr<kernels::cuda::GroupedGemm> moe_gemm_gate_up, moe_gemm_down;  // grouped modes
+  uint8_t* moe_xq = nullptr;        // kFp8Grouped: [P, hidden] e4m3 expert inputs
+  float* moe_xq_scale = nullptr;    //   [P, hidden / 128]
+  uint8_t* moe_actq = nullptr;      //   [P, Ie_l] e4m3 SwiGLU output
+  float* moe_actq_scale = nullptr;  //   [P, Ie_l / 128]
 
   char* plan_dev = nullptr;  // the step plan's device arena (grown on demand)
   size_t plan_dev_bytes = 0;
   char* out_host = nullptr;  // pinned: preds, accepted, kept, freed [R] + num_accepted, bonus [B]
+  // Sampling / logprobs and hidden-state capture (rank 0; grown on demand by the step,
+  // tp/cuda/cuda_engine.cc): the per-spec logprobs and the captured residual rows, on the
+  // device and their pinned host copies (one device-to-host copy each per step).
+  kernels::cuda::SampledLogprobs* sample_out = nullptr;
+  kernels::cuda::SampledLogprobs* sample_out_host = nullptr;
+  int64_t sample_capacity = 0;
+  float* hidden_dev = nullptr;
+  float* hidden_host = nullptr;
+  int64_t hidden_capacity = 0;
 
   // The optimised verify attention (kernels/cuda/verify_attention/api.h), when enabled.
   bool have_vk = false;
@@ -167,6 +203,7 @@ struct RankSetup {
   int64_t max_rows = 0;  // max_batch * max_tail_rows
   int max_batch = 0;
   bool use_verify_kernel = true;
+  bool fp8_experts = true;  // EngineOptions::cuda.fp8_experts
   // NCCL (TP > 1): the group's unique id and shared failure flag.
   std::string nccl_id;
   std::shared_ptr<NcclGroupState> nccl_group;

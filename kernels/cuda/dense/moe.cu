@@ -1,4 +1,8 @@
 // Mixture-of-experts routing, permutation, gather and combine kernels (see moe.h).
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dense/common.cuh"
@@ -9,24 +13,49 @@ namespace {
 
 using internal::GridFor;
 
-constexpr int kRouteThreads = 128;
+constexpr int kRouteThreads = 32;  // one warp per row
 constexpr int kPermuteThreads = 256;
 constexpr int kCombineThreads = 256;
 
-// kernels::ref's TakeLargest: the largest value not yet taken, the lowest index on ties; a
-// number beats NaN. -1 when every index is taken. Serial (one thread).
-__device__ int TakeLargest(const float* v, int n, char* taken) {
-  int best = -1;
-  for (int i = 0; i < n; ++i) {
-    if (taken[i]) continue;
-    if (best < 0 || v[i] > v[best] || (isnan(v[best]) && !isnan(v[i]))) best = i;
-  }
-  if (best >= 0) taken[best] = 1;
-  return best;
+// kernels::ref's TakeLargest order: a number beats NaN, a larger number wins, ties go to the
+// lower index (NaNs among themselves too). A total order, so a reduction in any grouping
+// picks the same element as the reference's serial scan.
+__device__ bool Beats(float a, int ia, float b, int ib) {
+  const bool na = isnan(a), nb = isnan(b);
+  if (na != nb) return nb;
+  if (!na && a != b) return a > b;
+  return ia < ib;
 }
 
-// One CTA per row: scores and choices in parallel, the selection serially on thread 0 (the
-// reference's exact order of comparisons and sums).
+// The largest element of v[0, n) not yet taken, by the order above, found by one warp (lanes
+// stride over the elements, then a shuffle reduction); -1 when every index is taken. Marks it
+// taken. Every lane returns the same index.
+__device__ int WarpTakeLargest(const float* v, int n, char* taken, int lane) {
+  float bv = 0.f;
+  int bi = -1;
+  for (int i = lane; i < n; i += 32) {
+    if (taken[i]) continue;
+    if (bi < 0 || Beats(v[i], i, bv, bi)) {
+      bv = v[i];
+      bi = i;
+    }
+  }
+  for (int o = 16; o > 0; o /= 2) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (oi >= 0 && (bi < 0 || Beats(ov, oi, bv, bi))) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+  __syncwarp();
+  if (lane == 0 && bi >= 0) taken[bi] = 1;
+  __syncwarp();
+  return bi;
+}
+
+// One warp per row: scores and choices across the lanes, every selection a warp reduction
+// (WarpTakeLargest), the sums on lane 0 in the reference's order.
 __global__ void MoeRouteKernel(const float* __restrict__ logits, const float* __restrict__ bias,
                                int E, int K, int G, int topk_group, bool norm, float scaling,
                                int32_t* __restrict__ experts, float* __restrict__ weights) {
@@ -35,40 +64,46 @@ __global__ void MoeRouteKernel(const float* __restrict__ logits, const float* __
   float* choice = score + E;                               // [E]
   float* group_score = choice + E;                         // [G]
   char* taken = reinterpret_cast<char*>(group_score + G);  // [max(E, G)]
+  const int lane = threadIdx.x;
   const int64_t r = blockIdx.x;
   const float* lr = logits + r * E;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+  for (int e = lane; e < E; e += 32) {
     const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-lr[e])));
     score[e] = s;
     choice[e] = __fadd_rn(s, bias[e]);
   }
-  __syncthreads();
-  if (threadIdx.x != 0) return;
+  __syncwarp();
   const int per_group = E / G;
   for (int g = 0; g < G; ++g) {
-    for (int j = 0; j < per_group; ++j) taken[j] = 0;
+    for (int j = lane; j < per_group; j += 32) taken[j] = 0;
+    __syncwarp();
     const float* cg = choice + g * per_group;
-    const int a = TakeLargest(cg, per_group, taken);
-    const int b = TakeLargest(cg, per_group, taken);
-    group_score[g] = b < 0 ? cg[a] : __fadd_rn(cg[a], cg[b]);
+    const int a = WarpTakeLargest(cg, per_group, taken, lane);
+    const int b = WarpTakeLargest(cg, per_group, taken, lane);
+    if (lane == 0) group_score[g] = b < 0 ? cg[a] : __fadd_rn(cg[a], cg[b]);
+    __syncwarp();
   }
-  for (int g = 0; g < G; ++g) taken[g] = 0;
-  for (int k = 0; k < topk_group; ++k) TakeLargest(group_score, G, taken);
+  for (int g = lane; g < G; g += 32) taken[g] = 0;
+  __syncwarp();
+  for (int k = 0; k < topk_group; ++k) WarpTakeLargest(group_score, G, taken, lane);
   for (int g = 0; g < G; ++g) {
     if (taken[g]) continue;
-    for (int j = 0; j < per_group; ++j) choice[g * per_group + j] = -INFINITY;
+    for (int j = lane; j < per_group; j += 32) choice[g * per_group + j] = -INFINITY;
   }
-  for (int e = 0; e < E; ++e) taken[e] = 0;
+  __syncwarp();
+  for (int e = lane; e < E; e += 32) taken[e] = 0;
+  __syncwarp();
   int32_t* er = experts + r * K;
   float* wr = weights + r * K;
   float w[kMoeMaxTopK];
   float sum = 0.0f;
   for (int k = 0; k < K; ++k) {
-    const int e = TakeLargest(choice, E, taken);
-    er[k] = e;
+    const int e = WarpTakeLargest(choice, E, taken, lane);
+    if (lane == 0) er[k] = e;
     w[k] = score[e];
     sum = __fadd_rn(sum, w[k]);
   }
+  if (lane != 0) return;
   if (norm) {
     const float denominator = __fadd_rn(sum, 1e-20f);
     for (int k = 0; k < K; ++k) w[k] = __fdiv_rn(w[k], denominator);
@@ -76,32 +111,75 @@ __global__ void MoeRouteKernel(const float* __restrict__ logits, const float* __
   for (int k = 0; k < K; ++k) wr[k] = __fmul_rn(w[k], scaling);
 }
 
-// One CTA: per expert (threads stride over experts) count its pairs, an exclusive scan on
-// thread 0, then write each expert's pairs in ascending pair (= row) order.
-__global__ void MoePermuteKernel(const int32_t* __restrict__ experts, int n, int E,
-                                 int32_t* __restrict__ offsets, int32_t* __restrict__ perm_rows,
-                                 int32_t* __restrict__ pair_pos, int K) {
-  extern __shared__ int32_t start[];  // [E + 1]
+// The permutation in three launches over chunks of kPermuteChunk pairs (pair i = row * K + k,
+// so pair order is row order and a row never picks an expert twice):
+//   count: per chunk, the pairs of each expert -> ws[chunk][e];
+//   scan:  one CTA: per expert the chunks' counts become absolute starts (offsets[e] + the
+//          pairs of e in earlier chunks), offsets = exclusive scan of the totals;
+//   place: per chunk, warp by warp in order, each pair's rank among the earlier pairs of its
+//          expert in the chunk (__match_any_sync within the warp, a shared counter across
+//          warps) -> its position. Deterministic: positions depend only on the routing.
+constexpr int kPermuteChunk = 256;
+
+__global__ void MoePermuteCountKernel(const int32_t* __restrict__ experts, int n, int E,
+                                      int32_t* __restrict__ ws) {
+  extern __shared__ int32_t cnt[];  // [E]
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kPermuteChunk + threadIdx.x;
+  if (i < n) atomicAdd(&cnt[experts[i]], 1);
+  __syncthreads();
+  int32_t* out = ws + static_cast<int64_t>(blockIdx.x) * E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) out[e] = cnt[e];
+}
+
+__global__ void MoePermuteScanKernel(int chunks, int E, int32_t* __restrict__ ws,
+                                     int32_t* __restrict__ offsets) {
+  extern __shared__ int32_t total[];  // [E + 1]
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    int32_t c = 0;
-    for (int i = 0; i < n; ++i) c += experts[i] == e;
-    start[e + 1] = c;
+    int32_t run = 0;
+    for (int c = 0; c < chunks; ++c) {
+      const int32_t v = ws[static_cast<int64_t>(c) * E + e];
+      ws[static_cast<int64_t>(c) * E + e] = run;
+      run += v;
+    }
+    total[e + 1] = run;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    start[0] = 0;
-    for (int e = 0; e < E; ++e) start[e + 1] += start[e];
+    total[0] = 0;
+    for (int e = 0; e < E; ++e) total[e + 1] += total[e];
   }
   __syncthreads();
-  for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = start[e];
+  for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = total[e];
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    int32_t o = start[e];
-    for (int i = 0; i < n; ++i) {
-      if (experts[i] != e) continue;
-      perm_rows[o] = i / K;
-      pair_pos[i] = o;
-      ++o;
+    for (int c = 0; c < chunks; ++c) ws[static_cast<int64_t>(c) * E + e] += total[e];
+  }
+}
+
+__global__ void MoePermutePlaceKernel(const int32_t* __restrict__ experts, int n, int E, int K,
+                                      const int32_t* __restrict__ ws,
+                                      int32_t* __restrict__ perm_rows,
+                                      int32_t* __restrict__ pair_pos) {
+  extern __shared__ int32_t next[];  // [E]: the next free position of each expert
+  const int32_t* start = ws + static_cast<int64_t>(blockIdx.x) * E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) next[e] = start[e];
+  __syncthreads();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kPermuteChunk + threadIdx.x;
+  const bool valid = i < n;
+  const int32_t e = valid ? experts[i] : -1 - static_cast<int32_t>(threadIdx.x % 32);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const unsigned same = __match_any_sync(0xffffffffu, e);
+  const int rank = __popc(same & ((1u << lane) - 1));
+  const bool last = (same >> lane) == 1u;  // the highest lane of its group
+  for (int w = 0; w < kPermuteChunk / 32; ++w) {
+    if (warp == w && valid) {
+      const int32_t pos = next[e] + rank;
+      perm_rows[pos] = static_cast<int32_t>(i / K);
+      pair_pos[i] = pos;
+      if (last) next[e] = pos + 1;
     }
+    __syncthreads();
   }
 }
 
@@ -113,6 +191,113 @@ __global__ void MoeGatherKernel(const __nv_bfloat16* __restrict__ x, int64_t ldx
     const int64_t i = idx / cols, j = idx % cols;
     out[idx] = x[static_cast<int64_t>(perm_rows[i]) * ldx + j];
   }
+}
+
+// Router logits: one warp per kEpw experts and tile of kRouterRows rows (a CTA: 8 warps, the
+// same rows, so the rows' loads hit L1). Lane l sums k = 4 l + 128 j (+ 0..3) in ascending j
+// with fmaf, then the lanes combine in a fixed xor tree: each logit's arithmetic depends only
+// on its row and expert, never on the number of rows. (kEpw = 4, one row load reused for four
+// experts, measured slower than cuBLAS beyond ~64 rows on an H200; launched with kEpw = 1.)
+constexpr int kRouterRows = 16;
+constexpr int kRouterWarps = 8;
+
+template <bool kVec4, int kEpw>
+__global__ void MoeRouterLogitsKernel(const float* __restrict__ x, int64_t ldx,
+                                      const float* __restrict__ w, int64_t ldw, int rows, int E,
+                                      int64_t H, float* __restrict__ y, int64_t ldy) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int e0 = (blockIdx.x * kRouterWarps + warp) * kEpw;
+  const int r0 = blockIdx.y * kRouterRows;
+  if (e0 >= E) return;
+  const int nr = min(kRouterRows, rows - r0);
+  const int ne = min(kEpw, E - e0);
+  float acc[kEpw][kRouterRows];
+#pragma unroll
+  for (int q = 0; q < kEpw; ++q) {
+#pragma unroll
+    for (int r = 0; r < kRouterRows; ++r) acc[q][r] = 0.f;
+  }
+  if constexpr (kVec4) {
+    for (int64_t k = lane * 4; k < H; k += 128) {
+      float4 wv[kEpw];
+#pragma unroll
+      for (int q = 0; q < kEpw; ++q) {
+        wv[q] = q < ne ? *reinterpret_cast<const float4*>(w + (e0 + q) * ldw + k)
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int r = 0; r < kRouterRows; ++r) {
+        if (r < nr) {
+          const float4 xv =
+              *reinterpret_cast<const float4*>(x + static_cast<int64_t>(r0 + r) * ldx + k);
+#pragma unroll
+          for (int q = 0; q < kEpw; ++q) {
+            acc[q][r] = fmaf(xv.x, wv[q].x, acc[q][r]);
+            acc[q][r] = fmaf(xv.y, wv[q].y, acc[q][r]);
+            acc[q][r] = fmaf(xv.z, wv[q].z, acc[q][r]);
+            acc[q][r] = fmaf(xv.w, wv[q].w, acc[q][r]);
+          }
+        }
+      }
+    }
+  } else {
+    for (int64_t k = lane; k < H; k += 32) {
+      float wv[kEpw];
+#pragma unroll
+      for (int q = 0; q < kEpw; ++q) wv[q] = q < ne ? w[(e0 + q) * ldw + k] : 0.f;
+#pragma unroll
+      for (int r = 0; r < kRouterRows; ++r) {
+        if (r < nr) {
+          const float xv = x[static_cast<int64_t>(r0 + r) * ldx + k];
+#pragma unroll
+          for (int q = 0; q < kEpw; ++q) acc[q][r] = fmaf(xv, wv[q], acc[q][r]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < kEpw; ++q) {
+#pragma unroll
+    for (int r = 0; r < kRouterRows; ++r) {
+      float v = acc[q][r];
+      for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0 && r < nr && q < ne) y[static_cast<int64_t>(r0 + r) * ldy + e0 + q] = v;
+    }
+  }
+}
+
+// One warp per (row, 128-column group): lane l holds columns 4l .. 4l + 3 of the group.
+// kSwiGlu: the values are silu(gate) * up from fp32 gate_up rows; else bf16 rows of x
+// (through perm_rows when set).
+template <bool kSwiGlu>
+__global__ void QuantFp8Kernel(int64_t rows, int64_t cols, const __nv_bfloat16* __restrict__ x,
+                               int64_t ldx, const int32_t* __restrict__ perm_rows,
+                               const float* __restrict__ gu, int64_t ld_in, int64_t up_off,
+                               __nv_fp8_storage_t* __restrict__ out, float* __restrict__ scale) {
+  const int64_t groups = cols / 128;
+  const int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= rows * groups) return;
+  const int64_t i = warp / groups, g = warp % groups;
+  const int64_t c0 = g * 128 + lane * 4;
+  float v[4];
+  if constexpr (kSwiGlu) {
+    for (int t = 0; t < 4; ++t) {
+      const float a = gu[i * ld_in + c0 + t];
+      const float silu = __fdiv_rn(a, __fadd_rn(1.0f, expf(-a)));
+      v[t] = __fmul_rn(silu, gu[i * ld_in + up_off + c0 + t]);
+    }
+  } else {
+    const int64_t src = perm_rows != nullptr ? perm_rows[i] : i;
+    for (int t = 0; t < 4; ++t) v[t] = __bfloat162float(x[src * ldx + c0 + t]);
+  }
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = __fdiv_rn(fmaxf(amax, 1e-10f), 448.0f);
+  for (int t = 0; t < 4; ++t) {
+    out[i * cols + c0 + t] = __nv_cvt_float_to_fp8(__fdiv_rn(v[t], s), __NV_SATFINITE, __NV_E4M3);
+  }
+  if (lane == 0) scale[i * groups + g] = s;
 }
 
 // One CTA per row: thread 0 sorts the row's pairs by expert index, then every thread sums
@@ -165,6 +350,30 @@ __global__ void WidenKernel(const __nv_bfloat16* __restrict__ in, float* __restr
 
 }  // namespace
 
+absl::Status MoeRouterLogitsCuda(const MoeRouterLogitsParams& p) {
+  if (p.rows < 0 || p.num_experts <= 0 || p.hidden <= 0 || p.ldx < p.hidden || p.ldw < p.hidden ||
+      p.ldy < p.num_experts) {
+    return absl::InvalidArgumentError(absl::StrCat("router logits: bad shape rows=", p.rows,
+                                                   " experts=", p.num_experts,
+                                                   " hidden=", p.hidden));
+  }
+  if (p.rows == 0) return absl::OkStatus();
+  if (!p.x || !p.w || !p.y) return absl::InvalidArgumentError("router logits: x, w, y needed");
+  const auto st = static_cast<cudaStream_t>(p.stream);
+  const bool vec4 = p.hidden % 4 == 0 && p.ldx % 4 == 0 && p.ldw % 4 == 0 &&
+                    (reinterpret_cast<uintptr_t>(p.x) & 15) == 0 &&
+                    (reinterpret_cast<uintptr_t>(p.w) & 15) == 0;
+  const dim3 grid((p.num_experts + kRouterWarps - 1) / kRouterWarps,
+                  (p.rows + kRouterRows - 1) / kRouterRows);
+  auto launch = [&](auto kernel) {
+    kernel<<<grid, kRouterWarps * 32, 0, st>>>(p.x, p.ldx, p.w, p.ldw, p.rows, p.num_experts,
+                                               p.hidden, p.y, p.ldy);
+  };
+  vec4 ? launch(MoeRouterLogitsKernel<true, 1>) : launch(MoeRouterLogitsKernel<false, 1>);
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("MoeRouterLogitsKernel");
+  return absl::OkStatus();
+}
+
 absl::Status MoeRouteCuda(const MoeRouteParams& p) {
   const int E = p.num_experts, K = p.top_k, G = p.n_group;
   if (p.rows < 0) return absl::InvalidArgumentError("rows < 0");
@@ -207,12 +416,28 @@ absl::Status MoePermuteCuda(const MoePermuteParams& p) {
   }
   const int64_t n = static_cast<int64_t>(p.rows) * K;
   if (n > INT32_MAX) return absl::InvalidArgumentError("rows * top_k exceeds int32");
+  if (!p.workspace) return absl::InvalidArgumentError("workspace must be set");
   // Runs for rows = 0 too: the offsets are then all 0.
-  MoePermuteKernel<<<1, kPermuteThreads, (E + 1) * sizeof(int32_t),
-                     static_cast<cudaStream_t>(p.stream)>>>(p.experts, static_cast<int>(n), E,
-                                                            p.offsets, p.perm_rows, p.pair_pos, K);
-  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("MoePermuteKernel");
+  const int chunks = static_cast<int>((n + kPermuteChunk - 1) / kPermuteChunk);
+  const auto st = static_cast<cudaStream_t>(p.stream);
+  const size_t smem = (E + 1) * sizeof(int32_t);
+  if (chunks > 0) {
+    MoePermuteCountKernel<<<chunks, kPermuteChunk, smem, st>>>(p.experts, static_cast<int>(n), E,
+                                                               p.workspace);
+    VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("MoePermuteCountKernel");
+  }
+  MoePermuteScanKernel<<<1, kPermuteThreads, smem, st>>>(chunks, E, p.workspace, p.offsets);
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("MoePermuteScanKernel");
+  if (chunks > 0) {
+    MoePermutePlaceKernel<<<chunks, kPermuteChunk, smem, st>>>(
+        p.experts, static_cast<int>(n), E, K, p.workspace, p.perm_rows, p.pair_pos);
+    VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("MoePermutePlaceKernel");
+  }
   return absl::OkStatus();
+}
+
+int64_t MoePermuteWorkspaceInts(int64_t pairs, int num_experts) {
+  return std::max<int64_t>((pairs + kPermuteChunk - 1) / kPermuteChunk, 1) * num_experts;
 }
 
 absl::Status MoeGatherCuda(const MoeGatherParams& p) {
@@ -228,6 +453,47 @@ absl::Status MoeGatherCuda(const MoeGatherParams& p) {
       reinterpret_cast<const __nv_bfloat16*>(p.x), p.ldx, p.perm_rows, p.cols, total,
       reinterpret_cast<__nv_bfloat16*>(p.out));
   VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("MoeGatherKernel");
+  return absl::OkStatus();
+}
+
+absl::Status MoeGatherQuantFp8Cuda(const MoeGatherQuantFp8Params& p) {
+  if (p.n < 0 || p.cols <= 0 || p.cols % 128 != 0 || p.ldx < p.cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fp8 gather: n >= 0, cols a positive multiple of 128 and ldx >= cols "
+                     "needed (n=",
+                     p.n, " cols=", p.cols, " ldx=", p.ldx, ")"));
+  }
+  if (p.n == 0) return absl::OkStatus();
+  if (!p.x || !p.out || !p.out_scale) {
+    return absl::InvalidArgumentError("fp8 gather: x, out, out_scale must be set");
+  }
+  const int64_t threads = p.n * (p.cols / 128) * 32;
+  QuantFp8Kernel<false>
+      <<<GridFor(threads, 256, INT64_MAX), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(
+          p.n, p.cols, reinterpret_cast<const __nv_bfloat16*>(p.x), p.ldx, p.perm_rows, nullptr, 0,
+          0, reinterpret_cast<__nv_fp8_storage_t*>(p.out), p.out_scale);
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("QuantFp8Kernel<gather>");
+  return absl::OkStatus();
+}
+
+absl::Status SwiGluQuantFp8Cuda(const SwiGluQuantFp8Params& p) {
+  if (p.rows < 0 || p.cols <= 0 || p.cols % 128 != 0 || p.up_offset < p.cols ||
+      p.ld_in < p.up_offset + p.cols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fp8 swiglu: rows >= 0, cols a positive multiple of 128, up_offset >= cols and ld_in >= "
+        "up_offset + cols needed (rows=",
+        p.rows, " cols=", p.cols, ")"));
+  }
+  if (p.rows == 0) return absl::OkStatus();
+  if (!p.gate_up || !p.out || !p.out_scale) {
+    return absl::InvalidArgumentError("fp8 swiglu: gate_up, out, out_scale must be set");
+  }
+  const int64_t threads = p.rows * (p.cols / 128) * 32;
+  QuantFp8Kernel<true>
+      <<<GridFor(threads, 256, INT64_MAX), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(
+          p.rows, p.cols, nullptr, 0, nullptr, p.gate_up, p.ld_in, p.up_offset,
+          reinterpret_cast<__nv_fp8_storage_t*>(p.out), p.out_scale);
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("QuantFp8Kernel<swiglu>");
   return absl::OkStatus();
 }
 

@@ -11,7 +11,8 @@
 //
 // Permutation: the (row, slot k) pairs grouped by expert in ascending expert index, rows
 // ascending within an expert (a row picks an expert at most once), so expert e's inputs are
-// the contiguous rows [offsets[e], offsets[e + 1]) of the permuted buffer.
+// the contiguous rows [offsets[e], offsets[e + 1]) of the permuted buffer. Three launches over
+// chunks of pairs (count, scan, place), deterministic.
 //
 // Combine: per row, sum over its experts in ascending expert index of weight * expert_out
 // (one float multiply and one float add each, from 0), then + shared[row]; the order does not
@@ -30,6 +31,27 @@ namespace verifyd::kernels::cuda {
 inline constexpr int kMoeMaxTopK = 32;
 // Largest n_routed_experts (shared memory of the routing and permute kernels).
 inline constexpr int kMoeMaxExperts = 2048;
+
+// The router's logits in fp32: y[r, e] = sum_k x[r, k] * w[e, k] (transformers computes the
+// DeepSeek-V3 gate in float32), for few rows: one warp per expert splits k over its lanes, so
+// the weight streams at full bandwidth (the pedantic-fp32 cuBLAS GEMM took 0.34 ms for one
+// row at Kimi-K2's 384 x 7168 on an H200, this kernel 0.02 ms). Each logit is one fixed
+// sequence of fmaf (lane-strided partial sums, a fixed xor tree), whatever the row count.
+// Beyond kMoeRouterKernelMaxRows rows the MoE layer uses cuBLAS (GemmF32, faster there).
+inline constexpr int kMoeRouterKernelMaxRows = 64;
+struct MoeRouterLogitsParams {
+  int rows = 0;
+  int num_experts = 0;
+  int64_t hidden = 0;
+  const float* x = nullptr;  // [rows, ldx] fp32, device
+  int64_t ldx = 0;
+  const float* w = nullptr;  // [E, ldw] fp32 (mlp.gate.weight), device
+  int64_t ldw = 0;
+  float* y = nullptr;  // [rows, ldy] fp32 logits, device
+  int64_t ldy = 0;
+  void* stream = nullptr;
+};
+absl::Status MoeRouterLogitsCuda(const MoeRouterLogitsParams& p);
 
 struct MoeRouteParams {
   int rows = 0;
@@ -55,9 +77,12 @@ struct MoePermuteParams {
   int32_t* offsets = nullptr;        // [E + 1] out: expert e's pairs are [offsets[e], offsets[e+1])
   int32_t* perm_rows = nullptr;      // [rows * K] out: the row of each permuted pair
   int32_t* pair_pos = nullptr;       // [rows * K] out: pair (r, k)'s index in the permutation
+  int32_t* workspace = nullptr;      // [MoePermuteWorkspaceInts(rows * K, E)] scratch, device
   void* stream = nullptr;
 };
 absl::Status MoePermuteCuda(const MoePermuteParams& p);
+// int32 elements of MoePermuteParams::workspace for `pairs` = rows * K pairs.
+int64_t MoePermuteWorkspaceInts(int64_t pairs, int num_experts);
 
 // out[i, :] = x[perm_rows[i], :] for i < n (bf16 rows).
 struct MoeGatherParams {
@@ -70,6 +95,40 @@ struct MoeGatherParams {
   void* stream = nullptr;
 };
 absl::Status MoeGatherCuda(const MoeGatherParams& p);
+
+// FP8 activations for the block-scaled expert GEMMs (grouped_gemm.h), quantized per row and
+// 128-column group as DeepSeek-V3's inference code does (act_quant):
+//   s[i, g] = max(amax(v[i, 128 g : 128 g + 128]), 1e-10) / 448
+//   q[i, j] = e4m3(v[i, j] / s[i, j / 128])   (IEEE division, round to nearest even, saturated)
+// cols must be a multiple of 128. One warp per (row, group); the result of a row does not
+// depend on the other rows.
+//
+// MoeGatherQuantFp8Cuda: v[i, :] = x[perm_rows[i], :] (bf16 rows; perm_rows null = identity).
+struct MoeGatherQuantFp8Params {
+  int64_t n = 0;     // rows out (the permuted pairs, rows * K)
+  int64_t cols = 0;  // hidden, % 128 == 0
+  const bf16_bits* x = nullptr;
+  int64_t ldx = 0;
+  const int32_t* perm_rows = nullptr;  // [n] or null
+  uint8_t* out = nullptr;              // [n, cols] e4m3
+  float* out_scale = nullptr;          // [n, cols / 128]
+  void* stream = nullptr;
+};
+absl::Status MoeGatherQuantFp8Cuda(const MoeGatherQuantFp8Params& p);
+
+// SwiGluQuantFp8Cuda: v[i, j] = silu(gate_up[i, j]) * gate_up[i, up_offset + j] in fp32 (the
+// same silu as SwiGluCuda), then quantized; j < cols.
+struct SwiGluQuantFp8Params {
+  int64_t rows = 0;
+  int64_t cols = 0;  // intermediate, % 128 == 0
+  const float* gate_up = nullptr;
+  int64_t ld_in = 0;
+  int64_t up_offset = 0;
+  uint8_t* out = nullptr;      // [rows, cols] e4m3
+  float* out_scale = nullptr;  // [rows, cols / 128]
+  void* stream = nullptr;
+};
+absl::Status SwiGluQuantFp8Cuda(const SwiGluQuantFp8Params& p);
 
 // v[r, j] = sum over k in ascending experts[r, k] of weights[r, k] * y[pair_pos[r, k], j]
 //           (+ shared[r, j] when shared is set);

@@ -1,0 +1,633 @@
+// moe_layer_bench: one MoE MLP layer at Kimi-K2's dimensions (hidden 7168, 384 routed experts,
+// top-8, one shared expert, moe_intermediate 2048, sigmoid routing with the correction bias)
+// on one GPU, at verify batch sizes (rows per step), with the time split into phases:
+//   route    router GEMM (fp32) + top-k routing
+//   permute  pairs grouped by expert + gather (and FP8 quantization) of the expert inputs
+//   gate_up  the routed experts' [gate | up] GEMMs
+//   swiglu   SwiGLU (and FP8 quantization)
+//   down     the routed experts' down GEMMs
+//   shared   the shared expert (bf16 cuBLAS: gate_up, SwiGLU, down)
+//   combine  the weighted sum of each row's experts + shared
+// for the engine's three expert modes (tp/cuda/rank_context.h) in the same run:
+//   fp8_grouped      e4m3 weights + 128 x 128 block scales, CUTLASS grouped GEMMs, no host sync
+//   fp8_grouped_m64  the same with 64-row tiles (ping-pong schedule)
+//   bf16_grouped     bf16 weights, CUTLASS grouped GEMMs, no host sync
+//   bf16_per_expert  bf16 weights, a host sync for the row counts, cuBLAS per non-empty expert
+// The routed weights touched per step (the distinct experts chosen x 3 x hidden x inter) give
+// the weight streaming rate (TB/s over gate_up + down); 2 x pairs x 3 x hidden x inter the
+// expert FLOP rate (TFLOP/s over gate_up + down) against the tensor peak.
+//
+// Also, for the expert-parallel vs tensor-parallel choice at world 8 (--ep_world), the routed
+// GEMM time one rank of 8 would spend: TP (every expert's 1/8 intermediate slice over all
+// pairs) vs EP (48 whole experts over the pairs routed to them; the slowest of the 8 ranks).
+// Communication is not timed on one GPU: the bytes each scheme moves per layer are printed.
+//
+// Timing: every phase is bracketed by CUDA events; per configuration the median over --iters
+// runs after --warmup. Prints a table and writes JSON (--json). Never asserts on timings.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "bench/moe_fill.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dense/elementwise.h"
+#include "kernels/cuda/dense/gemm.h"
+#include "kernels/cuda/dense/grouped_gemm.h"
+#include "kernels/cuda/dense/moe.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, rows, "1,8,64,256,1024,2048,8192",
+          "rows per step (tokens verified; 8192: where the expert GEMMs turn compute-bound)");
+ABSL_FLAG(std::string, modes, "fp8_grouped,fp8_grouped_m64,bf16_grouped,bf16_per_expert",
+          "expert modes (fp8_grouped_m64: FP8 with 64-row tiles)");
+ABSL_FLAG(int64_t, hidden, 7168, "hidden size");
+ABSL_FLAG(int64_t, experts, 384, "routed experts");
+ABSL_FLAG(int64_t, top_k, 8, "experts per token");
+ABSL_FLAG(int64_t, inter, 2048, "moe_intermediate_size");
+ABSL_FLAG(int64_t, shared, 1, "shared experts");
+ABSL_FLAG(int, ep_world, 8, "world size of the EP vs TP comparison (0: skip)");
+ABSL_FLAG(int, warmup, 3, "untimed runs per configuration");
+ABSL_FLAG(int, iters, 10, "timed runs per configuration (median)");
+ABSL_FLAG(double, fp8_tflops, 1979, "dense FP8 tensor peak of the GPU (H200 SXM: 1979)");
+ABSL_FLAG(double, bf16_tflops, 989, "dense BF16 tensor peak of the GPU (H200 SXM: 989)");
+ABSL_FLAG(std::string, json, "", "write the results as JSON here");
+ABSL_FLAG(std::string, commit, "unknown", "source revision recorded in the JSON meta");
+
+namespace {
+
+namespace kc = verifyd::kernels::cuda;
+using bf16 = verifyd::kernels::bf16_bits;
+
+#define BENCH_OK(expr)                                                                 \
+  do {                                                                                 \
+    const absl::Status st_ = (expr);                                                   \
+    if (!st_.ok()) {                                                                   \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, st_.ToString().c_str()); \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+#define BENCH_CUDA(expr)                                                                          \
+  do {                                                                                            \
+    const cudaError_t e_ = (expr);                                                                \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+template <typename T>
+T* DevAlloc(int64_t n) {
+  void* p = nullptr;
+  BENCH_CUDA(cudaMalloc(&p, std::max<int64_t>(n, 1) * sizeof(T)));
+  return static_cast<T*>(p);
+}
+
+std::vector<int> ParseList(const std::string& s) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+    int v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v <= 0) {
+      std::fprintf(stderr, "bad list entry '%s'\n", std::string(part).c_str());
+      std::exit(2);
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+enum Phase { kRoute, kPermute, kGateUp, kSwiGlu, kDown, kShared, kCombine, kPhases };
+const char* kPhaseNames[kPhases] = {"route", "permute", "gate_up", "swiglu",
+                                    "down",  "shared",  "combine"};
+
+struct Dims {
+  int64_t H, E, K, I, S, maxR;
+};
+
+// The layer's weights (one copy each kind) and the activation buffers for maxR rows.
+struct Layer {
+  Dims d;
+  float *router, *bias;
+  uint8_t *gu8, *dn8;
+  float *gu8_scale, *dn8_scale;
+  bf16 *gu16, *dn16;  // routed bf16 weights
+  bf16 *sgu, *sdn;    // shared expert
+  // activations
+  float *xf, *logits, *weights, *gu, *y, *shared_out, *out;
+  bf16 *xn, *x16, *act16;
+  uint8_t *xq, *actq;
+  float *xq_scale, *actq_scale;
+  int32_t *experts, *offsets, *perm_rows, *pair_pos, *permute_ws;
+  int32_t* offsets_host;
+};
+
+Layer MakeLayer(const Dims& d, bool want_bf16) {
+  Layer L{};
+  L.d = d;
+  const int64_t H = d.H, E = d.E, I = d.I, P = d.maxR * d.K, R = d.maxR, S = d.S * d.I;
+  L.router = DevAlloc<float>(E * H);
+  L.bias = DevAlloc<float>(E);
+  BENCH_CUDA(verifyd::bench::FillFloat(L.router, E * H, 1, -0.02f, 0.02f));
+  BENCH_CUDA(verifyd::bench::FillFloat(L.bias, E, 2, -0.01f, 0.01f));
+  L.gu8 = DevAlloc<uint8_t>(E * 2 * I * H);
+  L.dn8 = DevAlloc<uint8_t>(E * H * I);
+  L.gu8_scale = DevAlloc<float>(E * 2 * I / 128 * H / 128);
+  L.dn8_scale = DevAlloc<float>(E * H / 128 * I / 128);
+  BENCH_CUDA(verifyd::bench::FillFp8(L.gu8, E * 2 * I * H, 3));
+  BENCH_CUDA(verifyd::bench::FillFp8(L.dn8, E * H * I, 4));
+  BENCH_CUDA(verifyd::bench::FillFloat(L.gu8_scale, E * 2 * I / 128 * H / 128, 5, 1e-3f, 4e-3f));
+  BENCH_CUDA(verifyd::bench::FillFloat(L.dn8_scale, E * H / 128 * I / 128, 6, 1e-3f, 4e-3f));
+  if (want_bf16) {
+    L.gu16 = DevAlloc<bf16>(E * 2 * I * H);
+    L.dn16 = DevAlloc<bf16>(E * H * I);
+    BENCH_CUDA(verifyd::bench::FillBf16(L.gu16, E * 2 * I * H, 7, -0.02f, 0.02f));
+    BENCH_CUDA(verifyd::bench::FillBf16(L.dn16, E * H * I, 8, -0.02f, 0.02f));
+  }
+  L.sgu = DevAlloc<bf16>(2 * S * H);
+  L.sdn = DevAlloc<bf16>(H * S);
+  BENCH_CUDA(verifyd::bench::FillBf16(L.sgu, 2 * S * H, 9, -0.02f, 0.02f));
+  BENCH_CUDA(verifyd::bench::FillBf16(L.sdn, H * S, 10, -0.02f, 0.02f));
+  L.xf = DevAlloc<float>(R * H);
+  L.xn = DevAlloc<bf16>(R * H);
+  BENCH_CUDA(verifyd::bench::FillFloat(L.xf, R * H, 11, -1.f, 1.f));
+  BENCH_CUDA(verifyd::bench::FillBf16(L.xn, R * H, 11, -1.f, 1.f));
+  L.logits = DevAlloc<float>(R * E);
+  L.weights = DevAlloc<float>(P);
+  L.experts = DevAlloc<int32_t>(P);
+  L.offsets = DevAlloc<int32_t>(E + 1);
+  L.perm_rows = DevAlloc<int32_t>(P);
+  L.pair_pos = DevAlloc<int32_t>(P);
+  L.permute_ws = DevAlloc<int32_t>(kc::MoePermuteWorkspaceInts(P, static_cast<int>(E)));
+  L.x16 = DevAlloc<bf16>(P * H);
+  L.xq = DevAlloc<uint8_t>(P * H);
+  L.xq_scale = DevAlloc<float>(P * H / 128);
+  L.gu = DevAlloc<float>(std::max(P * 2 * I, R * 2 * S));
+  L.act16 = DevAlloc<bf16>(std::max(P * I, R * S));
+  L.actq = DevAlloc<uint8_t>(P * I);
+  L.actq_scale = DevAlloc<float>(P * I / 128);
+  L.y = DevAlloc<float>(P * H);
+  L.shared_out = DevAlloc<float>(R * H);
+  L.out = DevAlloc<float>(R * H);
+  BENCH_CUDA(cudaMallocHost(reinterpret_cast<void**>(&L.offsets_host), (E + 1) * 4));
+  BENCH_CUDA(cudaDeviceSynchronize());
+  return L;
+}
+
+absl::Status Gemm(cudaStream_t st, void* cublas, int64_t m, const bf16* x, int64_t k, const bf16* w,
+                  int64_t n, float* y) {
+  kc::GemmParams p;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.x = x;
+  p.ldx = k;
+  p.w = w;
+  p.ldw = k;
+  p.y = y;
+  p.ldy = n;
+  (void)st;
+  return kc::GemmBf16(cublas, p);
+}
+
+absl::Status Mlp(cudaStream_t st, void* cublas, int64_t m, int64_t H, int64_t I, const bf16* x,
+                 const bf16* gu_w, const bf16* dn_w, float* gu, bf16* act, float* out) {
+  if (m == 0) return absl::OkStatus();
+  VERIFYD_RETURN_IF_ERROR(Gemm(st, cublas, m, x, H, gu_w, 2 * I, gu));
+  kc::SwiGluParams a;
+  a.rows = static_cast<int>(m);
+  a.n = I;
+  a.gate_up = gu;
+  a.ld_in = 2 * I;
+  a.up_offset = I;
+  a.out = act;
+  a.ld_out = I;
+  a.stream = st;
+  VERIFYD_RETURN_IF_ERROR(kc::SwiGluCuda(a));
+  return Gemm(st, cublas, m, act, I, dn_w, H, out);
+}
+
+struct Timer {
+  std::vector<cudaEvent_t> ev;
+  cudaStream_t st;
+  explicit Timer(cudaStream_t s) : st(s) {
+    ev.resize(kPhases + 1);
+    for (auto& e : ev) BENCH_CUDA(cudaEventCreate(&e));
+  }
+  void Mark(int i) { BENCH_CUDA(cudaEventRecord(ev[i], st)); }
+  std::vector<double> Read() {
+    BENCH_CUDA(cudaEventSynchronize(ev[kPhases]));
+    std::vector<double> ms(kPhases);
+    for (int i = 0; i < kPhases; ++i) {
+      float t = 0;
+      BENCH_CUDA(cudaEventElapsedTime(&t, ev[i], ev[i + 1]));
+      ms[i] = t;
+    }
+    return ms;
+  }
+};
+
+// One layer run in `mode` for R rows; phase times (ms) into the timer.
+void RunLayer(const std::string& mode, Layer& L, int64_t R, cudaStream_t st, void* cublas,
+              kc::GroupedGemm* g_gu, kc::GroupedGemm* g_dn, Timer& t) {
+  const Dims& d = L.d;
+  const int64_t P = R * d.K;
+  t.Mark(kRoute);
+  {
+    if (R <= kc::kMoeRouterKernelMaxRows) {  // the MoE layer's choice (tp/cuda/moe_layer.cc)
+      kc::MoeRouterLogitsParams p;
+      p.rows = static_cast<int>(R);
+      p.num_experts = static_cast<int>(d.E);
+      p.hidden = d.H;
+      p.x = L.xf;
+      p.ldx = d.H;
+      p.w = L.router;
+      p.ldw = d.H;
+      p.y = L.logits;
+      p.ldy = d.E;
+      p.stream = st;
+      BENCH_OK(kc::MoeRouterLogitsCuda(p));
+    } else {
+      kc::GemmF32Params p;
+      p.m = R;
+      p.n = d.E;
+      p.k = d.H;
+      p.x = L.xf;
+      p.ldx = d.H;
+      p.w = L.router;
+      p.ldw = d.H;
+      p.y = L.logits;
+      p.ldy = d.E;
+      BENCH_OK(kc::GemmF32(cublas, p));
+    }
+    kc::MoeRouteParams r;
+    r.rows = static_cast<int>(R);
+    r.num_experts = static_cast<int>(d.E);
+    r.top_k = static_cast<int>(d.K);
+    r.norm_topk_prob = true;
+    r.routed_scaling_factor = 2.827f;
+    r.logits = L.logits;
+    r.bias = L.bias;
+    r.experts = L.experts;
+    r.weights = L.weights;
+    r.stream = st;
+    BENCH_OK(kc::MoeRouteCuda(r));
+  }
+  t.Mark(kPermute);
+  {
+    kc::MoePermuteParams p;
+    p.rows = static_cast<int>(R);
+    p.num_experts = static_cast<int>(d.E);
+    p.top_k = static_cast<int>(d.K);
+    p.experts = L.experts;
+    p.offsets = L.offsets;
+    p.perm_rows = L.perm_rows;
+    p.pair_pos = L.pair_pos;
+    p.workspace = L.permute_ws;
+    p.stream = st;
+    BENCH_OK(kc::MoePermuteCuda(p));
+    if (mode.rfind("fp8", 0) == 0) {
+      kc::MoeGatherQuantFp8Params g;
+      g.n = P;
+      g.cols = d.H;
+      g.x = L.xn;
+      g.ldx = d.H;
+      g.perm_rows = L.perm_rows;
+      g.out = L.xq;
+      g.out_scale = L.xq_scale;
+      g.stream = st;
+      BENCH_OK(kc::MoeGatherQuantFp8Cuda(g));
+    } else {
+      kc::MoeGatherParams g;
+      g.n = P;
+      g.cols = d.H;
+      g.x = L.xn;
+      g.ldx = d.H;
+      g.perm_rows = L.perm_rows;
+      g.out = L.x16;
+      g.stream = st;
+      BENCH_OK(kc::MoeGatherCuda(g));
+    }
+  }
+  if (mode == "bf16_per_expert") {
+    // The host sync for the counts, then per non-empty expert gate_up / SwiGLU / down; the
+    // split of the loop's time: gate_up holds everything (the sync included), swiglu and
+    // down are empty.
+    BENCH_CUDA(
+        cudaMemcpyAsync(L.offsets_host, L.offsets, (d.E + 1) * 4, cudaMemcpyDeviceToHost, st));
+    t.Mark(kGateUp);
+    BENCH_CUDA(cudaStreamSynchronize(st));
+    const int32_t* off = L.offsets_host;
+    for (int64_t e = 0; e < d.E; ++e) {
+      const int64_t o = off[e], m = off[e + 1] - off[e];
+      BENCH_OK(Mlp(st, cublas, m, d.H, d.I, L.x16 + o * d.H, L.gu16 + e * 2 * d.I * d.H,
+                   L.dn16 + e * d.H * d.I, L.gu + o * 2 * d.I, L.act16 + o * d.I, L.y + o * d.H));
+    }
+    t.Mark(kSwiGlu);
+    t.Mark(kDown);
+  } else {
+    const bool fp8 = mode.rfind("fp8", 0) == 0;
+    t.Mark(kGateUp);
+    kc::GroupedGemmArgs a;
+    a.offsets = L.offsets;
+    a.a = fp8 ? static_cast<const void*>(L.xq) : L.x16;
+    a.a_scale = L.xq_scale;
+    a.b = fp8 ? static_cast<const void*>(L.gu8) : L.gu16;
+    a.b_scale = L.gu8_scale;
+    a.d = L.gu;
+    a.stream = st;
+    BENCH_OK(g_gu->Run(a));
+    t.Mark(kSwiGlu);
+    if (fp8) {
+      kc::SwiGluQuantFp8Params q;
+      q.rows = P;
+      q.cols = d.I;
+      q.gate_up = L.gu;
+      q.ld_in = 2 * d.I;
+      q.up_offset = d.I;
+      q.out = L.actq;
+      q.out_scale = L.actq_scale;
+      q.stream = st;
+      BENCH_OK(kc::SwiGluQuantFp8Cuda(q));
+    } else {
+      kc::SwiGluParams q;
+      q.rows = static_cast<int>(P);
+      q.n = d.I;
+      q.gate_up = L.gu;
+      q.ld_in = 2 * d.I;
+      q.up_offset = d.I;
+      q.out = L.act16;
+      q.ld_out = d.I;
+      q.stream = st;
+      BENCH_OK(kc::SwiGluCuda(q));
+    }
+    t.Mark(kDown);
+    kc::GroupedGemmArgs b;
+    b.offsets = L.offsets;
+    b.a = fp8 ? static_cast<const void*>(L.actq) : L.act16;
+    b.a_scale = L.actq_scale;
+    b.b = fp8 ? static_cast<const void*>(L.dn8) : L.dn16;
+    b.b_scale = L.dn8_scale;
+    b.d = L.y;
+    b.stream = st;
+    BENCH_OK(g_dn->Run(b));
+  }
+  t.Mark(kShared);
+  BENCH_OK(Mlp(st, cublas, R, d.H, d.S * d.I, L.xn, L.sgu, L.sdn, L.gu, L.act16, L.shared_out));
+  t.Mark(kCombine);
+  {
+    kc::MoeCombineParams c;
+    c.rows = static_cast<int>(R);
+    c.top_k = static_cast<int>(d.K);
+    c.cols = d.H;
+    c.experts = L.experts;
+    c.weights = L.weights;
+    c.pair_pos = L.pair_pos;
+    c.y = L.y;
+    c.shared = L.shared_out;
+    c.out = L.out;
+    c.ld_out = d.H;
+    c.accumulate = false;
+    c.stream = st;
+    BENCH_OK(kc::MoeCombineCuda(c));
+  }
+  t.Mark(kPhases);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Time of grouped GEMM pair (gate_up + down) for given per-group offsets (device copy made
+// here), input rows from the layer's buffers; median ms.
+double TimeGroupedPair(kc::GroupedGemm& gu, kc::GroupedGemm& dn, const std::vector<int32_t>& off,
+                       Layer& L, cudaStream_t st, int warmup, int iters) {
+  int32_t* d_off = DevAlloc<int32_t>(off.size());
+  BENCH_CUDA(cudaMemcpy(d_off, off.data(), off.size() * 4, cudaMemcpyHostToDevice));
+  cudaEvent_t e0, e1;
+  BENCH_CUDA(cudaEventCreate(&e0));
+  BENCH_CUDA(cudaEventCreate(&e1));
+  std::vector<double> ms;
+  for (int it = 0; it < warmup + iters; ++it) {
+    BENCH_CUDA(cudaEventRecord(e0, st));
+    kc::GroupedGemmArgs a;
+    a.offsets = d_off;
+    a.a = L.xq;
+    a.a_scale = L.xq_scale;
+    a.b = L.gu8;
+    a.b_scale = L.gu8_scale;
+    a.d = L.gu;
+    a.stream = st;
+    BENCH_OK(gu.Run(a));
+    kc::GroupedGemmArgs b;
+    b.offsets = d_off;
+    b.a = L.actq;
+    b.a_scale = L.actq_scale;
+    b.b = L.dn8;
+    b.b_scale = L.dn8_scale;
+    b.d = L.y;
+    b.stream = st;
+    BENCH_OK(dn.Run(b));
+    BENCH_CUDA(cudaEventRecord(e1, st));
+    BENCH_CUDA(cudaEventSynchronize(e1));
+    float t = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&t, e0, e1));
+    if (it >= warmup) ms.push_back(t);
+  }
+  cudaFree(d_off);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return Median(ms);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  int dev = 0;
+  BENCH_CUDA(cudaSetDevice(dev));
+  if (!kc::GroupedGemmAvailable(dev)) {
+    std::fprintf(stderr, "moe_layer_bench: needs an sm_90 GPU and a CUTLASS build\n");
+    return 1;
+  }
+  const std::vector<int> rows = ParseList(absl::GetFlag(FLAGS_rows));
+  const std::vector<std::string> modes =
+      absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty());
+  Dims d{absl::GetFlag(FLAGS_hidden), absl::GetFlag(FLAGS_experts),
+         absl::GetFlag(FLAGS_top_k),  absl::GetFlag(FLAGS_inter),
+         absl::GetFlag(FLAGS_shared), *std::max_element(rows.begin(), rows.end())};
+  const bool want_bf16 = std::any_of(modes.begin(), modes.end(),
+                                     [](const std::string& m) { return m.rfind("bf16", 0) == 0; });
+  Layer L = MakeLayer(d, want_bf16);
+  cudaStream_t st;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cublasHandle_t cublas;
+  if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) return 1;
+  cublasSetStream(cublas, st);
+  void* cublas_ws = DevAlloc<char>(32 << 20);
+  cublasSetWorkspace(cublas, cublas_ws, 32 << 20);
+  const int E = static_cast<int>(d.E);
+  auto make = [&](kc::GroupedGemmKind kind, int groups, int64_t n, int64_t k, int tile_m = 128) {
+    auto g = kc::GroupedGemm::Create({kind, groups, n, k, dev, tile_m});
+    BENCH_OK(g.status());
+    return std::move(*g);
+  };
+  auto fp8_gu = make(kc::GroupedGemmKind::kFp8Block128, E, 2 * d.I, d.H);
+  auto fp8_dn = make(kc::GroupedGemmKind::kFp8Block128, E, d.H, d.I);
+  auto fp8_gu64 = make(kc::GroupedGemmKind::kFp8Block128, E, 2 * d.I, d.H, 64);
+  auto fp8_dn64 = make(kc::GroupedGemmKind::kFp8Block128, E, d.H, d.I, 64);
+  std::unique_ptr<kc::GroupedGemm> bf_gu, bf_dn;
+  if (want_bf16) {
+    bf_gu = make(kc::GroupedGemmKind::kBf16, E, 2 * d.I, d.H);
+    bf_dn = make(kc::GroupedGemmKind::kBf16, E, d.H, d.I);
+  }
+  const int warmup = absl::GetFlag(FLAGS_warmup), iters = absl::GetFlag(FLAGS_iters);
+  nlohmann::json results = nlohmann::json::array();
+  Timer timer(st);
+  std::printf(
+      "\n| mode | rows | experts hit | total ms | route | permute | gate_up | swiglu | down | "
+      "shared | combine | weight TB/s | expert TFLOP/s | %% of peak |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (int R : rows) {
+    for (const std::string& mode : modes) {
+      kc::GroupedGemm* g_gu = mode == "fp8_grouped"       ? fp8_gu.get()
+                              : mode == "fp8_grouped_m64" ? fp8_gu64.get()
+                                                          : bf_gu.get();
+      kc::GroupedGemm* g_dn = mode == "fp8_grouped"       ? fp8_dn.get()
+                              : mode == "fp8_grouped_m64" ? fp8_dn64.get()
+                                                          : bf_dn.get();
+      std::vector<std::vector<double>> runs;
+      for (int it = 0; it < warmup + iters; ++it) {
+        RunLayer(mode, L, R, st, cublas, g_gu, g_dn, timer);
+        std::vector<double> ms = timer.Read();
+        if (it >= warmup) runs.push_back(ms);
+      }
+      std::vector<double> phase(kPhases);
+      double total = 0;
+      for (int p = 0; p < kPhases; ++p) {
+        std::vector<double> v;
+        for (auto& r : runs) v.push_back(r[p]);
+        phase[p] = Median(v);
+      }
+      {
+        std::vector<double> v;
+        for (auto& r : runs) {
+          double s = 0;
+          for (double x : r) s += x;
+          v.push_back(s);
+        }
+        total = Median(v);
+      }
+      // Experts hit: from the offsets of the last run.
+      std::vector<int32_t> off(d.E + 1);
+      BENCH_CUDA(cudaMemcpy(off.data(), L.offsets, off.size() * 4, cudaMemcpyDeviceToHost));
+      int hit = 0;
+      for (int64_t e = 0; e < d.E; ++e) hit += off[e + 1] > off[e];
+      const bool is_fp8 = mode.rfind("fp8", 0) == 0;
+      const double elt = is_fp8 ? 1.0 : 2.0;
+      const double wbytes = hit * 3.0 * d.H * d.I * elt;
+      const double gemm_ms = phase[kGateUp] + phase[kSwiGlu] + phase[kDown];
+      const double gemm_only = mode == "bf16_per_expert" ? gemm_ms : phase[kGateUp] + phase[kDown];
+      const double flops = 2.0 * R * d.K * 3.0 * d.H * d.I;
+      const double tbps = wbytes / (gemm_only * 1e-3) / 1e12;
+      const double tflops = flops / (gemm_only * 1e-3) / 1e12;
+      const double peak =
+          is_fp8 ? absl::GetFlag(FLAGS_fp8_tflops) : absl::GetFlag(FLAGS_bf16_tflops);
+      std::printf(
+          "| %s | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.0f | "
+          "%.0f %% |\n",
+          mode.c_str(), R, hit, total, phase[kRoute], phase[kPermute], phase[kGateUp],
+          phase[kSwiGlu], phase[kDown], phase[kShared], phase[kCombine], tbps, tflops,
+          100.0 * tflops / peak);
+      nlohmann::json j = {{"mode", mode},       {"rows", R},           {"experts_hit", hit},
+                          {"total_ms", total},  {"weight_tbps", tbps}, {"expert_tflops", tflops},
+                          {"peak_tflops", peak}};
+      for (int p = 0; p < kPhases; ++p) j["phase_ms"][kPhaseNames[p]] = phase[p];
+      results.push_back(j);
+    }
+  }
+  std::fflush(stdout);
+
+  // EP vs TP at world W: one rank's routed FP8 GEMM time for the same routing.
+  nlohmann::json ep_tp = nlohmann::json::array();
+  const int W = absl::GetFlag(FLAGS_ep_world);
+  if (W > 1 && d.E % W == 0 && d.I % (128 * W) == 0) {
+    const int El = E / W;
+    auto tp_gu = make(kc::GroupedGemmKind::kFp8Block128, E, 2 * d.I / W, d.H);
+    auto tp_dn = make(kc::GroupedGemmKind::kFp8Block128, E, d.H, d.I / W);
+    auto ep_gu = make(kc::GroupedGemmKind::kFp8Block128, El, 2 * d.I, d.H);
+    auto ep_dn = make(kc::GroupedGemmKind::kFp8Block128, El, d.H, d.I);
+    std::printf(
+        "\n| rows | TP%d rank: routed GEMMs ms | EP%d slowest rank ms | EP%d mean rank ms | "
+        "TP all-reduce bytes/rank | EP dispatch+combine bytes/rank |\n|---|---|---|---|---|---|\n",
+        W, W, W);
+    for (int R : rows) {
+      RunLayer("fp8_grouped", L, R, st, cublas, fp8_gu.get(), fp8_dn.get(), timer);
+      BENCH_CUDA(cudaStreamSynchronize(st));
+      std::vector<int32_t> off(d.E + 1);
+      BENCH_CUDA(cudaMemcpy(off.data(), L.offsets, off.size() * 4, cudaMemcpyDeviceToHost));
+      const double tp_ms = TimeGroupedPair(*tp_gu, *tp_dn, off, L, st, warmup, iters);
+      // EP: rank r owns experts [r El, (r + 1) El); its rows are a prefix-shifted slice. The
+      // grouped GEMM reads a from row 0, so each rank's pairs are timed as rows 0.. of the
+      // buffers (same sizes, same weights per group count).
+      double worst = 0, sum = 0;
+      for (int r = 0; r < W; ++r) {
+        std::vector<int32_t> local(El + 1);
+        for (int e = 0; e <= El; ++e) local[e] = off[r * El + e] - off[r * El];
+        const double ms = TimeGroupedPair(*ep_gu, *ep_dn, local, L, st, warmup, iters);
+        worst = std::max(worst, ms);
+        sum += ms;
+      }
+      // Bytes per rank per layer: TP ring all-reduce of [R, H] fp32 partial sums moves
+      // 2 (W - 1) / W of it; EP sends each pair's bf16 input to its expert's rank and its fp32
+      // output back ((W - 1) / W of the pairs leave the rank on uniform routing).
+      const double ar = 2.0 * (W - 1) / W * R * d.H * 4;
+      const double a2a = static_cast<double>(W - 1) / W * R * d.K * d.H * (2 + 4) / W;
+      std::printf("| %d | %.3f | %.3f | %.3f | %.0f | %.0f |\n", R, tp_ms, worst, sum / W, ar, a2a);
+      ep_tp.push_back({{"rows", R},
+                       {"world", W},
+                       {"tp_rank_ms", tp_ms},
+                       {"ep_worst_rank_ms", worst},
+                       {"ep_mean_rank_ms", sum / W},
+                       {"tp_allreduce_bytes_per_rank", ar},
+                       {"ep_a2a_bytes_per_rank", a2a}});
+    }
+  }
+
+  if (!absl::GetFlag(FLAGS_json).empty()) {
+    cudaDeviceProp prop;
+    BENCH_CUDA(cudaGetDeviceProperties(&prop, dev));
+    int driver = 0, runtime = 0;
+    BENCH_CUDA(cudaDriverGetVersion(&driver));
+    BENCH_CUDA(cudaRuntimeGetVersion(&runtime));
+    nlohmann::json j;
+    j["bench"] = "moe_layer";
+    j["meta"] = {
+        {"commit", absl::GetFlag(FLAGS_commit)},
+        {"date", absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())},
+        {"device", prop.name},
+        {"num_sms", prop.multiProcessorCount},
+        {"driver_version", driver},
+        {"runtime_version", runtime},
+        {"dims",
+         {{"hidden", d.H}, {"experts", d.E}, {"top_k", d.K}, {"inter", d.I}, {"shared", d.S}}},
+        {"timing", "CUDA events around each phase; median over iters after warmup"}};
+    j["results"] = results;
+    j["ep_vs_tp"] = ep_tp;
+    std::ofstream(absl::GetFlag(FLAGS_json)) << j.dump(1) << "\n";
+  }
+  return 0;
+}

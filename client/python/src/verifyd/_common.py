@@ -1,0 +1,476 @@
+"""What the sync and the asyncio clients share: channel options and credentials, the retry
+policy, request builders (with guarded optional fields), session state and the health
+check's wire format."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import uuid
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    FrozenSet,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
+
+import grpc
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from .errors import UnsupportedField
+from ._proto import verify_pb2 as pb
+
+PemSource = Union[bytes, str, "os.PathLike[str]"]
+"""PEM data as bytes, or the path of a PEM file."""
+
+TreeLike = Union[pb.DraftTree, Tuple[Sequence[int], Sequence[int]], Mapping[str, Any], None]
+"""A draft tree: a DraftTree, a (tokens, parents) pair, a dict, or None for an empty tree."""
+
+ItemLike = Union[pb.VerifyItem, Mapping[str, Any]]
+"""A Verify item: a VerifyItem message or a dict with its fields (see :func:`item`)."""
+
+Metadata = Sequence[Tuple[str, str]]
+
+DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
+"""Largest message the client sends or receives by default (hidden states can be large;
+the server's own limit is its --max_message_bytes)."""
+
+# The methods of VerifyService, by their Python names.
+SERVICE = "verify.v1.VerifyService"
+HEALTH_CHECK_METHOD = "/grpc.health.v1.Health/Check"
+
+
+# ---------------------------------------------------------------------------------------------
+# Retries
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter, used only where a retry is safe.
+
+    Safe are GetInfo, CloseSession (a retry that finds the session gone counts as closed),
+    TruncateSession (truncating to the same length twice gives the same answer), and Verify
+    / VerifyStream messages whose every item carries a ``request_id`` (the server answers a
+    repeated id with the stored result, see the retry recipe in verify.proto). OpenSession
+    and ForkSession are never retried: a lost answer would leak a session.
+
+    Attributes:
+        max_attempts: calls in all, the first one included (1 = no retries).
+        initial_backoff_s: the cap of the first pause; each further pause's cap is
+            ``backoff_multiplier`` times the previous one, at most ``max_backoff_s``. The
+            pause is drawn uniformly from [0, cap] (full jitter).
+        retryable_codes: the status codes that are retried.
+        total_timeout_s: stop retrying once this much time has passed since the first
+            attempt (None: only ``max_attempts`` limits). Each attempt's deadline is the
+            smaller of the call's timeout and the time left.
+    """
+
+    max_attempts: int = 5
+    initial_backoff_s: float = 0.05
+    max_backoff_s: float = 2.0
+    backoff_multiplier: float = 2.0
+    retryable_codes: FrozenSet[grpc.StatusCode] = frozenset(
+        {
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            grpc.StatusCode.CANCELLED,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+        }
+    )
+    total_timeout_s: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("RetryPolicy.max_attempts must be >= 1")
+        if self.initial_backoff_s < 0 or self.max_backoff_s < 0 or self.backoff_multiplier < 1:
+            raise ValueError("RetryPolicy: backoffs must be >= 0 and the multiplier >= 1")
+
+    def backoff_s(self, failures: int, rng: Optional[random.Random] = None) -> float:
+        """The pause after the ``failures``-th failed attempt (1-based)."""
+        cap = min(
+            self.max_backoff_s,
+            self.initial_backoff_s * self.backoff_multiplier ** max(0, failures - 1),
+        )
+        return (rng or random).uniform(0.0, cap)
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+"""A policy that sends each call once."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryEvent:
+    """Passed to a client's ``on_retry`` hook before each retry's pause."""
+
+    method: str
+    attempt: int  # the attempt that failed (1-based)
+    code: grpc.StatusCode
+    details: str
+    backoff_s: float
+
+
+OnRetry = Callable[[RetryEvent], None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Channels
+
+
+def _read_pem(source: Optional[PemSource]) -> Optional[bytes]:
+    if source is None:
+        return None
+    if isinstance(source, bytes):
+        return source
+    with open(os.fspath(source), "rb") as f:
+        return f.read()
+
+
+@dataclasses.dataclass
+class ChannelConfig:
+    """How to reach verifyd (see the server's --tls_* and --auth_token_file flags)."""
+
+    target: str
+    tls: Optional[bool] = None
+    root_certificates: Optional[PemSource] = None
+    client_certificate: Optional[PemSource] = None
+    client_key: Optional[PemSource] = None
+    token: Optional[str] = None
+    server_name_override: Optional[str] = None
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    options: Sequence[Tuple[str, Any]] = ()
+
+    def use_tls(self) -> bool:
+        wants_tls = any(
+            x is not None for x in (self.root_certificates, self.client_certificate, self.token)
+        )
+        if self.tls is None:
+            return wants_tls
+        if not self.tls and wants_tls:
+            raise ValueError(
+                "tls=False with TLS material or a bearer token: verifyd accepts tokens only "
+                "over TLS (a token would travel in clear text)"
+            )
+        return self.tls
+
+    def credentials(self) -> Optional[grpc.ChannelCredentials]:
+        """The channel credentials, or None for a plaintext channel."""
+        if not self.use_tls():
+            return None
+        if (self.client_certificate is None) != (self.client_key is None):
+            raise ValueError("client_certificate and client_key go together (mutual TLS)")
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=_read_pem(self.root_certificates),
+            private_key=_read_pem(self.client_key),
+            certificate_chain=_read_pem(self.client_certificate),
+        )
+        if self.token is not None:
+            creds = grpc.composite_channel_credentials(
+                creds, grpc.access_token_call_credentials(self.token)
+            )
+        return creds
+
+    def channel_options(self) -> List[Tuple[str, Any]]:
+        opts: List[Tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+        ]
+        if self.server_name_override:
+            opts.append(("grpc.ssl_target_name_override", self.server_name_override))
+        opts.extend(self.options)
+        return opts
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+
+
+def has_field(message_type: Any, name: str) -> bool:
+    """Whether the installed stubs' message type has field ``name`` (fields added to
+    verify.proto appear after the package is rebuilt)."""
+    return name in message_type.DESCRIPTOR.fields_by_name
+
+
+def _set_field(msg: Message, name: str, value: Any) -> None:
+    desc = msg.DESCRIPTOR.fields_by_name.get(name)
+    if desc is None:
+        raise UnsupportedField(
+            f"{msg.DESCRIPTOR.name}.{name} is not in the verify.proto this client was built "
+            f"from; rebuild verifyd-client from a newer verifyd source tree"
+        )
+    if value is None:
+        return
+    is_repeated = getattr(desc, "is_repeated", None)
+    if is_repeated is None:  # protobuf < 5.x
+        is_repeated = desc.label == desc.LABEL_REPEATED
+    if desc.message_type is not None and not is_repeated:
+        target = getattr(msg, name)
+        if isinstance(value, Message):
+            target.CopyFrom(value)
+        else:
+            target.Clear()
+            json_format.ParseDict(dict(value), target)
+        return
+    if is_repeated:
+        field = getattr(msg, name)
+        del field[:]
+        if desc.message_type is not None:
+            for v in value:
+                if isinstance(v, Message):
+                    field.add().CopyFrom(v)
+                else:
+                    json_format.ParseDict(dict(v), field.add())
+        else:
+            field.extend(_enum_value(desc, v) for v in value)
+        return
+    setattr(msg, name, _enum_value(desc, value))
+
+
+def _enum_value(desc: Any, value: Any) -> Any:
+    if desc.enum_type is not None and isinstance(value, str):
+        return desc.enum_type.values_by_name[value].number
+    return value
+
+
+def set_fields(msg: Message, fields: Mapping[str, Any]) -> Message:
+    """Sets fields of ``msg`` by name (messages from dicts or messages; enums by name or
+    number); None values are skipped. UnsupportedField when the stubs lack a field."""
+    for name, value in fields.items():
+        _set_field(msg, name, value)
+    return msg
+
+
+def tree(tokens: Sequence[int] = (), parents: Optional[Sequence[int]] = None) -> pb.DraftTree:
+    """A DraftTree. ``parents`` defaults to a chain (-1, 0, 1, ...): a single draft path."""
+    tokens = list(tokens)
+    if parents is None:
+        parents = list(range(-1, len(tokens) - 1))
+    return pb.DraftTree(tokens=tokens, parents=list(parents))
+
+
+def as_tree(t: TreeLike) -> pb.DraftTree:
+    if t is None:
+        return pb.DraftTree()
+    if isinstance(t, pb.DraftTree):
+        return t
+    if isinstance(t, Mapping):
+        return tree(t.get("tokens", ()), t.get("parents"))
+    tokens, parents = t
+    return tree(tokens, parents)
+
+
+def item(
+    session_id: str,
+    draft: TreeLike = None,
+    *,
+    request_id: Optional[str] = None,
+    expected_committed_len: Optional[int] = None,
+    **fields: Any,
+) -> pb.VerifyItem:
+    """A VerifyItem.
+
+    Args:
+        session_id: the session.
+        draft: the draft tree (empty: one plain decode step).
+        request_id: makes the item safe to retry (the server deduplicates it).
+        expected_committed_len: ABORTED, nothing applied, unless the session is at this length.
+        **fields: any other VerifyItem field by name (e.g. ``draft_probs``); UnsupportedField
+            when the installed stubs lack it.
+    """
+    msg = pb.VerifyItem(session_id=session_id, tree=as_tree(draft))
+    if request_id:
+        msg.request_id = request_id
+    if expected_committed_len is not None:
+        msg.expected_committed_len = expected_committed_len
+    return set_fields(msg, fields)
+
+
+def as_item(x: ItemLike) -> pb.VerifyItem:
+    if isinstance(x, pb.VerifyItem):
+        return x
+    fields = dict(x)
+    sid = fields.pop("session_id")
+    draft = fields.pop("tree", None)
+    if draft is None and ("tokens" in fields or "parents" in fields):
+        draft = (fields.pop("tokens", ()), fields.pop("parents", None))
+    return item(sid, draft, **fields)
+
+
+def verify_request(items: Iterable[ItemLike]) -> pb.VerifyRequest:
+    return pb.VerifyRequest(items=[as_item(x) for x in items])
+
+
+def retry_safe(req: pb.VerifyRequest) -> bool:
+    """A Verify may be resent only when every item carries a request_id."""
+    return len(req.items) > 0 and all(it.request_id for it in req.items)
+
+
+def open_request(
+    prompt_tokens: Sequence[int],
+    prefix_session_id: Optional[str],
+    sampling: Any,
+    top_logprobs: Optional[int],
+    hidden_states: Any,
+    fields: Mapping[str, Any],
+) -> pb.OpenSessionRequest:
+    req = pb.OpenSessionRequest(prompt_tokens=list(prompt_tokens))
+    if prefix_session_id:
+        req.prefix_session_id = prefix_session_id
+    extra: Dict[str, Any] = dict(fields)
+    if sampling is not None:
+        extra["sampling"] = sampling
+    if top_logprobs is not None:
+        extra["top_logprobs"] = top_logprobs
+    if hidden_states is not None:
+        if isinstance(hidden_states, (list, tuple)):  # just the layers
+            hidden_states = {"layers": list(hidden_states)}
+        extra["hidden_states"] = hidden_states
+    return set_fields(req, extra)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sessions
+
+
+class SessionState:
+    """The client's view of one session: its id, the tokens it knows (prompt, then every
+    emitted token; the last one is the pending token), the committed length, and a request
+    id counter for exactly-once Verify retries."""
+
+    def __init__(
+        self,
+        session_id: str,
+        known_tokens: List[int],
+        committed_len: int,
+    ) -> None:
+        self.session_id = session_id
+        # Tokens at positions [history_offset, committed_len]: the client may not know a
+        # prefix opened by id.
+        self.history: List[int] = known_tokens
+        self.history_offset = committed_len + 1 - len(known_tokens)
+        self.committed_len = committed_len
+        self._rid_prefix = uuid.uuid4().hex[:12]
+        self._rid = 0
+        self.closed = False
+
+    @property
+    def next_token(self) -> int:
+        """The pending token: emitted, its KV not yet computed."""
+        return self.history[-1]
+
+    def next_request_id(self) -> str:
+        self._rid += 1
+        return f"{self._rid_prefix}-{self._rid}"
+
+    def item(
+        self, draft: TreeLike, request_id: Optional[str], fields: Mapping[str, Any]
+    ) -> pb.VerifyItem:
+        return item(
+            self.session_id,
+            draft,
+            request_id=request_id or self.next_request_id(),
+            expected_committed_len=self.committed_len,
+            **fields,
+        )
+
+    def apply(self, result: pb.VerifyResult) -> List[int]:
+        """Records a Verify result; returns the tokens it emitted (accepted, then bonus)."""
+        want = self.committed_len + 1 + len(result.accepted_tokens)
+        if result.committed_len != want:
+            raise RuntimeError(
+                f"session {self.session_id}: result committed_len {result.committed_len}, "
+                f"expected {want} (another writer on this session?)"
+            )
+        new = list(result.accepted_tokens) + [result.bonus_token]
+        self.history.extend(new)
+        self.committed_len = result.committed_len
+        return new
+
+    def apply_truncate(self, committed_len: int, next_token: int) -> None:
+        keep = committed_len - self.history_offset
+        if keep >= 0:
+            self.history = self.history[:keep] + [next_token]
+        else:
+            self.history = [next_token]
+            self.history_offset = committed_len
+        self.committed_len = committed_len
+
+    def fork_state(self, session_id: str) -> "SessionState":
+        s = SessionState(session_id, list(self.history), self.committed_len)
+        s.history_offset = self.history_offset
+        return s
+
+
+def known_prefix(prefix: Any) -> Tuple[Optional[str], List[int]]:
+    """(prefix_session_id, its known committed tokens) for a Session, an id or None."""
+    if prefix is None:
+        return None, []
+    if isinstance(prefix, str):
+        return prefix, []
+    st: SessionState = prefix._state
+    if st.history_offset != 0:
+        return st.session_id, []
+    return st.session_id, list(st.history[: st.committed_len])
+
+
+# ---------------------------------------------------------------------------------------------
+# grpc.health.v1 wire format (two tiny messages; no health stubs needed)
+
+HEALTH_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def encode_health_request(service: str) -> bytes:
+    data = service.encode()
+    return (b"\x0a" + _varint(len(data)) + data) if data else b""
+
+
+def _read_varint(buf: bytes, i: int) -> Tuple[int, int]:
+    shift = value = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, i
+        shift += 7
+
+
+def decode_health_response(buf: bytes) -> str:
+    i, status = 0, 0
+    while i < len(buf):
+        key, i = _read_varint(buf, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            v, i = _read_varint(buf, i)
+            if field == 1:
+                status = v
+        elif wire == 2:
+            n, i = _read_varint(buf, i)
+            i += n
+        elif wire == 5:
+            i += 4
+        elif wire == 1:
+            i += 8
+        else:
+            break
+    return HEALTH_STATUS.get(status, "UNKNOWN")

@@ -1,0 +1,229 @@
+// Sampled token selection and logprobs (see sampling.h and kernels/sampling.h).
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dense/sampling.h"
+#include "kernels/sampling.h"
+
+namespace verifyd::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+
+struct MaxF {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct Sum {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+
+// Reduction over the block in a fixed tree order; every thread gets the result.
+template <typename T, typename Op>
+__device__ T BlockReduce(T v, T* s, Op op) {
+  s[threadIdx.x] = v;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+    if (threadIdx.x < o) s[threadIdx.x] = op(s[threadIdx.x], s[threadIdx.x + o]);
+    __syncthreads();
+  }
+  const T r = s[0];
+  __syncthreads();
+  return r;
+}
+
+// (value, index) argmax over the block: larger value wins, the lower index on ties, index < 0
+// is empty. Every thread gets the winner.
+__device__ void BlockArgmax(double* v, int32_t* i, double* sv, int32_t* si) {
+  sv[threadIdx.x] = *v;
+  si[threadIdx.x] = *i;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+    if (threadIdx.x < o) {
+      const double cv = sv[threadIdx.x + o];
+      const int32_t ci = si[threadIdx.x + o];
+      const int32_t bi = si[threadIdx.x];
+      if (ci >= 0 && (bi < 0 || cv > sv[threadIdx.x] || (cv == sv[threadIdx.x] && ci < bi))) {
+        sv[threadIdx.x] = cv;
+        si[threadIdx.x] = ci;
+      }
+    }
+    __syncthreads();
+  }
+  *v = sv[0];
+  *i = si[0];
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kThreads)
+    SampleRowsKernel(const SampleRowSpec* __restrict__ specs, const float* __restrict__ logits,
+                     int64_t vocab, int64_t vmax, int64_t shard_stride,
+                     int32_t* __restrict__ predictions, SampledLogprobs* __restrict__ out) {
+  __shared__ double sd[kThreads];
+  __shared__ long long sl[kThreads];
+  __shared__ float sf[kThreads];
+  __shared__ int32_t si[kThreads];
+  __shared__ int32_t s_token;
+  const SampleRowSpec sp = specs[blockIdx.x];
+  const bool sampled = sp.temperature >= kMinSamplingTemperature;
+  const float* row = logits + static_cast<int64_t>(sp.row) * vmax;
+  auto z_of = [&](int64_t t) {
+    const int64_t k = t / vmax;
+    return ScaledLogit(row[k * shard_stride + (t - k * vmax)], sp.temperature, sampled);
+  };
+
+  // The largest scaled logit and the number of non-NaN ones.
+  float m = -INFINITY;
+  long long live = 0;
+  for (int64_t t = threadIdx.x; t < vocab; t += blockDim.x) {
+    const float z = z_of(t);
+    if (isnan(z)) continue;
+    m = fmaxf(m, z);
+    ++live;
+  }
+  m = BlockReduce(m, sf, MaxF());
+  live = BlockReduce(live, sl, Sum());
+
+  if (sp.draw && sampled) {
+    // top-k: the largest key K with count(key >= K) >= top_k is the top_k-th largest value.
+    uint32_t kmin = 0;
+    if (sp.top_k > 0 && sp.top_k < live) {
+      uint64_t lo = 0, hi = 0xFFFFFFFFull;
+      while (lo < hi) {
+        const uint64_t mid = lo + (hi - lo + 1) / 2;
+        long long count = 0;
+        for (int64_t t = threadIdx.x; t < vocab; t += blockDim.x) {
+          const float z = z_of(t);
+          if (!isnan(z) && OrderedFloatKey(z) >= mid) ++count;
+        }
+        count = BlockReduce(count, sl, Sum());
+        if (count >= sp.top_k) {
+          lo = mid;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      kmin = static_cast<uint32_t>(lo);
+    }
+    // top-p: the smallest key K whose strictly-greater mass is < top_p of the total.
+    uint32_t pmin = kmin;
+    if (sp.top_p < 1.0f) {
+      double total = 0;
+      for (int64_t t = threadIdx.x; t < vocab; t += blockDim.x) {
+        const float z = z_of(t);
+        if (!isnan(z) && OrderedFloatKey(z) >= kmin) total += exp(static_cast<double>(z) - m);
+      }
+      total = BlockReduce(total, sd, Sum());
+      uint64_t lo = kmin, hi = 0xFFFFFFFFull;
+      while (lo < hi) {
+        const uint64_t mid = lo + (hi - lo) / 2;
+        double above = 0;
+        for (int64_t t = threadIdx.x; t < vocab; t += blockDim.x) {
+          const float z = z_of(t);
+          if (isnan(z)) continue;
+          const uint32_t key = OrderedFloatKey(z);
+          if (key >= kmin && key > mid) above += exp(static_cast<double>(z) - m);
+        }
+        above = BlockReduce(above, sd, Sum());
+        if (above / total < static_cast<double>(sp.top_p)) {
+          hi = mid;
+        } else {
+          lo = mid + 1;
+        }
+      }
+      pmin = static_cast<uint32_t>(lo);
+    }
+    // Gumbel-max over the kept tokens.
+    double bv = 0;
+    int32_t bi = -1;
+    for (int64_t t = threadIdx.x; t < vocab; t += blockDim.x) {
+      const float z = z_of(t);
+      if (isnan(z) || OrderedFloatKey(z) < pmin) continue;
+      const double s =
+          static_cast<double>(z) + GumbelNoise(sp.seed, sp.position, static_cast<int32_t>(t));
+      if (bi < 0 || s > bv) {
+        bv = s;
+        bi = static_cast<int32_t>(t);
+      }
+    }
+    BlockArgmax(&bv, &bi, sd, si);
+    if (threadIdx.x == 0) {
+      predictions[sp.row] = bi;
+      s_token = bi;
+    }
+  } else if (threadIdx.x == 0) {
+    s_token = predictions[sp.row];
+  }
+  __syncthreads();
+
+  if (sp.top_logprobs < 0) return;
+  double sum = 0;
+  for (int64_t t = threadIdx.x; t < vocab; t += blockDim.x) {
+    const float z = z_of(t);
+    if (!isnan(z)) sum += exp(static_cast<double>(z) - m);
+  }
+  sum = BlockReduce(sum, sd, Sum());
+  const double lse = static_cast<double>(m) + log(sum);
+  SampledLogprobs* o = out + blockIdx.x;
+  const int32_t token = s_token;
+  if (threadIdx.x == 0) {
+    o->token = token;
+    o->logprob = token >= 0 && token < vocab ? static_cast<float>(z_of(token) - lse) : -INFINITY;
+  }
+  // The best tokens in the order (z descending, id ascending): each pass takes the best one
+  // after the previous pass's.
+  double prev_z = INFINITY;
+  int32_t prev_t = -1;
+  for (int k = 0; k < sp.top_logprobs && k < kMaxTopLogprobs; ++k) {
+    double bv = 0;
+    int32_t bi = -1;
+    for (int64_t t = threadIdx.x; t < vocab; t += blockDim.x) {
+      const float zf = z_of(t);
+      if (isnan(zf)) continue;
+      const double z = zf;
+      const bool after = prev_t < 0 || z < prev_z || (z == prev_z && t > prev_t);
+      if (after && (bi < 0 || z > bv)) {
+        bv = z;
+        bi = static_cast<int32_t>(t);
+      }
+    }
+    BlockArgmax(&bv, &bi, sd, si);
+    if (threadIdx.x == 0) {
+      o->top_tokens[k] = bi;
+      o->top_logprobs[k] = bi < 0 ? -INFINITY : static_cast<float>(bv - lse);
+    }
+    if (bi < 0) break;
+    prev_z = bv;
+    prev_t = bi;
+  }
+}
+
+}  // namespace
+
+absl::Status SampleRowsCuda(const SampleRowsParams& p) {
+  if (p.rows < 0) return absl::InvalidArgumentError("sample rows: rows < 0");
+  if (p.rows == 0) return absl::OkStatus();
+  if (p.specs == nullptr || p.logits == nullptr || p.predictions == nullptr || p.out == nullptr) {
+    return absl::InvalidArgumentError("sample rows: specs, logits, predictions, out must be set");
+  }
+  if (p.vocab < 1 || p.vmax < 1 || p.vmax > p.vocab || p.vocab > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample rows: vocab ", p.vocab, " / vmax ", p.vmax, " out of range"));
+  }
+  const int64_t shards = (p.vocab + p.vmax - 1) / p.vmax;
+  if (shards > 1 && p.shard_stride < p.vmax) {
+    return absl::InvalidArgumentError("sample rows: shard_stride < vmax");
+  }
+  SampleRowsKernel<<<static_cast<unsigned>(p.rows), kThreads, 0,
+                     static_cast<cudaStream_t>(p.stream)>>>(p.specs, p.logits, p.vocab, p.vmax,
+                                                            p.shard_stride, p.predictions, p.out);
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR(SampleRowsKernel);
+  return absl::OkStatus();
+}
+
+}  // namespace verifyd::kernels::cuda
