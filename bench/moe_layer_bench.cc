@@ -44,10 +44,9 @@
 #include "absl/time/time.h"
 #include "bench/moe_fill.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/dense/elementwise.h"
-#include "kernels/cuda/dense/gemm.h"
 #include "kernels/cuda/dense/grouped_gemm.h"
 #include "kernels/cuda/dense/moe.h"
+#include "kernels/cuda/dense/moe_mlp.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, rows, "1,8,64,256,1024,2048,8192",
@@ -109,7 +108,11 @@ std::vector<int> ParseList(const std::string& s) {
   return out;
 }
 
+// The phases of kernels::cuda::RunMoeMlp, in its order (kPhases = kDone).
 enum Phase { kRoute, kPermute, kGateUp, kSwiGlu, kDown, kShared, kCombine, kPhases };
+static_assert(static_cast<int>(kc::MoePhase::kRoute) == kRoute &&
+              static_cast<int>(kc::MoePhase::kCombine) == kCombine &&
+              static_cast<int>(kc::MoePhase::kDone) == kPhases);
 const char* kPhaseNames[kPhases] = {"route", "permute", "gate_up", "swiglu",
                                     "down",  "shared",  "combine"};
 
@@ -186,39 +189,6 @@ Layer MakeLayer(const Dims& d, bool want_bf16) {
   return L;
 }
 
-absl::Status Gemm(cudaStream_t st, void* cublas, int64_t m, const bf16* x, int64_t k, const bf16* w,
-                  int64_t n, float* y) {
-  kc::GemmParams p;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.x = x;
-  p.ldx = k;
-  p.w = w;
-  p.ldw = k;
-  p.y = y;
-  p.ldy = n;
-  (void)st;
-  return kc::GemmBf16(cublas, p);
-}
-
-absl::Status Mlp(cudaStream_t st, void* cublas, int64_t m, int64_t H, int64_t I, const bf16* x,
-                 const bf16* gu_w, const bf16* dn_w, float* gu, bf16* act, float* out) {
-  if (m == 0) return absl::OkStatus();
-  VERIFYD_RETURN_IF_ERROR(Gemm(st, cublas, m, x, H, gu_w, 2 * I, gu));
-  kc::SwiGluParams a;
-  a.rows = static_cast<int>(m);
-  a.n = I;
-  a.gate_up = gu;
-  a.ld_in = 2 * I;
-  a.up_offset = I;
-  a.out = act;
-  a.ld_out = I;
-  a.stream = st;
-  VERIFYD_RETURN_IF_ERROR(kc::SwiGluCuda(a));
-  return Gemm(st, cublas, m, act, I, dn_w, H, out);
-}
-
 struct Timer {
   std::vector<cudaEvent_t> ev;
   cudaStream_t st;
@@ -239,171 +209,64 @@ struct Timer {
   }
 };
 
-// One layer run in `mode` for R rows; phase times (ms) into the timer.
+// One layer in `mode` for R rows through kernels::cuda::RunMoeMlp (the engine's sequence),
+// each phase's start recorded as an event.
 void RunLayer(const std::string& mode, Layer& L, int64_t R, cudaStream_t st, void* cublas,
               kc::GroupedGemm* g_gu, kc::GroupedGemm* g_dn, Timer& t) {
   const Dims& d = L.d;
-  const int64_t P = R * d.K;
-  t.Mark(kRoute);
-  {
-    if (R <= kc::kMoeRouterKernelMaxRows) {  // the MoE layer's choice (tp/cuda/moe_layer.cc)
-      kc::MoeRouterLogitsParams p;
-      p.rows = static_cast<int>(R);
-      p.num_experts = static_cast<int>(d.E);
-      p.hidden = d.H;
-      p.x = L.xf;
-      p.ldx = d.H;
-      p.w = L.router;
-      p.ldw = d.H;
-      p.y = L.logits;
-      p.ldy = d.E;
-      p.stream = st;
-      BENCH_OK(kc::MoeRouterLogitsCuda(p));
-    } else {
-      kc::GemmF32Params p;
-      p.m = R;
-      p.n = d.E;
-      p.k = d.H;
-      p.x = L.xf;
-      p.ldx = d.H;
-      p.w = L.router;
-      p.ldw = d.H;
-      p.y = L.logits;
-      p.ldy = d.E;
-      BENCH_OK(kc::GemmF32(cublas, p));
-    }
-    kc::MoeRouteParams r;
-    r.rows = static_cast<int>(R);
-    r.num_experts = static_cast<int>(d.E);
-    r.top_k = static_cast<int>(d.K);
-    r.norm_topk_prob = true;
-    r.routed_scaling_factor = 2.827f;
-    r.logits = L.logits;
-    r.bias = L.bias;
-    r.experts = L.experts;
-    r.weights = L.weights;
-    r.stream = st;
-    BENCH_OK(kc::MoeRouteCuda(r));
-  }
-  t.Mark(kPermute);
-  {
-    kc::MoePermuteParams p;
-    p.rows = static_cast<int>(R);
-    p.num_experts = static_cast<int>(d.E);
-    p.top_k = static_cast<int>(d.K);
-    p.experts = L.experts;
-    p.offsets = L.offsets;
-    p.perm_rows = L.perm_rows;
-    p.pair_pos = L.pair_pos;
-    p.workspace = L.permute_ws;
-    p.stream = st;
-    BENCH_OK(kc::MoePermuteCuda(p));
-    if (mode.rfind("fp8", 0) == 0) {
-      kc::MoeGatherQuantFp8Params g;
-      g.n = P;
-      g.cols = d.H;
-      g.x = L.xn;
-      g.ldx = d.H;
-      g.perm_rows = L.perm_rows;
-      g.out = L.xq;
-      g.out_scale = L.xq_scale;
-      g.stream = st;
-      BENCH_OK(kc::MoeGatherQuantFp8Cuda(g));
-    } else {
-      kc::MoeGatherParams g;
-      g.n = P;
-      g.cols = d.H;
-      g.x = L.xn;
-      g.ldx = d.H;
-      g.perm_rows = L.perm_rows;
-      g.out = L.x16;
-      g.stream = st;
-      BENCH_OK(kc::MoeGatherCuda(g));
-    }
-  }
-  if (mode == "bf16_per_expert") {
-    // The host sync for the counts, then per non-empty expert gate_up / SwiGLU / down; the
-    // split of the loop's time: gate_up holds everything (the sync included), swiglu and
-    // down are empty.
-    BENCH_CUDA(
-        cudaMemcpyAsync(L.offsets_host, L.offsets, (d.E + 1) * 4, cudaMemcpyDeviceToHost, st));
-    t.Mark(kGateUp);
-    BENCH_CUDA(cudaStreamSynchronize(st));
-    const int32_t* off = L.offsets_host;
-    for (int64_t e = 0; e < d.E; ++e) {
-      const int64_t o = off[e], m = off[e + 1] - off[e];
-      BENCH_OK(Mlp(st, cublas, m, d.H, d.I, L.x16 + o * d.H, L.gu16 + e * 2 * d.I * d.H,
-                   L.dn16 + e * d.H * d.I, L.gu + o * 2 * d.I, L.act16 + o * d.I, L.y + o * d.H));
-    }
-    t.Mark(kSwiGlu);
-    t.Mark(kDown);
-  } else {
-    const bool fp8 = mode.rfind("fp8", 0) == 0;
-    t.Mark(kGateUp);
-    kc::GroupedGemmArgs a;
-    a.offsets = L.offsets;
-    a.a = fp8 ? static_cast<const void*>(L.xq) : L.x16;
-    a.a_scale = L.xq_scale;
-    a.b = fp8 ? static_cast<const void*>(L.gu8) : L.gu16;
-    a.b_scale = L.gu8_scale;
-    a.d = L.gu;
-    a.stream = st;
-    BENCH_OK(g_gu->Run(a));
-    t.Mark(kSwiGlu);
-    if (fp8) {
-      kc::SwiGluQuantFp8Params q;
-      q.rows = P;
-      q.cols = d.I;
-      q.gate_up = L.gu;
-      q.ld_in = 2 * d.I;
-      q.up_offset = d.I;
-      q.out = L.actq;
-      q.out_scale = L.actq_scale;
-      q.stream = st;
-      BENCH_OK(kc::SwiGluQuantFp8Cuda(q));
-    } else {
-      kc::SwiGluParams q;
-      q.rows = static_cast<int>(P);
-      q.n = d.I;
-      q.gate_up = L.gu;
-      q.ld_in = 2 * d.I;
-      q.up_offset = d.I;
-      q.out = L.act16;
-      q.ld_out = d.I;
-      q.stream = st;
-      BENCH_OK(kc::SwiGluCuda(q));
-    }
-    t.Mark(kDown);
-    kc::GroupedGemmArgs b;
-    b.offsets = L.offsets;
-    b.a = fp8 ? static_cast<const void*>(L.actq) : L.act16;
-    b.a_scale = L.actq_scale;
-    b.b = fp8 ? static_cast<const void*>(L.dn8) : L.dn16;
-    b.b_scale = L.dn8_scale;
-    b.d = L.y;
-    b.stream = st;
-    BENCH_OK(g_dn->Run(b));
-  }
-  t.Mark(kShared);
-  BENCH_OK(Mlp(st, cublas, R, d.H, d.S * d.I, L.xn, L.sgu, L.sdn, L.gu, L.act16, L.shared_out));
-  t.Mark(kCombine);
-  {
-    kc::MoeCombineParams c;
-    c.rows = static_cast<int>(R);
-    c.top_k = static_cast<int>(d.K);
-    c.cols = d.H;
-    c.experts = L.experts;
-    c.weights = L.weights;
-    c.pair_pos = L.pair_pos;
-    c.y = L.y;
-    c.shared = L.shared_out;
-    c.out = L.out;
-    c.ld_out = d.H;
-    c.accumulate = false;
-    c.stream = st;
-    BENCH_OK(kc::MoeCombineCuda(c));
-  }
-  t.Mark(kPhases);
+  kc::MoeMlpArgs a;
+  a.shape.rows = R;
+  a.shape.hidden = d.H;
+  a.shape.num_experts = static_cast<int>(d.E);
+  a.shape.top_k = static_cast<int>(d.K);
+  a.shape.routed_scaling_factor = 2.827f;
+  a.shape.inter = d.I;
+  a.shape.shared_inter = d.S * d.I;
+  a.path = mode.rfind("fp8", 0) == 0 ? kc::ExpertPath::kFp8Grouped
+           : mode == "bf16_grouped"  ? kc::ExpertPath::kBf16Grouped
+                                     : kc::ExpertPath::kBf16PerExpert;
+  a.weights.router = L.router;
+  a.weights.router_bias = L.bias;
+  a.weights.gate_up = L.gu16;
+  a.weights.down = L.dn16;
+  a.weights.gate_up_fp8 = L.gu8;
+  a.weights.gate_up_scale = L.gu8_scale;
+  a.weights.down_fp8 = L.dn8;
+  a.weights.down_scale = L.dn8_scale;
+  a.weights.shared_gate_up = L.sgu;
+  a.weights.shared_down = L.sdn;
+  kc::MoeMlpBuffers& b = a.buffers;
+  b.logits = L.logits;
+  b.experts = L.experts;
+  b.weights = L.weights;
+  b.offsets = L.offsets;
+  b.perm_rows = L.perm_rows;
+  b.pair_pos = L.pair_pos;
+  b.permute_ws = L.permute_ws;
+  b.x = L.x16;
+  b.xq = L.xq;
+  b.xq_scale = L.xq_scale;
+  b.gate_up = L.gu;
+  b.act = L.act16;
+  b.actq = L.actq;
+  b.actq_scale = L.actq_scale;
+  b.y = L.y;
+  b.shared = L.shared_out;
+  b.offsets_host = L.offsets_host;
+  b.gemm_gate_up = g_gu;
+  b.gemm_down = g_dn;
+  a.x_router = L.xf;
+  a.xn = L.xn;
+  a.out = L.out;
+  a.ld_out = d.H;
+  a.cublas = cublas;
+  a.stream = st;
+  a.host_sync = [st] {
+    const cudaError_t e = cudaStreamSynchronize(st);
+    return e == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(e));
+  };
+  a.mark = [&t](kc::MoePhase phase) { t.Mark(static_cast<int>(phase)); };
+  BENCH_OK(kc::RunMoeMlp(a));
 }
 
 double Median(std::vector<double> v) {

@@ -72,7 +72,7 @@ struct EngineOptions {
     bool use_verify_kernel = true;    // false: always the fallback attention
     bool profile = false;             // time the step's parts with CUDA events (rank 0)
     // Routed experts stored in FP8 (128 x 128 blocks) stay FP8 on sm_90 when the dims allow
-    // (tp/cuda/rank_context.h ExpertMode); false: dequantized to bf16 like other FP8 weights.
+    // (tp/cuda/rank_context.h ExpertPath); false: dequantized to bf16 like other FP8 weights.
     bool fp8_experts = true;
   } cuda;
 };

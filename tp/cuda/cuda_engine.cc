@@ -583,7 +583,7 @@ CudaStepProfile CudaEngine::last_profile() const {
 
 std::string CudaEngine::expert_mode() const {
   if (impl_->config.moe.n_routed_experts == 0 || impl_->ranks.empty()) return "";
-  return ExpertModeName(impl_->ranks[0]->expert_mode);
+  return kc::ExpertPathName(impl_->ranks[0]->expert_path);
 }
 
 absl::StatusOr<std::vector<float>> CudaEngine::LatentRow(int rank, int64_t layer, int32_t slot) {

@@ -91,7 +91,7 @@ class CudaEngine final : public Engine {
   void set_profile(bool on);
   // The time split of the last step (profile option), else zeros.
   CudaStepProfile last_profile() const;
-  // How rank 0 runs the routed experts (tp/cuda/rank_context.h ExpertMode: "fp8 block-scaled
+  // How rank 0 runs the routed experts (kernels/cuda/dense/moe_mlp.h ExpertPath: "fp8 block-scaled
   // grouped GEMMs", "bf16 grouped GEMMs" or "bf16 per-expert cuBLAS GEMMs"); "" without MoE.
   std::string expert_mode() const;
 

@@ -41,19 +41,7 @@ absl::Status Norm(const MlaStep& s, CudaRankContext& rk, const void* x, kernels:
 // y[R, n] = x[R, k] . w[n, k]^T + beta * y.
 absl::Status Gemm(const MlaStep& s, CudaRankContext& rk, const bf16* x, int64_t k, const bf16* w,
                   int64_t n, void* y, kernels::DType yt, float beta) {
-  kc::GemmParams p;
-  p.m = s.rows;
-  p.n = n;
-  p.k = k;
-  p.x = x;
-  p.ldx = k;
-  p.w = w;
-  p.ldw = k;
-  p.y = y;
-  p.ldy = n;
-  p.y_dtype = yt;
-  p.beta = beta;
-  return kc::GemmBf16(rk.cublas, p);
+  return kc::GemmBf16Packed(rk.cublas, s.rows, x, k, w, n, y, yt, beta);
 }
 
 // x += AllReduce(part) (TP > 1); at TP = 1 the GEMM accumulated into x already.

@@ -202,7 +202,7 @@ absl::Status FillMoeLayer(const RankWeightInit& src, const ModelConfig& c, int64
   VERIFYD_ASSIGN_OR_RETURN(L.router_bias, rk.Alloc<float>(E));
   VERIFYD_RETURN_IF_ERROR(
       FillTensorF32(src, rk, n("mlp.gate.e_score_correction_bias"), L.router_bias, 1, E, 0, 0));
-  if (Il > 0 && rk.expert_mode == ExpertMode::kFp8Grouped) {
+  if (Il > 0 && rk.expert_path == ExpertPath::kFp8Grouped) {
     const int64_t hb = hid / 128, ib = Il / 128;
     VERIFYD_ASSIGN_OR_RETURN(L.experts_gate_up_fp8, rk.Alloc<uint8_t>(E * 2 * Il * hid));
     VERIFYD_ASSIGN_OR_RETURN(L.experts_gate_up_scale, rk.Alloc<float>(E * 2 * ib * hb));
@@ -268,14 +268,14 @@ absl::Status AllocMoeBuffers(const ModelConfig& c, int64_t R, CudaRankContext& r
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_act, AllocPoisoned<bf16>(rk, std::max(P * Il, R * Sl)));
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_y, AllocPoisoned<float>(rk, P * hid));
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_shared, AllocPoisoned<float>(rk, R * hid));
-  if (rk.expert_mode == ExpertMode::kFp8Grouped) {
+  if (rk.expert_path == ExpertPath::kFp8Grouped) {
     VERIFYD_ASSIGN_OR_RETURN(rk.moe_xq, AllocPoisoned<uint8_t>(rk, P * hid));
     VERIFYD_ASSIGN_OR_RETURN(rk.moe_xq_scale, AllocPoisoned<float>(rk, P * hid / 128));
     VERIFYD_ASSIGN_OR_RETURN(rk.moe_actq, AllocPoisoned<uint8_t>(rk, P * Il));
     VERIFYD_ASSIGN_OR_RETURN(rk.moe_actq_scale, AllocPoisoned<float>(rk, P * Il / 128));
   }
-  if (rk.expert_mode != ExpertMode::kBf16PerExpert) {
-    const kc::GroupedGemmKind kind = rk.expert_mode == ExpertMode::kFp8Grouped
+  if (rk.expert_path != ExpertPath::kBf16PerExpert) {
+    const kc::GroupedGemmKind kind = rk.expert_path == ExpertPath::kFp8Grouped
                                          ? kc::GroupedGemmKind::kFp8Block128
                                          : kc::GroupedGemmKind::kBf16;
     // FP8: 64-row tiles (measured faster at every verify batch size, bench/moe_layer_bench;
@@ -295,14 +295,14 @@ absl::Status AllocMoeBuffers(const ModelConfig& c, int64_t R, CudaRankContext& r
   return absl::OkStatus();
 }
 
-// The rank's expert mode (rank_context.h): FP8 grouped when the checkpoint stores the routed
+// The rank's expert path (rank_context.h): FP8 grouped when the checkpoint stores the routed
 // experts in FP8 with 128 x 128 blocks, the rank's slice is 128-aligned and the GPU runs the
 // grouped kernels; bf16 grouped when the GPU runs them and the dims are multiples of 16;
 // per-expert cuBLAS otherwise.
-ExpertMode ChooseExpertMode(const RankSetup& setup, const CudaRankContext& rk) {
+ExpertPath ChooseExpertPath(const RankSetup& setup, const CudaRankContext& rk) {
   const ModelConfig& c = *setup.config;
   const int64_t hid = c.hidden_size, Il = rk.moe_inter.size;
-  if (Il == 0 || !kc::GroupedGemmAvailable(rk.device)) return ExpertMode::kBf16PerExpert;
+  if (Il == 0 || !kc::GroupedGemmAvailable(rk.device)) return ExpertPath::kBf16PerExpert;
   int64_t first_moe = -1;
   for (int64_t l = 0; l < c.num_hidden_layers && first_moe < 0; ++l) {
     if (c.IsMoeLayer(l)) first_moe = l;
@@ -312,10 +312,10 @@ ExpertMode ChooseExpertMode(const RankSetup& setup, const CudaRankContext& rk) {
       host->StoredAsFp8(LayerTensorName(first_moe, "mlp.experts.0.gate_proj.weight")) &&
       c.quant.block_rows == 128 && c.quant.block_cols == 128 && hid % 128 == 0 && Il % 128 == 0 &&
       rk.moe_inter.begin % 128 == 0) {
-    return ExpertMode::kFp8Grouped;
+    return ExpertPath::kFp8Grouped;
   }
-  if (hid % 16 == 0 && Il % 16 == 0) return ExpertMode::kBf16Grouped;
-  return ExpertMode::kBf16PerExpert;
+  if (hid % 16 == 0 && Il % 16 == 0) return ExpertPath::kBf16Grouped;
+  return ExpertPath::kBf16PerExpert;
 }
 
 // YaRN parameters of a config (kernels/reference/yarn.h).
@@ -333,18 +333,6 @@ kernels::ref::YarnParams YarnOf(const ModelConfig& c) {
 }
 
 }  // namespace
-
-const char* ExpertModeName(ExpertMode m) {
-  switch (m) {
-    case ExpertMode::kFp8Grouped:
-      return "fp8 block-scaled grouped GEMMs";
-    case ExpertMode::kBf16Grouped:
-      return "bf16 grouped GEMMs";
-    case ExpertMode::kBf16PerExpert:
-      return "bf16 per-expert cuBLAS GEMMs";
-  }
-  return "?";
-}
 
 absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
   const ModelConfig& c = *setup.config;
@@ -375,7 +363,7 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
   rk.moe_shared_inter =
       IntermediateShard(c.moe.moe_intermediate_size * c.moe.n_shared_experts, tp, rk.rank);
   rk.vmax = CeilShardMax(c.vocab_size, tp);
-  if (c.moe.n_routed_experts > 0) rk.expert_mode = ChooseExpertMode(setup, rk);
+  if (c.moe.n_routed_experts > 0) rk.expert_path = ChooseExpertPath(setup, rk);
   const int64_t hid = c.hidden_size, qk = c.qk_head_dim(), nope = c.qk_nope_head_dim;
   const int64_t v = c.v_head_dim, kvl = c.kv_lora_rank, lat = c.latent_dim();
   const int64_t Hl = rk.heads.size, h0 = rk.heads.begin, Il = rk.inter.size;

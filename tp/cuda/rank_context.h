@@ -23,9 +23,9 @@
 //   moe_gu [max(P * 2 Ie_l, R * 2 Is_l)] fp32;  moe_act [max(P * Ie_l, R * Is_l)] bf16
 //   moe_y [P, hidden] fp32 expert outputs;  moe_shared [R, hidden] fp32
 //   moe_offsets_host: pinned [E + 1] (the per-expert row counts the host sizes GEMMs with,
-//     expert mode kBf16PerExpert only)
+//     expert path kBf16PerExpert only)
 //   moe_xq [P, hidden] e4m3 + moe_xq_scale, moe_actq [P, Ie_l] e4m3 + moe_actq_scale
-//     (expert mode kFp8Grouped: the quantized expert inputs and SwiGLU outputs)
+//     (expert path kFp8Grouped: the quantized expert inputs and SwiGLU outputs)
 //
 // Thread-safety: a CudaRankContext is used only by its rank's thread once created (the
 // engine reads the results in out_host / profile after the rank finished its job).
@@ -47,6 +47,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dense/argmax.h"
 #include "kernels/cuda/dense/grouped_gemm.h"
+#include "kernels/cuda/dense/moe_mlp.h"
 #include "kernels/cuda/dense/sampling.h"
 #include "kernels/cuda/verify_attention/api.h"
 #include "tp/cuda/cuda_engine.h"
@@ -73,9 +74,9 @@ struct CudaLayerWeights {
   // columns, the fused shared experts' likewise.
   float* router = nullptr;          // [E, hidden] fp32 mlp.gate.weight
   float* router_bias = nullptr;     // [E] fp32 mlp.gate.e_score_correction_bias
-  bf16* experts_gate_up = nullptr;  // [E, 2 Ie_l, hidden]   (expert mode kBf16*)
+  bf16* experts_gate_up = nullptr;  // [E, 2 Ie_l, hidden]   (expert paths kBf16*)
   bf16* experts_down = nullptr;     // [E, hidden, Ie_l]
-  // Expert mode kFp8Grouped: the checkpoint's e4m3 bytes and 128 x 128 block scales.
+  // Expert path kFp8Grouped: the checkpoint's e4m3 bytes and 128 x 128 block scales.
   uint8_t* experts_gate_up_fp8 = nullptr;  // [E, 2 Ie_l, hidden]
   float* experts_gate_up_scale = nullptr;  // [E, 2 Ie_l / 128, hidden / 128]
   uint8_t* experts_down_fp8 = nullptr;     // [E, hidden, Ie_l]
@@ -84,15 +85,12 @@ struct CudaLayerWeights {
   bf16* shared_down = nullptr;             // [hidden, Is_l]
 };
 
-// How a rank runs its routed experts (tp/cuda/moe_layer.h), chosen at load:
-//   kFp8Grouped:   FP8-stored checkpoint experts kept in FP8 (block scales), activations
-//                  quantized per 128 columns, one CUTLASS grouped GEMM per projection (sm_90,
-//                  128-aligned hidden and local expert intermediate);
-//   kBf16Grouped:  bf16 experts, one CUTLASS grouped GEMM per projection (sm_90, dims % 16);
-//   kBf16PerExpert: bf16 experts, one cuBLAS GEMM per non-empty expert after one host sync
-//                  for the row counts (other GPUs, or dims the grouped kernels refuse).
-enum class ExpertMode { kFp8Grouped, kBf16Grouped, kBf16PerExpert };
-const char* ExpertModeName(ExpertMode m);
+// How a rank runs its routed experts (kernels/cuda/dense/moe_mlp.h ExpertPath), chosen at
+// load (ChooseExpertPath in rank_context.cc): kFp8Grouped when the checkpoint stores the routed
+// experts in FP8 with 128 x 128 blocks, hidden and the rank's expert slice are multiples of
+// 128 and the GPU is sm_90 (EngineOptions::cuda.fp8_experts); kBf16Grouped on sm_90 when the
+// dims are multiples of 16; kBf16PerExpert otherwise.
+using ExpertPath = kernels::cuda::ExpertPath;
 
 struct CudaRankContext {
   using bf16 = kernels::bf16_bits;
@@ -141,7 +139,7 @@ struct CudaRankContext {
   int32_t* moe_offsets_host = nullptr;  // pinned
   bf16* moe_x = nullptr;
   bf16* moe_act = nullptr;
-  ExpertMode expert_mode = ExpertMode::kBf16PerExpert;
+  ExpertPath expert_path = ExpertPath::kBf16PerExpert;
   std::unique_ptr<kernels::cuda::GroupedGemm> moe_gemm_gate_up, moe_gemm_down;  // grouped modes
   uint8_t* moe_xq = nullptr;        // kFp8Grouped: [P, hidden] e4m3 expert inputs
   float* moe_xq_scale = nullptr;    //   [P, hidden / 128]

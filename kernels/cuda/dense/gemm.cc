@@ -53,6 +53,23 @@ absl::Status GemmBf16Batched(void* cublas_handle, const BatchedGemmParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status GemmBf16Packed(void* cublas_handle, int64_t m, const bf16_bits* x, int64_t k,
+                            const bf16_bits* w, int64_t n, void* y, DType y_dtype, float beta) {
+  GemmParams p;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.x = x;
+  p.ldx = k;
+  p.w = w;
+  p.ldw = k;
+  p.y = y;
+  p.ldy = n;
+  p.y_dtype = y_dtype;
+  p.beta = beta;
+  return GemmBf16(cublas_handle, p);
+}
+
 absl::Status GemmF32(void* cublas_handle, const GemmF32Params& p) {
   if (!cublas_handle) return absl::InvalidArgumentError("cublas handle must be set");
   if (p.m < 0 || p.n <= 0 || p.k <= 0) {

@@ -31,6 +31,10 @@ struct GemmParams {
 };
 // handle: cublasHandle_t (its stream is where the GEMM runs).
 absl::Status GemmBf16(void* cublas_handle, const GemmParams& p);
+// GemmBf16 on packed operands (ldx = ldw = k, ldy = n).
+absl::Status GemmBf16Packed(void* cublas_handle, int64_t m, const bf16_bits* x, int64_t k,
+                            const bf16_bits* w, int64_t n, void* y, DType y_dtype = DType::kFloat32,
+                            float beta = 0.f);
 
 // batch problems b = 0..batch-1:
 //   w_transposed = true : y_b[m, n] = x_b[m, k] . w_b[n, k]^T   (w_b row-major [n, ldw])

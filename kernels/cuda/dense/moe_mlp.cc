@@ -1,0 +1,269 @@
+// One MoE MLP's launch sequence (see moe_mlp.h).
+#include "kernels/cuda/dense/moe_mlp.h"
+
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dense/elementwise.h"
+#include "kernels/cuda/dense/gemm.h"
+#include "kernels/cuda/dense/moe.h"
+#include "kernels/status.h"
+
+namespace verifyd::kernels::cuda {
+
+const char* ExpertPathName(ExpertPath p) {
+  switch (p) {
+    case ExpertPath::kFp8Grouped:
+      return "fp8 block-scaled grouped GEMMs";
+    case ExpertPath::kBf16Grouped:
+      return "bf16 grouped GEMMs";
+    case ExpertPath::kBf16PerExpert:
+      return "bf16 per-expert cuBLAS GEMMs";
+  }
+  return "?";
+}
+
+namespace {
+
+// gu [m, 2 inter] -> act [m, inter] bf16 = silu(gate) * up.
+absl::Status SwiGlu(int64_t m, int64_t inter, const float* gu, bf16_bits* act, void* stream) {
+  SwiGluParams p;
+  p.rows = static_cast<int>(m);
+  p.n = inter;
+  p.gate_up = gu;
+  p.ld_in = 2 * inter;
+  p.up_offset = inter;
+  p.out = act;
+  p.ld_out = inter;
+  p.stream = stream;
+  return SwiGluCuda(p);
+}
+
+// out[m, hid] = down(SwiGLU(gate_up(x))) over m rows with bf16 cuBLAS GEMMs (gu, act: scratch).
+absl::Status DenseMlp(void* cublas, void* stream, int64_t m, int64_t hid, int64_t inter,
+                      const bf16_bits* x, const bf16_bits* gate_up, const bf16_bits* down,
+                      float* gu, bf16_bits* act, float* out) {
+  if (m == 0) return absl::OkStatus();
+  VERIFYD_RETURN_IF_ERROR(GemmBf16Packed(cublas, m, x, hid, gate_up, 2 * inter, gu));
+  VERIFYD_RETURN_IF_ERROR(SwiGlu(m, inter, gu, act, stream));
+  return GemmBf16Packed(cublas, m, act, inter, down, hid, out);
+}
+
+// gate_up / SwiGLU / down over the permuted pairs with one grouped GEMM per projection; the
+// inputs gathered (and quantized) first.
+absl::Status GroupedExperts(const MoeMlpArgs& a, const std::function<void(MoePhase)>& mark) {
+  const MoeMlpShape& s = a.shape;
+  const MoeMlpBuffers& b = a.buffers;
+  const MoeMlpWeights& w = a.weights;
+  const int64_t P = s.rows * s.top_k;
+  const bool fp8 = a.path == ExpertPath::kFp8Grouped;
+  if (b.gemm_gate_up == nullptr || b.gemm_down == nullptr) {
+    return absl::InvalidArgumentError("moe mlp: the grouped paths need both grouped GEMMs");
+  }
+  if (fp8) {
+    MoeGatherQuantFp8Params g;
+    g.n = P;
+    g.cols = s.hidden;
+    g.x = a.xn;
+    g.ldx = s.hidden;
+    g.perm_rows = b.perm_rows;
+    g.out = b.xq;
+    g.out_scale = b.xq_scale;
+    g.stream = a.stream;
+    VERIFYD_RETURN_IF_ERROR(MoeGatherQuantFp8Cuda(g));
+  } else {
+    MoeGatherParams g;
+    g.n = P;
+    g.cols = s.hidden;
+    g.x = a.xn;
+    g.ldx = s.hidden;
+    g.perm_rows = b.perm_rows;
+    g.out = b.x;
+    g.stream = a.stream;
+    VERIFYD_RETURN_IF_ERROR(MoeGatherCuda(g));
+  }
+  mark(MoePhase::kGateUp);
+  GroupedGemmArgs gu;
+  gu.offsets = b.offsets;
+  gu.a = fp8 ? static_cast<const void*>(b.xq) : b.x;
+  gu.a_scale = b.xq_scale;
+  gu.b = fp8 ? static_cast<const void*>(w.gate_up_fp8) : w.gate_up;
+  gu.b_scale = w.gate_up_scale;
+  gu.d = b.gate_up;
+  gu.stream = a.stream;
+  VERIFYD_RETURN_IF_ERROR(b.gemm_gate_up->Run(gu));
+  mark(MoePhase::kSwiGlu);
+  if (fp8) {
+    SwiGluQuantFp8Params q;
+    q.rows = P;
+    q.cols = s.inter;
+    q.gate_up = b.gate_up;
+    q.ld_in = 2 * s.inter;
+    q.up_offset = s.inter;
+    q.out = b.actq;
+    q.out_scale = b.actq_scale;
+    q.stream = a.stream;
+    VERIFYD_RETURN_IF_ERROR(SwiGluQuantFp8Cuda(q));
+  } else {
+    VERIFYD_RETURN_IF_ERROR(SwiGlu(P, s.inter, b.gate_up, b.act, a.stream));
+  }
+  mark(MoePhase::kDown);
+  GroupedGemmArgs dn;
+  dn.offsets = b.offsets;
+  dn.a = fp8 ? static_cast<const void*>(b.actq) : b.act;
+  dn.a_scale = b.actq_scale;
+  dn.b = fp8 ? static_cast<const void*>(w.down_fp8) : w.down;
+  dn.b_scale = w.down_scale;
+  dn.d = b.y;
+  dn.stream = a.stream;
+  return b.gemm_down->Run(dn);
+}
+
+// The rows gathered, the per-expert row counts read on the host (one sync), then one cuBLAS
+// GEMM triple per non-empty expert over its contiguous rows.
+absl::Status PerExpert(const MoeMlpArgs& a, const std::function<void(MoePhase)>& mark) {
+  const MoeMlpShape& s = a.shape;
+  const MoeMlpBuffers& b = a.buffers;
+  const MoeMlpWeights& w = a.weights;
+  const int64_t P = s.rows * s.top_k, E = s.num_experts, H = s.hidden, I = s.inter;
+  if (!a.host_sync || b.offsets_host == nullptr) {
+    return absl::InvalidArgumentError(
+        "moe mlp: the per-expert path needs host_sync and "
+        "offsets_host");
+  }
+  MoeGatherParams g;
+  g.n = P;
+  g.cols = H;
+  g.x = a.xn;
+  g.ldx = H;
+  g.perm_rows = b.perm_rows;
+  g.out = b.x;
+  g.stream = a.stream;
+  VERIFYD_RETURN_IF_ERROR(MoeGatherCuda(g));
+  mark(MoePhase::kGateUp);
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.offsets_host, b.offsets, (E + 1) * sizeof(int32_t),
+                                               cudaMemcpyDeviceToHost,
+                                               static_cast<cudaStream_t>(a.stream)));
+  VERIFYD_RETURN_IF_ERROR(a.host_sync());
+  const int32_t* off = b.offsets_host;
+  if (off[0] != 0 || off[E] != P) {
+    return absl::InternalError(
+        absl::StrCat("moe mlp: the permutation covers ", off[E] - off[0], " of ", P, " pairs"));
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t o = off[e], m = off[e + 1] - off[e];
+    if (m < 0 || o + m > P) return absl::InternalError("moe mlp: bad expert offsets");
+    VERIFYD_RETURN_IF_ERROR(DenseMlp(a.cublas, a.stream, m, H, I, b.x + o * H,
+                                     w.gate_up + e * 2 * I * H, w.down + e * H * I,
+                                     b.gate_up + o * 2 * I, b.act + o * I, b.y + o * H));
+  }
+  // The loop holds gate_up, SwiGLU and down: the later phases are empty.
+  mark(MoePhase::kSwiGlu);
+  mark(MoePhase::kDown);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunMoeMlp(const MoeMlpArgs& a) {
+  const MoeMlpShape& s = a.shape;
+  const MoeMlpBuffers& b = a.buffers;
+  const MoeMlpWeights& w = a.weights;
+  const std::function<void(MoePhase)> mark = a.mark ? a.mark : [](MoePhase) {};
+  if (s.rows < 0 || s.hidden <= 0 || s.num_experts <= 0 || s.top_k <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("moe mlp: bad shape rows=", s.rows,
+                                                   " hidden=", s.hidden, " experts=", s.num_experts,
+                                                   " top_k=", s.top_k));
+  }
+  if (s.rows == 0) {
+    mark(MoePhase::kDone);
+    return absl::OkStatus();
+  }
+  mark(MoePhase::kRoute);
+  if (s.rows <= kMoeRouterKernelMaxRows) {
+    MoeRouterLogitsParams p;
+    p.rows = static_cast<int>(s.rows);
+    p.num_experts = s.num_experts;
+    p.hidden = s.hidden;
+    p.x = a.x_router;
+    p.ldx = s.hidden;
+    p.w = w.router;
+    p.ldw = s.hidden;
+    p.y = b.logits;
+    p.ldy = s.num_experts;
+    p.stream = a.stream;
+    VERIFYD_RETURN_IF_ERROR(MoeRouterLogitsCuda(p));
+  } else {
+    GemmF32Params p;
+    p.m = s.rows;
+    p.n = s.num_experts;
+    p.k = s.hidden;
+    p.x = a.x_router;
+    p.ldx = s.hidden;
+    p.w = w.router;
+    p.ldw = s.hidden;
+    p.y = b.logits;
+    p.ldy = s.num_experts;
+    VERIFYD_RETURN_IF_ERROR(GemmF32(a.cublas, p));
+  }
+  {
+    MoeRouteParams p;
+    p.rows = static_cast<int>(s.rows);
+    p.num_experts = s.num_experts;
+    p.top_k = s.top_k;
+    p.n_group = s.n_group;
+    p.topk_group = s.topk_group;
+    p.norm_topk_prob = s.norm_topk_prob;
+    p.routed_scaling_factor = s.routed_scaling_factor;
+    p.logits = b.logits;
+    p.bias = w.router_bias;
+    p.experts = b.experts;
+    p.weights = b.weights;
+    p.stream = a.stream;
+    VERIFYD_RETURN_IF_ERROR(MoeRouteCuda(p));
+  }
+  const bool routed = s.inter > 0;
+  if (routed) {
+    mark(MoePhase::kPermute);
+    MoePermuteParams p;
+    p.rows = static_cast<int>(s.rows);
+    p.num_experts = s.num_experts;
+    p.top_k = s.top_k;
+    p.experts = b.experts;
+    p.offsets = b.offsets;
+    p.perm_rows = b.perm_rows;
+    p.pair_pos = b.pair_pos;
+    p.workspace = b.permute_ws;
+    p.stream = a.stream;
+    VERIFYD_RETURN_IF_ERROR(MoePermuteCuda(p));
+    VERIFYD_RETURN_IF_ERROR(a.path == ExpertPath::kBf16PerExpert ? PerExpert(a, mark)
+                                                                 : GroupedExperts(a, mark));
+  }
+  // Shared experts over every row (after the routed experts: they reuse gate_up / act).
+  mark(MoePhase::kShared);
+  const bool shared = s.shared_inter > 0 && w.shared_gate_up != nullptr;
+  if (shared) {
+    VERIFYD_RETURN_IF_ERROR(DenseMlp(a.cublas, a.stream, s.rows, s.hidden, s.shared_inter, a.xn,
+                                     w.shared_gate_up, w.shared_down, b.gate_up, b.act, b.shared));
+  }
+  mark(MoePhase::kCombine);
+  MoeCombineParams p;
+  p.rows = static_cast<int>(s.rows);
+  p.top_k = s.top_k;
+  p.cols = s.hidden;
+  p.experts = b.experts;
+  p.weights = b.weights;
+  p.pair_pos = b.pair_pos;
+  p.y = routed ? b.y : nullptr;
+  p.shared = shared ? b.shared : nullptr;
+  p.out = a.out;
+  p.ld_out = a.ld_out;
+  p.accumulate = a.accumulate;
+  p.stream = a.stream;
+  VERIFYD_RETURN_IF_ERROR(MoeCombineCuda(p));
+  mark(MoePhase::kDone);
+  return absl::OkStatus();
+}
+
+}  // namespace verifyd::kernels::cuda
