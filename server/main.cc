@@ -40,6 +40,9 @@ ABSL_FLAG(bool, fp8_experts, true,
           "cuda backend: keep FP8-stored routed experts (128x128 block scales) in FP8 on sm_90 "
           "GPUs (grouped FP8 GEMMs, activations quantized per 128 columns); false: dequantize "
           "them to bf16");
+ABSL_FLAG(bool, expert_parallel, true,
+          "cuda backend, tp > 1: each rank holds n_routed_experts / tp whole routed experts "
+          "(expert parallelism) when they divide evenly; false: a 1/tp slice of every expert");
 ABSL_FLAG(int64_t, kv_slots, 65536, "latent KV pool capacity in tokens");
 ABSL_FLAG(int, max_batch, 64, "requests per engine step");
 ABSL_FLAG(int, max_queue, 1024, "requests waiting for the engine before RESOURCE_EXHAUSTED");
@@ -125,6 +128,7 @@ int main(int argc, char** argv) {
     spec.engine.cuda.devices.push_back(dev);
   }
   spec.engine.cuda.fp8_experts = absl::GetFlag(FLAGS_fp8_experts);
+  spec.engine.cuda.expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
   spec.testing_fault = absl::GetFlag(FLAGS_testing_fault);
   spdlog::info("loading model={} backend={} tp={} kv_slots={}", spec.engine.model, spec.backend,
                spec.engine.tp, spec.engine.kv_slots);

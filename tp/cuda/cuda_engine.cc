@@ -581,6 +581,11 @@ CudaStepProfile CudaEngine::last_profile() const {
   return impl_->ranks.empty() ? CudaStepProfile{} : impl_->ranks[0]->profile;
 }
 
+int64_t CudaEngine::local_experts() const {
+  if (impl_->config.moe.n_routed_experts == 0 || impl_->ranks.empty()) return 0;
+  return impl_->ranks[0]->local_experts;
+}
+
 std::string CudaEngine::expert_mode() const {
   if (impl_->config.moe.n_routed_experts == 0 || impl_->ranks.empty()) return "";
   return kc::ExpertPathName(impl_->ranks[0]->expert_path);
@@ -711,6 +716,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   setup.max_batch = lim.max_batch;
   setup.use_verify_kernel = o.cuda.use_verify_kernel;
   setup.fp8_experts = o.cuda.fp8_experts;
+  setup.expert_parallel = o.cuda.expert_parallel;
   setup.comm_timeout_ms = o.comm_timeout_ms;
   m.max_rows = setup.max_rows;
   if (o.tp > 1 && shared_device) {

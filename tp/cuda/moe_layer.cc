@@ -65,6 +65,8 @@ absl::Status RunMoeMlp(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
   a.shape.routed_scaling_factor = static_cast<float>(mc.routed_scaling_factor);
   a.shape.inter = rk.moe_inter.size;
   a.shape.shared_inter = L.shared_gate_up != nullptr ? rk.moe_shared_inter.size : 0;
+  a.shape.expert_begin = static_cast<int>(rk.expert_begin);
+  a.shape.local_experts = static_cast<int>(rk.local_experts);
   a.path = rk.expert_path;
   a.weights.router = L.router;
   a.weights.router_bias = L.router_bias;

@@ -1,9 +1,11 @@
 // The MoE MLP of one decoder layer on one rank of the CUDA engine (DeepSeek-V3: sigmoid /
 // noaux_tc routing over expert groups, routed experts plus fused shared experts), the GPU
-// counterpart of tp/cpu/cpu_moe.h with the same sharding: the router is replicated (every rank
-// routes every row identically), every rank holds its IntermediateShard of each routed expert
-// and of the shared experts, and the layer's single all-reduce (the caller's) sums routed +
-// shared over ranks.
+// counterpart of tp/cpu/cpu_moe.h: the router is replicated (every rank routes every row
+// identically, and with tensor-parallel attention every rank holds every row), every rank
+// holds its IntermediateShard of the shared experts and either its IntermediateShard of each
+// routed expert (as the CPU backend) or, with expert parallelism, E / world whole routed
+// experts (no token dispatch: each rank runs the pairs of its experts); the layer's single
+// all-reduce (the caller's) sums routed + shared over ranks either way.
 //
 // One call (R rows; buffers in tp/cuda/rank_context.h): moe_xf = RMSNorm(x) in fp32
 // (post_attention_layernorm; xn, the caller's bf16 copy of the same norm, feeds the experts),

@@ -202,37 +202,39 @@ absl::Status FillMoeLayer(const RankWeightInit& src, const ModelConfig& c, int64
   VERIFYD_ASSIGN_OR_RETURN(L.router_bias, rk.Alloc<float>(E));
   VERIFYD_RETURN_IF_ERROR(
       FillTensorF32(src, rk, n("mlp.gate.e_score_correction_bias"), L.router_bias, 1, E, 0, 0));
+  // The rank's routed experts (all of them under TP experts, a block under EP), each its
+  // moe_inter columns; local expert le is the checkpoint's expert expert_begin + le.
+  const int64_t El = rk.local_experts, i0 = rk.moe_inter.begin;
+  auto expert = [&](int64_t le, const char* proj) {
+    return n(absl::StrCat("mlp.experts.", rk.expert_begin + le, ".", proj, ".weight"));
+  };
   if (Il > 0 && rk.expert_path == ExpertPath::kFp8Grouped) {
     const int64_t hb = hid / 128, ib = Il / 128;
-    VERIFYD_ASSIGN_OR_RETURN(L.experts_gate_up_fp8, rk.Alloc<uint8_t>(E * 2 * Il * hid));
-    VERIFYD_ASSIGN_OR_RETURN(L.experts_gate_up_scale, rk.Alloc<float>(E * 2 * ib * hb));
-    VERIFYD_ASSIGN_OR_RETURN(L.experts_down_fp8, rk.Alloc<uint8_t>(E * hid * Il));
-    VERIFYD_ASSIGN_OR_RETURN(L.experts_down_scale, rk.Alloc<float>(E * hb * ib));
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string p = absl::StrCat("mlp.experts.", e, ".");
-      uint8_t* gu = L.experts_gate_up_fp8 + e * 2 * Il * hid;
-      float* gus = L.experts_gate_up_scale + e * 2 * ib * hb;
-      VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, n(p + "gate_proj.weight"), gu, gus, Il, hid,
-                                            rk.moe_inter.begin, 0));
-      VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, n(p + "up_proj.weight"), gu + Il * hid,
-                                            gus + ib * hb, Il, hid, rk.moe_inter.begin, 0));
+    VERIFYD_ASSIGN_OR_RETURN(L.experts_gate_up_fp8, rk.Alloc<uint8_t>(El * 2 * Il * hid));
+    VERIFYD_ASSIGN_OR_RETURN(L.experts_gate_up_scale, rk.Alloc<float>(El * 2 * ib * hb));
+    VERIFYD_ASSIGN_OR_RETURN(L.experts_down_fp8, rk.Alloc<uint8_t>(El * hid * Il));
+    VERIFYD_ASSIGN_OR_RETURN(L.experts_down_scale, rk.Alloc<float>(El * hb * ib));
+    for (int64_t le = 0; le < El; ++le) {
+      uint8_t* gu = L.experts_gate_up_fp8 + le * 2 * Il * hid;
+      float* gus = L.experts_gate_up_scale + le * 2 * ib * hb;
       VERIFYD_RETURN_IF_ERROR(
-          FillTensorFp8(src, rk, n(p + "down_proj.weight"), L.experts_down_fp8 + e * hid * Il,
-                        L.experts_down_scale + e * hb * ib, hid, Il, 0, rk.moe_inter.begin));
+          FillTensorFp8(src, rk, expert(le, "gate_proj"), gu, gus, Il, hid, i0, 0));
+      VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, expert(le, "up_proj"), gu + Il * hid,
+                                            gus + ib * hb, Il, hid, i0, 0));
+      VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, expert(le, "down_proj"),
+                                            L.experts_down_fp8 + le * hid * Il,
+                                            L.experts_down_scale + le * hb * ib, hid, Il, 0, i0));
     }
   } else if (Il > 0) {
-    VERIFYD_ASSIGN_OR_RETURN(L.experts_gate_up, rk.Alloc<bf16>(E * 2 * Il * hid));
-    VERIFYD_ASSIGN_OR_RETURN(L.experts_down, rk.Alloc<bf16>(E * hid * Il));
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string p = absl::StrCat("mlp.experts.", e, ".");
-      bf16* gu = L.experts_gate_up + e * 2 * Il * hid;
+    VERIFYD_ASSIGN_OR_RETURN(L.experts_gate_up, rk.Alloc<bf16>(El * 2 * Il * hid));
+    VERIFYD_ASSIGN_OR_RETURN(L.experts_down, rk.Alloc<bf16>(El * hid * Il));
+    for (int64_t le = 0; le < El; ++le) {
+      bf16* gu = L.experts_gate_up + le * 2 * Il * hid;
+      VERIFYD_RETURN_IF_ERROR(FillTensor(src, rk, expert(le, "gate_proj"), gu, Il, hid, i0, 0));
       VERIFYD_RETURN_IF_ERROR(
-          FillTensor(src, rk, n(p + "gate_proj.weight"), gu, Il, hid, rk.moe_inter.begin, 0));
-      VERIFYD_RETURN_IF_ERROR(FillTensor(src, rk, n(p + "up_proj.weight"), gu + Il * hid, Il, hid,
-                                         rk.moe_inter.begin, 0));
-      VERIFYD_RETURN_IF_ERROR(FillTensor(src, rk, n(p + "down_proj.weight"),
-                                         L.experts_down + e * hid * Il, hid, Il, 0,
-                                         rk.moe_inter.begin));
+          FillTensor(src, rk, expert(le, "up_proj"), gu + Il * hid, Il, hid, i0, 0));
+      VERIFYD_RETURN_IF_ERROR(FillTensor(src, rk, expert(le, "down_proj"),
+                                         L.experts_down + le * hid * Il, hid, Il, 0, i0));
     }
   }
   if (Sl > 0) {
@@ -281,12 +283,11 @@ absl::Status AllocMoeBuffers(const ModelConfig& c, int64_t R, CudaRankContext& r
     // FP8: 64-row tiles (measured faster at every verify batch size, bench/moe_layer_bench;
     // bit-identical to 128-row tiles).
     const int tile_m = kind == kc::GroupedGemmKind::kFp8Block128 ? 64 : 128;
-    VERIFYD_ASSIGN_OR_RETURN(
-        rk.moe_gemm_gate_up,
-        kc::GroupedGemm::Create({kind, static_cast<int>(E), 2 * Il, hid, rk.device, tile_m}));
-    VERIFYD_ASSIGN_OR_RETURN(
-        rk.moe_gemm_down,
-        kc::GroupedGemm::Create({kind, static_cast<int>(E), hid, Il, rk.device, tile_m}));
+    const int El = static_cast<int>(rk.local_experts);
+    VERIFYD_ASSIGN_OR_RETURN(rk.moe_gemm_gate_up,
+                             kc::GroupedGemm::Create({kind, El, 2 * Il, hid, rk.device, tile_m}));
+    VERIFYD_ASSIGN_OR_RETURN(rk.moe_gemm_down,
+                             kc::GroupedGemm::Create({kind, El, hid, Il, rk.device, tile_m}));
   }
   void* h = nullptr;
   VERIFYD_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h, (E + 1) * sizeof(int32_t)));
@@ -359,7 +360,18 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
   rk.heads = HeadShard(c.num_attention_heads, tp, rk.rank);
   rk.vocab = VocabShard(c.vocab_size, tp, rk.rank);
   rk.inter = IntermediateShard(c.intermediate_size, tp, rk.rank);
-  rk.moe_inter = IntermediateShard(c.moe.moe_intermediate_size, tp, rk.rank);
+  // Routed experts: expert parallelism (a block of whole experts per rank) when asked for and
+  // the experts divide evenly, else a slice of every expert (tensor-parallel experts).
+  const int64_t E = c.moe.n_routed_experts;
+  if (setup.expert_parallel && tp > 1 && E > 0 && E % tp == 0) {
+    rk.expert_begin = rk.rank * (E / tp);
+    rk.local_experts = E / tp;
+    rk.moe_inter = ShardRange{0, c.moe.moe_intermediate_size};
+  } else {
+    rk.expert_begin = 0;
+    rk.local_experts = E;
+    rk.moe_inter = IntermediateShard(c.moe.moe_intermediate_size, tp, rk.rank);
+  }
   rk.moe_shared_inter =
       IntermediateShard(c.moe.moe_intermediate_size * c.moe.n_shared_experts, tp, rk.rank);
   rk.vmax = CeilShardMax(c.vocab_size, tp);

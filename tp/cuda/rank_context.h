@@ -72,10 +72,11 @@ struct CudaLayerWeights {
   // MoE layers (gate_up / down stay null): the replicated router in fp32 (transformers
   // computes it in float32), each routed expert's local [gate rows | up rows] and down
   // columns, the fused shared experts' likewise.
-  float* router = nullptr;          // [E, hidden] fp32 mlp.gate.weight
-  float* router_bias = nullptr;     // [E] fp32 mlp.gate.e_score_correction_bias
-  bf16* experts_gate_up = nullptr;  // [E, 2 Ie_l, hidden]   (expert paths kBf16*)
-  bf16* experts_down = nullptr;     // [E, hidden, Ie_l]
+  float* router = nullptr;       // [E, hidden] fp32 mlp.gate.weight
+  float* router_bias = nullptr;  // [E] fp32 mlp.gate.e_score_correction_bias
+  // Routed experts: the rank's local_experts (E_l) of them, each its Ie_l columns.
+  bf16* experts_gate_up = nullptr;  // [E_l, 2 Ie_l, hidden]   (expert paths kBf16*)
+  bf16* experts_down = nullptr;     // [E_l, hidden, Ie_l]
   // Expert path kFp8Grouped: the checkpoint's e4m3 bytes and 128 x 128 block scales.
   uint8_t* experts_gate_up_fp8 = nullptr;  // [E, 2 Ie_l, hidden]
   float* experts_gate_up_scale = nullptr;  // [E, 2 Ie_l / 128, hidden / 128]
@@ -105,6 +106,10 @@ struct CudaRankContext {
   std::vector<void*> host_allocs;
   ShardRange heads, vocab, inter;
   ShardRange moe_inter, moe_shared_inter;  // of moe_intermediate_size (x n_shared_experts)
+  // The routed experts this rank holds: [expert_begin, expert_begin + local_experts), each
+  // with the moe_inter columns: every expert and an IntermediateShard (tensor-parallel
+  // experts), or E / world whole experts (expert parallelism, RankSetup::expert_parallel).
+  int64_t expert_begin = 0, local_experts = 0;
   int64_t vmax = 0;
   float rope_attention_factor = 1.0f;  // YaRN's cos / sin factor (1: plain RoPE)
 
@@ -201,7 +206,8 @@ struct RankSetup {
   int64_t max_rows = 0;  // max_batch * max_tail_rows
   int max_batch = 0;
   bool use_verify_kernel = true;
-  bool fp8_experts = true;  // EngineOptions::cuda.fp8_experts
+  bool fp8_experts = true;      // EngineOptions::cuda.fp8_experts
+  bool expert_parallel = true;  // EngineOptions::cuda.expert_parallel
   // NCCL (TP > 1): the group's unique id and shared failure flag.
   std::string nccl_id;
   std::shared_ptr<NcclGroupState> nccl_group;

@@ -20,8 +20,11 @@ __global__ void EmbeddingGatherKernel(const int32_t* __restrict__ tokens,
 
 __global__ void SwiGluKernel(const float* __restrict__ gu, int64_t ld_in, int64_t up_off,
                              int64_t n_cols, int64_t n, __nv_bfloat16* __restrict__ out,
-                             int64_t ld_out) {
-  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
+                             int64_t ld_out, const int32_t* __restrict__ row_begin,
+                             const int32_t* __restrict__ row_end) {
+  const int64_t lo = row_begin != nullptr ? *row_begin * n_cols : 0;
+  const int64_t hi = row_begin != nullptr ? *row_end * n_cols : n;
+  for (int64_t idx = lo + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < hi;
        idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = idx / n_cols, j = idx % n_cols;
     const float g = gu[r * ld_in + j];
@@ -62,7 +65,8 @@ absl::Status SwiGluCuda(const SwiGluParams& p) {
   if (!p.gate_up || !p.out) return absl::InvalidArgumentError("gate_up and out must be set");
   const int64_t n = p.rows * p.n;
   SwiGluKernel<<<GridFor(n, 256), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(
-      p.gate_up, p.ld_in, p.up_offset, p.n, n, reinterpret_cast<__nv_bfloat16*>(p.out), p.ld_out);
+      p.gate_up, p.ld_in, p.up_offset, p.n, n, reinterpret_cast<__nv_bfloat16*>(p.out), p.ld_out,
+      p.row_begin, p.row_end);
   VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("SwiGluKernel");
   return absl::OkStatus();
 }

@@ -32,6 +32,10 @@ struct SwiGluParams {
   int64_t up_offset = 0;
   bf16_bits* out = nullptr;
   int64_t ld_out = 0;
+  // Optional device ints: only rows [*row_begin, *row_end) (the MoE pairs of this GPU's
+  // experts under expert parallelism).
+  const int32_t* row_begin = nullptr;
+  const int32_t* row_end = nullptr;
   void* stream = nullptr;
 };
 absl::Status SwiGluCuda(const SwiGluParams& p);

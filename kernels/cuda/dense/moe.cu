@@ -185,8 +185,12 @@ __global__ void MoePermutePlaceKernel(const int32_t* __restrict__ experts, int n
 
 __global__ void MoeGatherKernel(const __nv_bfloat16* __restrict__ x, int64_t ldx,
                                 const int32_t* __restrict__ perm_rows, int64_t cols, int64_t total,
-                                __nv_bfloat16* __restrict__ out) {
-  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total;
+                                __nv_bfloat16* __restrict__ out,
+                                const int32_t* __restrict__ row_begin,
+                                const int32_t* __restrict__ row_end) {
+  const int64_t lo = row_begin != nullptr ? *row_begin * cols : 0;
+  const int64_t hi = row_begin != nullptr ? *row_end * cols : total;
+  for (int64_t idx = lo + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < hi;
        idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t i = idx / cols, j = idx % cols;
     out[idx] = x[static_cast<int64_t>(perm_rows[i]) * ldx + j];
@@ -273,12 +277,15 @@ template <bool kSwiGlu>
 __global__ void QuantFp8Kernel(int64_t rows, int64_t cols, const __nv_bfloat16* __restrict__ x,
                                int64_t ldx, const int32_t* __restrict__ perm_rows,
                                const float* __restrict__ gu, int64_t ld_in, int64_t up_off,
-                               __nv_fp8_storage_t* __restrict__ out, float* __restrict__ scale) {
+                               __nv_fp8_storage_t* __restrict__ out, float* __restrict__ scale,
+                               const int32_t* __restrict__ row_begin,
+                               const int32_t* __restrict__ row_end) {
   const int64_t groups = cols / 128;
   const int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (warp >= rows * groups) return;
   const int64_t i = warp / groups, g = warp % groups;
+  if (row_begin != nullptr && (i < *row_begin || i >= *row_end)) return;
   const int64_t c0 = g * 128 + lane * 4;
   float v[4];
   if constexpr (kSwiGlu) {
@@ -306,15 +313,19 @@ __global__ void MoeCombineKernel(const int32_t* __restrict__ experts,
                                  const float* __restrict__ weights,
                                  const int32_t* __restrict__ pair_pos, const float* __restrict__ y,
                                  const float* __restrict__ shared, int K, int64_t cols,
-                                 float* __restrict__ out, int64_t ld_out, bool accumulate) {
+                                 float* __restrict__ out, int64_t ld_out, bool accumulate,
+                                 int expert_begin, int expert_end) {
   __shared__ int32_t s_expert[kMoeMaxTopK], s_pos[kMoeMaxTopK];
   __shared__ float s_w[kMoeMaxTopK];
+  __shared__ int s_n;
   const int64_t r = blockIdx.x;
-  if (threadIdx.x == 0 && y != nullptr) {
-    for (int k = 0; k < K; ++k) {
-      // Insertion by expert index (experts of a row are distinct).
+  if (threadIdx.x == 0) {
+    int n = 0;
+    for (int k = 0; k < K && y != nullptr; ++k) {
+      // Insertion by expert index (experts of a row are distinct); other GPUs' experts out.
       const int32_t e = experts[r * K + k];
-      int at = k;
+      if (e < expert_begin || (expert_end >= 0 && e >= expert_end)) continue;
+      int at = n++;
       while (at > 0 && s_expert[at - 1] > e) {
         s_expert[at] = s_expert[at - 1];
         s_pos[at] = s_pos[at - 1];
@@ -325,12 +336,14 @@ __global__ void MoeCombineKernel(const int32_t* __restrict__ experts,
       s_pos[at] = pair_pos[r * K + k];
       s_w[at] = weights[r * K + k];
     }
+    s_n = n;
   }
   __syncthreads();
+  const int n = s_n;
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
     float acc = 0.0f;
     if (y != nullptr) {
-      for (int k = 0; k < K; ++k) {
+      for (int k = 0; k < n; ++k) {
         acc = __fadd_rn(acc, __fmul_rn(y[static_cast<int64_t>(s_pos[k]) * cols + j], s_w[k]));
       }
     }
@@ -451,7 +464,7 @@ absl::Status MoeGatherCuda(const MoeGatherParams& p) {
   const int64_t total = p.n * p.cols;
   MoeGatherKernel<<<GridFor(total, 256), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(
       reinterpret_cast<const __nv_bfloat16*>(p.x), p.ldx, p.perm_rows, p.cols, total,
-      reinterpret_cast<__nv_bfloat16*>(p.out));
+      reinterpret_cast<__nv_bfloat16*>(p.out), p.row_begin, p.row_end);
   VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("MoeGatherKernel");
   return absl::OkStatus();
 }
@@ -471,7 +484,7 @@ absl::Status MoeGatherQuantFp8Cuda(const MoeGatherQuantFp8Params& p) {
   QuantFp8Kernel<false>
       <<<GridFor(threads, 256, INT64_MAX), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(
           p.n, p.cols, reinterpret_cast<const __nv_bfloat16*>(p.x), p.ldx, p.perm_rows, nullptr, 0,
-          0, reinterpret_cast<__nv_fp8_storage_t*>(p.out), p.out_scale);
+          0, reinterpret_cast<__nv_fp8_storage_t*>(p.out), p.out_scale, p.row_begin, p.row_end);
   VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("QuantFp8Kernel<gather>");
   return absl::OkStatus();
 }
@@ -492,7 +505,7 @@ absl::Status SwiGluQuantFp8Cuda(const SwiGluQuantFp8Params& p) {
   QuantFp8Kernel<true>
       <<<GridFor(threads, 256, INT64_MAX), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(
           p.rows, p.cols, nullptr, 0, nullptr, p.gate_up, p.ld_in, p.up_offset,
-          reinterpret_cast<__nv_fp8_storage_t*>(p.out), p.out_scale);
+          reinterpret_cast<__nv_fp8_storage_t*>(p.out), p.out_scale, p.row_begin, p.row_end);
   VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("QuantFp8Kernel<swiglu>");
   return absl::OkStatus();
 }
@@ -511,9 +524,9 @@ absl::Status MoeCombineCuda(const MoeCombineParams& p) {
     return absl::InvalidArgumentError("experts, weights, pair_pos must be set with y");
   }
   MoeCombineKernel<<<static_cast<unsigned>(p.rows), kCombineThreads, 0,
-                     static_cast<cudaStream_t>(p.stream)>>>(p.experts, p.weights, p.pair_pos, p.y,
-                                                            p.shared, p.top_k, p.cols, p.out,
-                                                            p.ld_out, p.accumulate);
+                     static_cast<cudaStream_t>(p.stream)>>>(
+      p.experts, p.weights, p.pair_pos, p.y, p.shared, p.top_k, p.cols, p.out, p.ld_out,
+      p.accumulate, p.expert_begin, p.expert_end);
   VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("MoeCombineKernel");
   return absl::OkStatus();
 }

@@ -92,6 +92,10 @@ struct MoeGatherParams {
   int64_t ldx = 0;
   const int32_t* perm_rows = nullptr;  // [n] (MoePermuteCuda)
   bf16_bits* out = nullptr;            // [n, cols] bf16, device
+  // Optional device ints: only out rows [*row_begin, *row_end) are written (expert
+  // parallelism: the pairs of this GPU's experts, &offsets[first] and &offsets[last + 1]).
+  const int32_t* row_begin = nullptr;
+  const int32_t* row_end = nullptr;
   void* stream = nullptr;
 };
 absl::Status MoeGatherCuda(const MoeGatherParams& p);
@@ -112,6 +116,8 @@ struct MoeGatherQuantFp8Params {
   const int32_t* perm_rows = nullptr;  // [n] or null
   uint8_t* out = nullptr;              // [n, cols] e4m3
   float* out_scale = nullptr;          // [n, cols / 128]
+  const int32_t* row_begin = nullptr;  // optional, as MoeGatherParams
+  const int32_t* row_end = nullptr;
   void* stream = nullptr;
 };
 absl::Status MoeGatherQuantFp8Cuda(const MoeGatherQuantFp8Params& p);
@@ -124,8 +130,10 @@ struct SwiGluQuantFp8Params {
   const float* gate_up = nullptr;
   int64_t ld_in = 0;
   int64_t up_offset = 0;
-  uint8_t* out = nullptr;      // [rows, cols] e4m3
-  float* out_scale = nullptr;  // [rows, cols / 128]
+  uint8_t* out = nullptr;              // [rows, cols] e4m3
+  float* out_scale = nullptr;          // [rows, cols / 128]
+  const int32_t* row_begin = nullptr;  // optional, as MoeGatherParams
+  const int32_t* row_end = nullptr;
   void* stream = nullptr;
 };
 absl::Status SwiGluQuantFp8Cuda(const SwiGluQuantFp8Params& p);
@@ -146,6 +154,9 @@ struct MoeCombineParams {
   float* out = nullptr;               // [rows, ld_out] fp32
   int64_t ld_out = 0;
   bool accumulate = false;
+  // Only experts [expert_begin, expert_end) contribute (expert parallelism: this GPU's);
+  // expert_end < 0: every expert.
+  int expert_begin = 0, expert_end = -1;
   void* stream = nullptr;
 };
 absl::Status MoeCombineCuda(const MoeCombineParams& p);

@@ -26,8 +26,10 @@ const char* ExpertPathName(ExpertPath p) {
 
 namespace {
 
-// gu [m, 2 inter] -> act [m, inter] bf16 = silu(gate) * up.
-absl::Status SwiGlu(int64_t m, int64_t inter, const float* gu, bf16_bits* act, void* stream) {
+// gu [m, 2 inter] -> act [m, inter] bf16 = silu(gate) * up (rows [*row_begin, *row_end)
+// only, when given).
+absl::Status SwiGlu(int64_t m, int64_t inter, const float* gu, bf16_bits* act, void* stream,
+                    const int32_t* row_begin = nullptr, const int32_t* row_end = nullptr) {
   SwiGluParams p;
   p.rows = static_cast<int>(m);
   p.n = inter;
@@ -36,6 +38,8 @@ absl::Status SwiGlu(int64_t m, int64_t inter, const float* gu, bf16_bits* act, v
   p.up_offset = inter;
   p.out = act;
   p.ld_out = inter;
+  p.row_begin = row_begin;
+  p.row_end = row_end;
   p.stream = stream;
   return SwiGluCuda(p);
 }
@@ -50,14 +54,23 @@ absl::Status DenseMlp(void* cublas, void* stream, int64_t m, int64_t hid, int64_
   return GemmBf16Packed(cublas, m, act, inter, down, hid, out);
 }
 
-// gate_up / SwiGLU / down over the permuted pairs with one grouped GEMM per projection; the
-// inputs gathered (and quantized) first.
+int LocalExperts(const MoeMlpShape& s) {
+  return s.local_experts < 0 ? s.num_experts : s.local_experts;
+}
+
+// gate_up / SwiGLU / down over the local experts' permuted pairs with one grouped GEMM per
+// projection; the inputs gathered (and quantized) first.
 absl::Status GroupedExperts(const MoeMlpArgs& a, const std::function<void(MoePhase)>& mark) {
   const MoeMlpShape& s = a.shape;
   const MoeMlpBuffers& b = a.buffers;
   const MoeMlpWeights& w = a.weights;
   const int64_t P = s.rows * s.top_k;
   const bool fp8 = a.path == ExpertPath::kFp8Grouped;
+  // The local experts' offsets (absolute pair indices) and their rows.
+  const bool ep = s.local_experts >= 0 && s.local_experts < s.num_experts;
+  const int32_t* offsets = b.offsets + s.expert_begin;
+  const int32_t* row_begin = ep ? offsets : nullptr;
+  const int32_t* row_end = ep ? offsets + LocalExperts(s) : nullptr;
   if (b.gemm_gate_up == nullptr || b.gemm_down == nullptr) {
     return absl::InvalidArgumentError("moe mlp: the grouped paths need both grouped GEMMs");
   }
@@ -70,6 +83,8 @@ absl::Status GroupedExperts(const MoeMlpArgs& a, const std::function<void(MoePha
     g.perm_rows = b.perm_rows;
     g.out = b.xq;
     g.out_scale = b.xq_scale;
+    g.row_begin = row_begin;
+    g.row_end = row_end;
     g.stream = a.stream;
     VERIFYD_RETURN_IF_ERROR(MoeGatherQuantFp8Cuda(g));
   } else {
@@ -80,12 +95,14 @@ absl::Status GroupedExperts(const MoeMlpArgs& a, const std::function<void(MoePha
     g.ldx = s.hidden;
     g.perm_rows = b.perm_rows;
     g.out = b.x;
+    g.row_begin = row_begin;
+    g.row_end = row_end;
     g.stream = a.stream;
     VERIFYD_RETURN_IF_ERROR(MoeGatherCuda(g));
   }
   mark(MoePhase::kGateUp);
   GroupedGemmArgs gu;
-  gu.offsets = b.offsets;
+  gu.offsets = offsets;
   gu.a = fp8 ? static_cast<const void*>(b.xq) : b.x;
   gu.a_scale = b.xq_scale;
   gu.b = fp8 ? static_cast<const void*>(w.gate_up_fp8) : w.gate_up;
@@ -103,14 +120,16 @@ absl::Status GroupedExperts(const MoeMlpArgs& a, const std::function<void(MoePha
     q.up_offset = s.inter;
     q.out = b.actq;
     q.out_scale = b.actq_scale;
+    q.row_begin = row_begin;
+    q.row_end = row_end;
     q.stream = a.stream;
     VERIFYD_RETURN_IF_ERROR(SwiGluQuantFp8Cuda(q));
   } else {
-    VERIFYD_RETURN_IF_ERROR(SwiGlu(P, s.inter, b.gate_up, b.act, a.stream));
+    VERIFYD_RETURN_IF_ERROR(SwiGlu(P, s.inter, b.gate_up, b.act, a.stream, row_begin, row_end));
   }
   mark(MoePhase::kDown);
   GroupedGemmArgs dn;
-  dn.offsets = b.offsets;
+  dn.offsets = offsets;
   dn.a = fp8 ? static_cast<const void*>(b.actq) : b.act;
   dn.a_scale = b.actq_scale;
   dn.b = fp8 ? static_cast<const void*>(w.down_fp8) : w.down;
@@ -127,6 +146,7 @@ absl::Status PerExpert(const MoeMlpArgs& a, const std::function<void(MoePhase)>&
   const MoeMlpBuffers& b = a.buffers;
   const MoeMlpWeights& w = a.weights;
   const int64_t P = s.rows * s.top_k, E = s.num_experts, H = s.hidden, I = s.inter;
+  const int64_t e0 = s.expert_begin, El = LocalExperts(s);
   if (!a.host_sync || b.offsets_host == nullptr) {
     return absl::InvalidArgumentError(
         "moe mlp: the per-expert path needs host_sync and "
@@ -139,6 +159,10 @@ absl::Status PerExpert(const MoeMlpArgs& a, const std::function<void(MoePhase)>&
   g.ldx = H;
   g.perm_rows = b.perm_rows;
   g.out = b.x;
+  if (El < E) {
+    g.row_begin = b.offsets + e0;
+    g.row_end = b.offsets + e0 + El;
+  }
   g.stream = a.stream;
   VERIFYD_RETURN_IF_ERROR(MoeGatherCuda(g));
   mark(MoePhase::kGateUp);
@@ -151,11 +175,11 @@ absl::Status PerExpert(const MoeMlpArgs& a, const std::function<void(MoePhase)>&
     return absl::InternalError(
         absl::StrCat("moe mlp: the permutation covers ", off[E] - off[0], " of ", P, " pairs"));
   }
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = e0; e < e0 + El; ++e) {  // the local experts; weights indexed from e0
     const int64_t o = off[e], m = off[e + 1] - off[e];
     if (m < 0 || o + m > P) return absl::InternalError("moe mlp: bad expert offsets");
     VERIFYD_RETURN_IF_ERROR(DenseMlp(a.cublas, a.stream, m, H, I, b.x + o * H,
-                                     w.gate_up + e * 2 * I * H, w.down + e * H * I,
+                                     w.gate_up + (e - e0) * 2 * I * H, w.down + (e - e0) * H * I,
                                      b.gate_up + o * 2 * I, b.act + o * I, b.y + o * H));
   }
   // The loop holds gate_up, SwiGLU and down: the later phases are empty.
@@ -175,6 +199,11 @@ absl::Status RunMoeMlp(const MoeMlpArgs& a) {
     return absl::InvalidArgumentError(absl::StrCat("moe mlp: bad shape rows=", s.rows,
                                                    " hidden=", s.hidden, " experts=", s.num_experts,
                                                    " top_k=", s.top_k));
+  }
+  if (s.expert_begin < 0 || s.expert_begin + LocalExperts(s) > s.num_experts) {
+    return absl::InvalidArgumentError(absl::StrCat("moe mlp: local experts [", s.expert_begin,
+                                                   ", +", LocalExperts(s), ") outside ",
+                                                   s.num_experts));
   }
   if (s.rows == 0) {
     mark(MoePhase::kDone);
@@ -260,6 +289,8 @@ absl::Status RunMoeMlp(const MoeMlpArgs& a) {
   p.out = a.out;
   p.ld_out = a.ld_out;
   p.accumulate = a.accumulate;
+  p.expert_begin = s.expert_begin;
+  p.expert_end = s.expert_begin + LocalExperts(s);
   p.stream = a.stream;
   VERIFYD_RETURN_IF_ERROR(MoeCombineCuda(p));
   mark(MoePhase::kDone);

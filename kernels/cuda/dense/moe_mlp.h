@@ -50,9 +50,16 @@ struct MoeMlpShape {
   float routed_scaling_factor = 1.f;
   int64_t inter = 0;         // this GPU's columns of a routed expert's intermediate (0: none)
   int64_t shared_inter = 0;  // this GPU's columns of the shared experts' intermediate (0: none)
+  // The routed experts this GPU holds: [expert_begin, expert_begin + local_experts) (expert
+  // parallelism), or every expert (local_experts < 0, the default: tensor-parallel experts,
+  // a slice of each). Routing and the permutation always cover every expert; the gathers,
+  // GEMMs and SwiGLU run only on the local experts' pairs; the combine sums only them.
+  int expert_begin = 0;
+  int local_experts = -1;
 };
 
-// One layer's weights on this GPU (row-major, the checkpoint's [out, in] layout).
+// One layer's weights on this GPU (row-major, the checkpoint's [out, in] layout); "E" of the
+// routed experts' arrays is the local expert count.
 struct MoeMlpWeights {
   const float* router = nullptr;       // [E, H] fp32
   const float* router_bias = nullptr;  // [E] fp32 e_score_correction_bias
@@ -89,7 +96,8 @@ struct MoeMlpBuffers {
   float* y = nullptr;               // [P, H] routed expert outputs
   float* shared = nullptr;          // [R, H]
   int32_t* offsets_host = nullptr;  // pinned [E + 1] (kBf16PerExpert)
-  // Grouped paths: the GEMMs of shape (E, 2 inter, H) and (E, H, inter) of the path's kind.
+  // Grouped paths: the GEMMs of shape (local experts, 2 inter, H) and (local experts, H,
+  // inter) of the path's kind.
   GroupedGemm* gemm_gate_up = nullptr;
   GroupedGemm* gemm_down = nullptr;
 };
