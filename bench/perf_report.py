@@ -17,6 +17,8 @@ Table kinds:
                     (bench/peers/flashinfer_mla.py --json) of the SAME run, plus an optional
                     reference column (e.g. FlashMLA, measured elsewhere, labelled as such).
   engine            the CUDA engine step (bench/engine/engine_bench --json).
+  engine_extras     engine_bench --extras: plain steps vs the same steps with sampling,
+                    logprobs and hidden states.
   moe_layer         one MoE layer at Kimi-K2's dimensions (bench/moe_layer_bench --json), with
                     PyTorch's grouped GEMMs of the same run (bench/peers/torch_grouped_moe.py).
   verify_attention_change, engine_change
@@ -182,6 +184,23 @@ def engine_table(spec):
     return "\n".join(out)
 
 
+def engine_extras_table(spec):
+    """engine_bench --extras: the same steps plain and with seeded sampling, top-5 logprobs and
+    three hidden layers, same process."""
+    d = load(spec["engine"])
+    out = ["| context | nodes | batch | plain step ms | with sampling + logprobs + hidden ms | "
+           "added |", "|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        if not r.get("extras_step_ms"):
+            continue
+        out.append(f"| {r['context']:,} | {r['nodes']} | {r['batch']} | {r['step_ms']:.2f} | "
+                   f"{r['extras_step_ms']:.2f} | "
+                   f"{100.0 * (r['extras_step_ms'] / r['step_ms'] - 1):+.1f} % |")
+    out += ["", f"Model `{d.get('model')}`, {d.get('layers')} layers, TP {d.get('tp', 1)}. "
+            "Source (raw JSON):", meta_line("engine_bench --extras", d, spec["engine"])]
+    return "\n".join(out)
+
+
 def results_of(d):
     """Result rows of a verify-attention JSON (older builds wrote them under "shapes")."""
     return d["results"] if "results" in d else d["shapes"]
@@ -295,7 +314,7 @@ def moe_layer_table(spec):
 
 
 KINDS = {"verify_attention": verify_attention_table, "engine": engine_table,
-         "moe_layer": moe_layer_table,
+         "moe_layer": moe_layer_table, "engine_extras": engine_extras_table,
          "verify_attention_change": verify_attention_change_table,
          "engine_change": engine_change_table}
 

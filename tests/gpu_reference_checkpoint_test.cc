@@ -92,6 +92,14 @@ TEST_P(GpuReferenceCheckpointTest, GreedyAndLogitsMatchTransformers) {
   reftest::GreedyDecodeAndCompare(*e, ref_, label_, kLogitTol, kKvSlots);
 }
 
+// Hidden states (every layer's residual stream, as drafters get them) and top-5 logprobs
+// against transformers: bf16 activations, so within kLogitTol (as the logits).
+TEST_P(GpuReferenceCheckpointTest, HiddenStatesAndLogprobsMatchTransformers) {
+  std::unique_ptr<CudaEngine> e = MakeEngine(name_, tp_);
+  ASSERT_NE(e, nullptr);
+  reftest::HiddenStatesAndLogprobsMatchTransformers(*e, ref_, label_, kLogitTol, kKvSlots);
+}
+
 // Draft trees: per round the pending token, the next kTreeDepth true tokens as a chain, at every
 // depth a wrong sibling (before or after the true node), and under each wrong sibling the next
 // true token (right token, wrong branch). Exactly the true chain must be accepted.
@@ -107,13 +115,35 @@ TEST_P(GpuReferenceCheckpointTest, DraftTreesAcceptTheReferenceTokens) {
 // engine (which matches transformers to ~2e-6) as closely as on dense models. With the
 // checkpoint's own bias (small random values) the same comparison is printed: the difference
 // between the two is what near-tied routing decisions flipped by bf16 activations cost.
-struct GpuCpuDiff {
+// Logit rows of an engine against another's (`want`): relative errors, and greedy flips,
+// "unexplained" unless the two tokens' logits in `want` are within twice the row's max |diff|.
+struct LogitsDiff {
   double max_rel_l2 = 0, max_rel = 0;
   int64_t rows = 0, rows_over_1e2 = 0, flips = 0, unexplained = 0;
+
+  void Add(const float* got, const float* want, int64_t V, int32_t got_token, int32_t want_token) {
+    double num = 0, den = 0, mx = 0, ma = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      const double d = double(got[v]) - want[v];
+      num += d * d;
+      den += double(want[v]) * want[v];
+      mx = std::max(mx, std::fabs(d));
+      ma = std::max(ma, std::fabs(double(want[v])));
+    }
+    const double rel_l2 = std::sqrt(num / den);
+    max_rel_l2 = std::max(max_rel_l2, rel_l2);
+    max_rel = std::max(max_rel, mx / ma);
+    ++rows;
+    if (rel_l2 > 1e-2 || mx / ma > 1e-2) ++rows_over_1e2;
+    if (got_token != want_token) {
+      ++flips;
+      if (std::fabs(double(want[want_token]) - want[got_token]) > 2 * mx) ++unexplained;
+    }
+  }
 };
 
-GpuCpuDiff RunGpuVsCpuOnReferencePrompts(const std::string& name, bool fix_routing) {
-  GpuCpuDiff d;
+LogitsDiff RunGpuVsCpuOnReferencePrompts(const std::string& name, bool fix_routing) {
+  LogitsDiff d;
   absl::StatusOr<ModelWeights> w = LoadModelFromDirectory(reftest::CheckpointDir(name));
   EXPECT_TRUE(w.ok()) << w.status();
   if (!w.ok()) return d;
@@ -142,26 +172,7 @@ GpuCpuDiff RunGpuVsCpuOnReferencePrompts(const std::string& name, bool fix_routi
     std::vector<int32_t> pg, pc;
     for (const auto& x : rg) pg.insert(pg.end(), x.predictions.begin(), x.predictions.end());
     for (const auto& x : rc) pc.insert(pc.end(), x.predictions.begin(), x.predictions.end());
-    for (int64_t r = 0; r < rows; ++r) {
-      double num = 0, den = 0, mx = 0, ma = 0;
-      for (int64_t v = 0; v < V; ++v) {
-        const double diff = double(g[r * V + v]) - c[r * V + v];
-        num += diff * diff;
-        den += double(c[r * V + v]) * c[r * V + v];
-        mx = std::max(mx, std::fabs(diff));
-        ma = std::max(ma, std::fabs(double(c[r * V + v])));
-      }
-      const double rel_l2 = std::sqrt(num / den);
-      d.max_rel_l2 = std::max(d.max_rel_l2, rel_l2);
-      d.max_rel = std::max(d.max_rel, mx / ma);
-      ++d.rows;
-      if (rel_l2 > 1e-2 || mx / ma > 1e-2) ++d.rows_over_1e2;
-      if (pg[r] != pc[r]) {
-        ++d.flips;
-        const double margin = double(c[r * V + pc[r]]) - c[r * V + pg[r]];
-        if (margin > 2 * mx) ++d.unexplained;
-      }
-    }
+    for (int64_t r = 0; r < rows; ++r) d.Add(&g[r * V], &c[r * V], V, pg[r], pc[r]);
   };
   for (const PromptRef& pr : ref.prompts) {
     reftest::Slots slots(kKvSlots);
@@ -206,7 +217,7 @@ GpuCpuDiff RunGpuVsCpuOnReferencePrompts(const std::string& name, bool fix_routi
 TEST(GpuMoeControl, RoutingFixedByTheBiasMatchesTheCpuEngine) {
   SKIP_WITHOUT_GPU();
   for (const std::string name : {"moe_yarn", "moe_yarn_fp8"}) {
-    const GpuCpuDiff fixed = RunGpuVsCpuOnReferencePrompts(name, /*fix_routing=*/true);
+    const LogitsDiff fixed = RunGpuVsCpuOnReferencePrompts(name, /*fix_routing=*/true);
     EXPECT_GT(fixed.rows, 0) << name;
     EXPECT_LT(fixed.max_rel_l2, 3e-2) << name << ": with routing fixed";
     EXPECT_EQ(fixed.unexplained, 0) << name << ": with routing fixed";
@@ -277,8 +288,7 @@ TEST_P(GpuFp8ExpertsTest, Fp8ExpertsMatchBf16Experts) {
   ASSERT_NE(b, nullptr);
   EXPECT_NE(b->expert_mode(), "fp8 block-scaled grouped GEMMs");
   const int64_t V = f->config().vocab_size;
-  double max_l2 = 0, max_rel = 0;
-  int64_t rows = 0, flips = 0;
+  LogitsDiff diff;
   for (const PromptRef& pr : ref_.prompts) {
     reftest::Slots slots(kKvSlots);
     std::vector<int32_t> committed;
@@ -302,18 +312,7 @@ TEST_P(GpuFp8ExpertsTest, Fp8ExpertsMatchBf16Experts) {
       ASSERT_TRUE(rf.ok()) << rf.status();
       ASSERT_TRUE(rb.ok()) << rb.status();
       for (size_t r = 0; r < n; ++r) {
-        double num = 0, den = 0, mx = 0, ma = 0;
-        for (int64_t v = 0; v < V; ++v) {
-          const double d = double(lf[r * V + v]) - lb[r * V + v];
-          num += d * d;
-          den += double(lb[r * V + v]) * lb[r * V + v];
-          mx = std::max(mx, std::fabs(d));
-          ma = std::max(ma, std::fabs(double(lb[r * V + v])));
-        }
-        max_l2 = std::max(max_l2, std::sqrt(num / den));
-        max_rel = std::max(max_rel, mx / ma);
-        flips += (*rf)[0].predictions[r] != (*rb)[0].predictions[r];
-        ++rows;
+        diff.Add(&lf[r * V], &lb[r * V], V, (*rf)[0].predictions[r], (*rb)[0].predictions[r]);
       }
       committed.insert(committed.end(), q.tail_slots.begin(), q.tail_slots.end());
       at += n;
@@ -321,11 +320,13 @@ TEST_P(GpuFp8ExpertsTest, Fp8ExpertsMatchBf16Experts) {
   }
   std::printf(
       "%s: fp8 vs bf16 experts over %lld rows: max rel-L2 %.3g, max rel %.3g, %lld "
-      "greedy differences\n",
-      label_.c_str(), static_cast<long long>(rows), max_l2, max_rel, static_cast<long long>(flips));
-  EXPECT_GT(rows, 0);
-  EXPECT_LT(max_l2, kFp8VsBf16Tol);
-  EXPECT_LT(max_rel, kFp8VsBf16Tol);
+      "greedy differences (%lld not near-ties)\n",
+      label_.c_str(), static_cast<long long>(diff.rows), diff.max_rel_l2, diff.max_rel,
+      static_cast<long long>(diff.flips), static_cast<long long>(diff.unexplained));
+  EXPECT_GT(diff.rows, 0);
+  EXPECT_LT(diff.max_rel_l2, kFp8VsBf16Tol);
+  EXPECT_LT(diff.max_rel, kFp8VsBf16Tol);
+  EXPECT_EQ(diff.unexplained, 0);
   // The bf16-expert engine against transformers, as strictly as the dense checkpoint.
   reftest::GreedyDecodeAndCompare(*b, ref_, label_ + " bf16 experts", kMoeBf16LogitTol, kKvSlots);
 }
@@ -369,8 +370,7 @@ TEST(GpuExpertParallel, MatchesTensorParallelExperts) {
         continue;
       }
       const int64_t V = ep->config().vocab_size;
-      double max_l2 = 0, max_rel = 0;
-      int64_t rows = 0, differ = 0, unexplained = 0;
+      LogitsDiff diff;
       for (const PromptRef& pr : ref.prompts) {
         reftest::Slots slots(kKvSlots);
         StepRequest q;
@@ -387,33 +387,19 @@ TEST(GpuExpertParallel, MatchesTensorParallelExperts) {
         ASSERT_TRUE(re.ok()) << re.status();
         ASSERT_TRUE(rt.ok()) << rt.status();
         for (size_t r = 0; r < q.tokens.size(); ++r) {
-          double num = 0, den = 0, mx = 0, ma = 0;
-          for (int64_t v = 0; v < V; ++v) {
-            const double d = double(le[r * V + v]) - lt[r * V + v];
-            num += d * d;
-            den += double(lt[r * V + v]) * lt[r * V + v];
-            mx = std::max(mx, std::fabs(d));
-            ma = std::max(ma, std::fabs(double(lt[r * V + v])));
-          }
-          max_l2 = std::max(max_l2, std::sqrt(num / den));
-          max_rel = std::max(max_rel, mx / ma);
-          const int32_t pe = (*re)[0].predictions[r], pt = (*rt)[0].predictions[r];
-          if (pe != pt) {
-            ++differ;
-            if (std::fabs(double(lt[r * V + pt]) - lt[r * V + pe]) > 2 * mx) ++unexplained;
-          }
-          ++rows;
+          diff.Add(&le[r * V], &lt[r * V], V, (*re)[0].predictions[r], (*rt)[0].predictions[r]);
         }
       }
       std::printf(
           "%s tp=%d %s: expert-parallel vs tensor-parallel experts over %lld rows: max "
           "rel-L2 %.3g, max rel %.3g, %lld greedy differences (%lld not near-ties)\n",
-          name.c_str(), tp, ep->expert_mode().c_str(), static_cast<long long>(rows), max_l2,
-          max_rel, static_cast<long long>(differ), static_cast<long long>(unexplained));
-      EXPECT_GT(rows, 0);
-      EXPECT_LT(max_l2, 1e-2) << "tp " << tp << " fp8 " << fp8;
-      EXPECT_LT(max_rel, 1e-2) << "tp " << tp << " fp8 " << fp8;
-      EXPECT_EQ(unexplained, 0) << "tp " << tp << " fp8 " << fp8;
+          name.c_str(), tp, ep->expert_mode().c_str(), static_cast<long long>(diff.rows),
+          diff.max_rel_l2, diff.max_rel, static_cast<long long>(diff.flips),
+          static_cast<long long>(diff.unexplained));
+      EXPECT_GT(diff.rows, 0);
+      EXPECT_LT(diff.max_rel_l2, 1e-2) << "tp " << tp << " fp8 " << fp8;
+      EXPECT_LT(diff.max_rel, 1e-2) << "tp " << tp << " fp8 " << fp8;
+      EXPECT_EQ(diff.unexplained, 0) << "tp " << tp << " fp8 " << fp8;
     }
   }
 }

@@ -53,6 +53,8 @@ struct PromptRef {
   std::vector<int32_t> argmax;        // greedy token after each position of prompt + cont[:-1]
   std::vector<double> gap;            // top-2 logit gap at each of those positions
   HostTensor logits;                  // [len(prompt) + N - 1, vocab]
+  HostTensor hidden;  // [len(prompt) + N - 1, layers, hidden]: the residual stream after
+                      // every decoder layer (transformers' layer outputs)
 };
 
 struct Reference {
@@ -61,7 +63,8 @@ struct Reference {
   std::vector<PromptRef> prompts;
 };
 
-// Loads tests/data/references/<name>.json and <name>_logits.safetensors.
+// Loads tests/data/references/<name>.json, <name>_logits.safetensors and
+// <name>_hidden.safetensors.
 inline void LoadReference(const std::string& name, Reference* ref) {
   const std::string base = DataDir() + "/references/" + name;
   const std::string text = ReadText(base + ".json");
@@ -70,6 +73,10 @@ inline void LoadReference(const std::string& name, Reference* ref) {
   ref->info = json::parse(text);
   absl::StatusOr<TensorMap> logits = ReadSafetensorsFile(base + "_logits.safetensors");
   ASSERT_TRUE(logits.ok()) << logits.status();
+  absl::StatusOr<TensorMap> hidden = ReadSafetensorsFile(base + "_hidden.safetensors");
+  ASSERT_TRUE(hidden.ok()) << hidden.status();
+  const int64_t layers = ref->info["config"]["num_hidden_layers"].get<int64_t>();
+  const int64_t width = ref->info["config"]["hidden_size"].get<int64_t>();
   const int64_t vocab = ref->info["config"]["vocab_size"].get<int64_t>();
   int k = 0;
   for (const json& p : ref->info["prompts"]) {
@@ -78,11 +85,15 @@ inline void LoadReference(const std::string& name, Reference* ref) {
     pr.continuation = p["continuation"].get<std::vector<int32_t>>();
     pr.argmax = p["argmax"].get<std::vector<int32_t>>();
     pr.gap = p["top2_gap"].get<std::vector<double>>();
-    auto it = logits->find(absl::StrCat("prompt", k++));
+    auto it = logits->find(absl::StrCat("prompt", k));
     ASSERT_NE(it, logits->end());
     pr.logits = it->second;
+    auto ht = hidden->find(absl::StrCat("prompt", k++));
+    ASSERT_NE(ht, hidden->end());
+    pr.hidden = ht->second;
     const size_t rows = pr.prompt.size() + pr.continuation.size() - 1;
     ASSERT_EQ(pr.logits.shape, (std::vector<int64_t>{static_cast<int64_t>(rows), vocab}));
+    ASSERT_EQ(pr.hidden.shape, (std::vector<int64_t>{static_cast<int64_t>(rows), layers, width}));
     ASSERT_EQ(pr.argmax.size(), rows);
     ASSERT_EQ(pr.gap.size(), rows);
     ref->prompts.push_back(std::move(pr));
@@ -344,6 +355,92 @@ void DraftTreesAcceptTheReferenceTokens(EngineT& e, const Reference& ref, const 
               label.c_str(), static_cast<long long>(rounds), static_cast<long long>(accepted),
               static_cast<long long>(expected_accepted), static_cast<long long>(short_rounds));
   EXPECT_LE(short_rounds, cmp.near_ties()) << label;
+}
+
+// Runs prompt + continuation[:-1] of every reference prompt as one request (a chain) with every
+// layer's hidden state and the top-5 logprobs of every row requested, and compares:
+//   hidden states: each (row, layer) residual-stream vector with transformers' layer output,
+//     rel-L2 within `tol`;
+//   logprobs: each row's logprob of its prediction and of its top-5 tokens with transformers'
+//     log-softmax at those tokens, within 2 x tol x the row's max |logit| (a logprob is a logit
+//     minus the log-sum-exp, each off by at most the logit tolerance).
+// Prints the largest errors.
+template <typename EngineT>
+void HiddenStatesAndLogprobsMatchTransformers(EngineT& e, const Reference& ref,
+                                              const std::string& label, double tol,
+                                              int64_t kv_slots) {
+  const int64_t L = e.config().num_hidden_layers, H = e.config().hidden_size;
+  const int64_t V = e.config().vocab_size;
+  double worst_hidden = 0, worst_lp = 0;
+  int64_t vectors = 0, logprobs = 0;
+  for (size_t k = 0; k < ref.prompts.size(); ++k) {
+    const PromptRef& pr = ref.prompts[k];
+    Slots slots(kv_slots);
+    StepRequest q;
+    q.tokens = pr.prompt;
+    q.tokens.insert(q.tokens.end(), pr.continuation.begin(), pr.continuation.end() - 1);
+    for (size_t t = 0; t < q.tokens.size(); ++t) {
+      q.parents.push_back(static_cast<int32_t>(t) - 1);
+      q.tail_slots.push_back(slots.Next());
+    }
+    q.accept = true;  // logprobs of every row (a prefill chunk gives only its last row's)
+    q.top_logprobs = 5;
+    for (int32_t l = 0; l < L; ++l) q.hidden_layers.push_back(l);
+    absl::StatusOr<std::vector<StepResult>> r = e.Step({q});
+    ASSERT_TRUE(r.ok()) << label << ": " << r.status();
+    const StepResult& res = (*r)[0];
+    const int64_t n = static_cast<int64_t>(q.tokens.size());
+    ASSERT_EQ(static_cast<int64_t>(res.hidden.size()), n * L * H) << label;
+    ASSERT_EQ(static_cast<int64_t>(res.logprobs.size()), n) << label;
+    const float* want = pr.hidden.data.data();
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t l = 0; l < L; ++l) {
+        double num = 0, den = 0;
+        for (int64_t h = 0; h < H; ++h) {
+          const double d = double(res.hidden[(t * L + l) * H + h]) - want[(t * L + l) * H + h];
+          num += d * d;
+          den += double(want[(t * L + l) * H + h]) * want[(t * L + l) * H + h];
+        }
+        const double rel = std::sqrt(num / den);
+        worst_hidden = std::max(worst_hidden, rel);
+        ++vectors;
+        EXPECT_LE(rel, tol) << label << " prompt " << k << " position " << t << " layer " << l;
+      }
+      // transformers' log-softmax of the row, in double.
+      const float* lg = pr.logits.data.data() + t * V;
+      double mx = lg[0], ma = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        mx = std::max(mx, double(lg[v]));
+        ma = std::max(ma, std::fabs(double(lg[v])));
+      }
+      double sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(double(lg[v]) - mx);
+      const double lse = mx + std::log(sum);
+      const RowLogprobs& lp = res.logprobs[t];
+      EXPECT_EQ(lp.token, res.predictions[t]) << label;
+      ASSERT_EQ(lp.top_tokens.size(), 5u) << label;
+      ASSERT_EQ(lp.top_logprobs.size(), 5u) << label;
+      auto check = [&](int32_t token, float got) {
+        ASSERT_GE(token, 0);
+        ASSERT_LT(token, V);
+        const double err = std::fabs(double(got) - (double(lg[token]) - lse));
+        worst_lp = std::max(worst_lp, err / ma);
+        ++logprobs;
+        EXPECT_LE(err, 2 * tol * ma)
+            << label << " prompt " << k << " position " << t << " token " << token;
+      };
+      check(lp.token, lp.logprob);
+      for (size_t i = 0; i < lp.top_tokens.size(); ++i) {
+        check(lp.top_tokens[i], lp.top_logprobs[i]);
+        if (i > 0) EXPECT_GE(lp.top_logprobs[i - 1], lp.top_logprobs[i]) << label;
+      }
+    }
+  }
+  std::printf(
+      "%s: %lld hidden-state vectors, max rel-L2 %.3g; %lld logprobs, max |diff| / max "
+      "|logit| %.3g (vs transformers)\n",
+      label.c_str(), static_cast<long long>(vectors), worst_hidden,
+      static_cast<long long>(logprobs), worst_lp);
 }
 
 }  // namespace verifyd::tp::reftest

@@ -190,6 +190,15 @@ TEST_P(ReferenceCheckpointTest, DraftTreesAcceptTheReferenceTokens) {
   reftest::DraftTreesAcceptTheReferenceTokens(*e, ref_, label_, kLogitTol, kKvSlots, kTreeDepth);
 }
 
+// The residual stream after every decoder layer (what a drafter gets as hidden states) and the
+// top-5 logprobs of every position against transformers (its layer outputs and log-softmax),
+// every position of every reference prompt: float32 on both sides, so within 1e-4.
+TEST_P(ReferenceCheckpointTest, HiddenStatesAndLogprobsMatchTransformers) {
+  std::unique_ptr<CpuEngine> e = MakeEngine(name_, tp_);
+  ASSERT_NE(e, nullptr);
+  reftest::HiddenStatesAndLogprobsMatchTransformers(*e, ref_, label_, kLogitTol, kKvSlots);
+}
+
 const std::vector<std::string> kCheckpoints = {"dense", "moe_yarn", "moe_yarn_fp8",
                                                "moe_fp8_block128"};
 

@@ -10,6 +10,8 @@
 // requests). The KV pool is filled with finite pseudo-random values instead of a prefill.
 // Trees: `nodes` draft nodes under the pending token, random parents (a bushy tree).
 //
+// --extras also times each configuration with seeded sampling, logprobs and three hidden layers
+// (what drafting frontends ask for), same process.
 // Prints a table (last) and writes JSON (--json). Never asserts on timings.
 //   engine_bench --layers=61 --contexts=4096,16384,65536,185000 --trees=1,8,16,64
 //                --batches=1,8,32 --json=/tmp/engine_bench.json
@@ -49,6 +51,10 @@ ABSL_FLAG(bool, verify_kernel, true, "use the optimised verify attention kernel"
 ABSL_FLAG(std::string, json, "", "write the results as JSON here");
 ABSL_FLAG(uint64_t, seed, 1, "weight seed");
 ABSL_FLAG(std::string, commit, "unknown", "source revision recorded in the JSON meta");
+ABSL_FLAG(bool, extras, false,
+          "also time every configuration with what drafters ask for: seeded sampling "
+          "(temperature 0.7, top-p 0.9, top-k 50), top-5 logprobs and the hidden states of "
+          "three layers (first, middle, last), same process, right after the plain steps");
 ABSL_FLAG(bool, standalone, true,
           "also time the verify kernel alone on the same batch (L2 flushed before each run)");
 
@@ -74,7 +80,26 @@ struct Row {
   CudaStepProfile prof;
   double host_ms;
   double standalone_us = 0;  // the verify kernel alone, one layer, same batch
+  double extras_ms = 0;      // --extras: the same step with sampling, logprobs, hidden states
 };
+
+// Median wall ms of Engine::Step over iters after warmup; -1 on an error (printed).
+double TimeSteps(CudaEngine& e, const std::vector<StepRequest>& reqs) {
+  std::vector<double> ms;
+  for (int i = 0; i < absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_iters); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = e.Step(reqs);
+    const double dt =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (!r.ok()) {
+      std::fprintf(stderr, "step: %s\n", r.status().ToString().c_str());
+      return -1;
+    }
+    if (i >= absl::GetFlag(FLAGS_warmup)) ms.push_back(dt);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
 
 // Median time (us) of the verify attention kernel alone (plan once, run many) on the batch's
 // exact index arrays, 64 / tp heads, random bf16 q and latent cache, with a 256 MB write
@@ -234,23 +259,8 @@ int main(int argc, char** argv) {
           }
         }
         e.set_profile(false);
-        std::vector<double> ms;
-        for (int i = 0; i < absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_iters); ++i) {
-          const auto t0 = std::chrono::steady_clock::now();
-          auto r = e.Step(reqs);
-          const double dt =
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                  .count();
-          if (!r.ok()) {
-            std::fprintf(stderr, "step (ctx %lld nodes %lld batch %lld): %s\n",
-                         static_cast<long long>(ctx), static_cast<long long>(nodes),
-                         static_cast<long long>(batch), r.status().ToString().c_str());
-            return 1;
-          }
-          if (i >= absl::GetFlag(FLAGS_warmup)) ms.push_back(dt);
-        }
-        std::sort(ms.begin(), ms.end());
-        const double med = ms[ms.size() / 2];
+        const double med = TimeSteps(e, reqs);
+        if (med < 0) return 1;
         // One more step with the event split (events add a little host time).
         e.set_profile(true);
         const auto t0 = std::chrono::steady_clock::now();
@@ -262,6 +272,21 @@ int main(int argc, char** argv) {
         row.host_ms = std::max(0.0, prof_wall - row.prof.total_ms);
         if (absl::GetFlag(FLAGS_standalone) && row.prof.verify_kernel) {
           row.standalone_us = StandaloneAttentionUs(reqs, c, e.kv_slots());
+        }
+        if (absl::GetFlag(FLAGS_extras)) {
+          e.set_profile(false);
+          std::vector<StepRequest> extra = reqs;
+          for (size_t b = 0; b < extra.size(); ++b) {
+            extra[b].sampling.temperature = 0.7f;
+            extra[b].sampling.top_p = 0.9f;
+            extra[b].sampling.top_k = 50;
+            extra[b].sampling.seed = 1000 + b;
+            extra[b].top_logprobs = 5;
+            extra[b].hidden_layers = {0, static_cast<int32_t>(c.num_hidden_layers / 2),
+                                      static_cast<int32_t>(c.num_hidden_layers - 1)};
+          }
+          row.extras_ms = TimeSteps(e, extra);
+          if (row.extras_ms < 0) return 1;
         }
         rows.push_back(row);
         std::fprintf(stderr, "ctx %6lld nodes %2lld batch %2lld: %8.2f ms\n",
@@ -319,7 +344,8 @@ int main(int argc, char** argv) {
          {"gpu_ms", r.prof.total_ms},
          {"host_ms", r.host_ms},
          {"attention_per_layer_us", 1e3 * r.prof.attention_ms / c.num_hidden_layers},
-         {"standalone_kernel_us", r.standalone_us}});
+         {"standalone_kernel_us", r.standalone_us},
+         {"extras_step_ms", r.extras_ms}});
   }
   if (!absl::GetFlag(FLAGS_json).empty()) {
     std::ofstream(absl::GetFlag(FLAGS_json)) << j.dump(2) << "\n";
@@ -340,6 +366,17 @@ int main(int argc, char** argv) {
         static_cast<long long>(r.batch), r.step_ms, r.tokens_per_s, r.prof.attention_ms,
         r.prof.gemm_ms, r.prof.comm_ms, r.prof.other_ms, r.host_ms, per_layer, r.standalone_us,
         r.standalone_us > 0 ? per_layer / r.standalone_us : 0.0);
+  }
+  if (absl::GetFlag(FLAGS_extras)) {
+    std::printf(
+        "\nwith seeded sampling (T 0.7, top-p 0.9, top-k 50), top-5 logprobs and 3 hidden "
+        "layers:\n%7s %5s %5s | %9s %9s %6s\n",
+        "context", "nodes", "batch", "plain ms", "extras ms", "ratio");
+    for (const Row& r : rows) {
+      std::printf("%7lld %5lld %5lld | %9.2f %9.2f %6.3f\n", static_cast<long long>(r.context),
+                  static_cast<long long>(r.nodes), static_cast<long long>(r.batch), r.step_ms,
+                  r.extras_ms, r.extras_ms / r.step_ms);
+    }
   }
   return 0;
 }

@@ -52,6 +52,11 @@ The references:
   <name>_logits.safetensors
                           float32 logits "prompt{k}" [len(prompt) + N - 1, vocab] of every
                           position of prompt + continuation[:-1] (one full forward).
+  <name>_hidden.safetensors
+                          float32 "prompt{k}" [len(prompt) + N - 1, layers, hidden]: the residual
+                          stream after every decoder layer for the same positions (the
+                          layers' outputs: transformers' hidden_states[l + 1], before the final
+                          norm that its last hidden_states entry applies).
 
 The references come from the float32 model holding exactly the stored values: bf16-rounded
 weights (dense, moe_yarn) or the dequantized FP8 weights (w = float(fp8) * scale_inv per block),
@@ -529,11 +534,26 @@ def build(spec):
     ]
     records = []
     logits_out = {}
+    hidden_out = {}
+    # The residual stream after every decoder layer (the layers' outputs; transformers'
+    # hidden_states[l + 1] before the final norm, which its last entry includes).
+    captured = []
+
+    def capture_layer(module, args, output):
+        captured.append((output[0] if isinstance(output, tuple) else output)[0].float())
+
+    hooks = [layer.register_forward_hook(capture_layer) for layer in ref.model.layers]
     for k, prompt in enumerate(prompts):
         cont = greedy(ref, prompt, N_GENERATE)
         seq = prompt + cont[:-1]
+        captured.clear()
         with torch.no_grad():
-            logits = ref(torch.tensor([seq]), use_cache=False).logits[0].float()
+            out = ref(torch.tensor([seq]), use_cache=False, output_hidden_states=True)
+        logits = out.logits[0].float()
+        assert len(captured) == cfg.num_hidden_layers
+        for l in range(cfg.num_hidden_layers - 1):  # the hooks see what hidden_states holds
+            assert torch.equal(captured[l], out.hidden_states[l + 1][0].float())
+        hidden_out[f"prompt{k}"] = torch.stack(captured, dim=1).contiguous()  # [T, L, H]
         argmax = torch.argmax(logits, dim=-1).tolist()
         # The one-forward logits agree with the step-by-step greedy tokens.
         assert argmax[len(prompt) - 1 :] == cont, f"{name} prompt {k}: full forward != greedy"
@@ -549,8 +569,13 @@ def build(spec):
                 max_abs_logit=[float(v) for v in logits.abs().max(dim=-1).values],
             )
         )
+    for h in hooks:
+        h.remove()
     path = os.path.join(REF_DIR, f"{name}_logits.safetensors")
     save_file(logits_out, path, metadata={"format": "pt"})
+    os.chmod(path, 0o644)
+    path = os.path.join(REF_DIR, f"{name}_hidden.safetensors")
+    save_file(hidden_out, path, metadata={"format": "pt"})
     os.chmod(path, 0o644)
 
     attn = ref.model.layers[0].self_attn
