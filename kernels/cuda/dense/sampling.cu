@@ -69,6 +69,9 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float sf[kThreads];
   __shared__ int32_t si[kThreads];
   __shared__ int32_t s_token;
+  __shared__ unsigned s_hist[256];
+  __shared__ int s_digit;
+  __shared__ long long s_need;
   const SampleRowSpec sp = specs[blockIdx.x];
   const bool sampled = sp.temperature >= kMinSamplingTemperature;
   const float* row = logits + static_cast<int64_t>(sp.row) * vmax;
@@ -76,59 +79,76 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t k = t / vmax;
     return ScaledLogit(row[k * shard_stride + (t - k * vmax)], sp.temperature, sampled);
   };
+  // fn(t, z) for every token t this thread owns, shard by shard (no division per element).
+  auto for_each = [&](auto fn) {
+    for (int64_t base = 0, at = 0; base < vocab; base += vmax, at += shard_stride) {
+      const int64_t n = min(vmax, vocab - base);
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        fn(base + i, ScaledLogit(row[at + i], sp.temperature, sampled));
+      }
+    }
+  };
 
   // The largest scaled logit and the number of non-NaN ones.
   float m = -INFINITY;
   long long live = 0;
-  for (int64_t t = threadIdx.x; t < vocab; t += blockDim.x) {
-    const float z = z_of(t);
-    if (isnan(z)) continue;
+  for_each([&](int64_t, float z) {
+    if (isnan(z)) return;
     m = fmaxf(m, z);
     ++live;
-  }
+  });
   m = BlockReduce(m, sf, MaxF());
   live = BlockReduce(live, sl, Sum());
 
   if (sp.draw && sampled) {
     // top-k: the largest key K with count(key >= K) >= top_k is the top_k-th largest value.
+    // A radix select, 8 bits a pass from the top: the key prefix of the top_k-th largest key,
+    // by integer counts (shared-memory histograms: exact, order-free).
     uint32_t kmin = 0;
     if (sp.top_k > 0 && sp.top_k < live) {
-      uint64_t lo = 0, hi = 0xFFFFFFFFull;
-      while (lo < hi) {
-        const uint64_t mid = lo + (hi - lo + 1) / 2;
-        long long count = 0;
-        for (int64_t t = threadIdx.x; t < vocab; t += blockDim.x) {
-          const float z = z_of(t);
-          if (!isnan(z) && OrderedFloatKey(z) >= mid) ++count;
+      uint32_t prefix = 0;
+      long long need = sp.top_k;  // how many of the keys with this prefix must be >= the result
+      for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) s_hist[b] = 0;
+        __syncthreads();
+        const uint32_t mask = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
+        for_each([&](int64_t, float z) {
+          if (isnan(z)) return;
+          const uint32_t key = OrderedFloatKey(z);
+          if ((key & mask) == prefix) atomicAdd(&s_hist[(key >> shift) & 0xFF], 1u);
+        });
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          long long above = 0;
+          int b = 255;
+          for (; b > 0 && above + s_hist[b] < need; --b) above += s_hist[b];
+          s_digit = b;
+          s_need = need - above;
         }
-        count = BlockReduce(count, sl, Sum());
-        if (count >= sp.top_k) {
-          lo = mid;
-        } else {
-          hi = mid - 1;
-        }
+        __syncthreads();
+        prefix |= static_cast<uint32_t>(s_digit) << shift;
+        need = s_need;
+        __syncthreads();
       }
-      kmin = static_cast<uint32_t>(lo);
+      kmin = prefix;
     }
     // top-p: the smallest key K whose strictly-greater mass is < top_p of the total.
     uint32_t pmin = kmin;
     if (sp.top_p < 1.0f) {
       double total = 0;
-      for (int64_t t = threadIdx.x; t < vocab; t += blockDim.x) {
-        const float z = z_of(t);
+      for_each([&](int64_t, float z) {
         if (!isnan(z) && OrderedFloatKey(z) >= kmin) total += exp(static_cast<double>(z) - m);
-      }
+      });
       total = BlockReduce(total, sd, Sum());
       uint64_t lo = kmin, hi = 0xFFFFFFFFull;
       while (lo < hi) {
         const uint64_t mid = lo + (hi - lo) / 2;
         double above = 0;
-        for (int64_t t = threadIdx.x; t < vocab; t += blockDim.x) {
-          const float z = z_of(t);
-          if (isnan(z)) continue;
+        for_each([&](int64_t, float z) {
+          if (isnan(z)) return;
           const uint32_t key = OrderedFloatKey(z);
           if (key >= kmin && key > mid) above += exp(static_cast<double>(z) - m);
-        }
+        });
         above = BlockReduce(above, sd, Sum());
         if (above / total < static_cast<double>(sp.top_p)) {
           hi = mid;
@@ -141,16 +161,15 @@ __global__ void __launch_bounds__(kThreads)
     // Gumbel-max over the kept tokens.
     double bv = 0;
     int32_t bi = -1;
-    for (int64_t t = threadIdx.x; t < vocab; t += blockDim.x) {
-      const float z = z_of(t);
-      if (isnan(z) || OrderedFloatKey(z) < pmin) continue;
+    for_each([&](int64_t t, float z) {
+      if (isnan(z) || OrderedFloatKey(z) < pmin) return;
       const double s =
           static_cast<double>(z) + GumbelNoise(sp.seed, sp.position, static_cast<int32_t>(t));
       if (bi < 0 || s > bv) {
         bv = s;
         bi = static_cast<int32_t>(t);
       }
-    }
+    });
     BlockArgmax(&bv, &bi, sd, si);
     if (threadIdx.x == 0) {
       predictions[sp.row] = bi;
@@ -163,10 +182,9 @@ __global__ void __launch_bounds__(kThreads)
 
   if (sp.top_logprobs < 0) return;
   double sum = 0;
-  for (int64_t t = threadIdx.x; t < vocab; t += blockDim.x) {
-    const float z = z_of(t);
+  for_each([&](int64_t, float z) {
     if (!isnan(z)) sum += exp(static_cast<double>(z) - m);
-  }
+  });
   sum = BlockReduce(sum, sd, Sum());
   const double lse = static_cast<double>(m) + log(sum);
   SampledLogprobs* o = out + blockIdx.x;
@@ -182,16 +200,15 @@ __global__ void __launch_bounds__(kThreads)
   for (int k = 0; k < sp.top_logprobs && k < kMaxTopLogprobs; ++k) {
     double bv = 0;
     int32_t bi = -1;
-    for (int64_t t = threadIdx.x; t < vocab; t += blockDim.x) {
-      const float zf = z_of(t);
-      if (isnan(zf)) continue;
+    for_each([&](int64_t t, float zf) {
+      if (isnan(zf)) return;
       const double z = zf;
       const bool after = prev_t < 0 || z < prev_z || (z == prev_z && t > prev_t);
       if (after && (bi < 0 || z > bv)) {
         bv = z;
         bi = static_cast<int32_t>(t);
       }
-    }
+    });
     BlockArgmax(&bv, &bi, sd, si);
     if (threadIdx.x == 0) {
       o->top_tokens[k] = bi;

@@ -5,8 +5,9 @@
 //
 // One thread block per selected row, a fixed number of threads and fixed reduction orders, so a
 // row's result depends only on its logits and parameters (batch-invariant, deterministic).
-// Top-k and top-p are threshold searches (bisection over the float order, 32 passes of
-// block-wide counts / probability masses in double) instead of a sort; the draw is a Gumbel-max
+// Top-k is a radix select over the float order (4 passes of 256-bin integer histograms), top-p
+// a bisection over it (32 passes of block-wide probability masses in double; exp only for the
+// top-k survivors when top-k is set), no sort; the draw is a Gumbel-max
 // with the counter-based noise of kernels/sampling.h; the top logprobs are found by repeated
 // block argmax.
 //
