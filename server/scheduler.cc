@@ -362,7 +362,8 @@ absl::Status Scheduler::ApplyVerify(const tp::StepRequest& req, const tp::StepRe
       res.kept_slots.size() + res.freed_slots.size() != req.tail_slots.size() || res.bonus < 0 ||
       res.bonus >= engine_->config().vocab_size ||
       res.logprobs.size() != (req.top_logprobs >= 0 ? static_cast<size_t>(n) : 0u) ||
-      static_cast<int64_t>(res.hidden.size()) != n * layers * hid) {
+      static_cast<int64_t>(res.hidden.size()) !=
+          static_cast<int64_t>(res.kept_slots.size()) * layers * hid) {
     return absl::InternalError("engine returned an inconsistent verify result");
   }
   int prev = 0;
@@ -411,14 +412,8 @@ absl::Status Scheduler::ApplyVerify(const tp::StepRequest& req, const tp::StepRe
   if (req.top_logprobs >= 0) {
     for (int32_t row : path) item.logprobs.push_back(res.logprobs[row]);
   }
-  item.hidden.clear();
-  if (layers > 0) {
-    item.hidden.reserve(path.size() * layers * hid);
-    for (int32_t row : path) {
-      item.hidden.insert(item.hidden.end(), res.hidden.begin() + row * layers * hid,
-                         res.hidden.begin() + (row + 1) * layers * hid);
-    }
-  }
+  // The engine returns the path rows' hidden states only (tp/engine.h), in this order.
+  item.hidden = res.hidden;
   SessionCounters& c = s.counters;
   c.rounds += 1;
   c.draft_tokens += static_cast<int64_t>(item.draft_tokens.size());

@@ -383,21 +383,29 @@ void HiddenStatesAndLogprobsMatchTransformers(EngineT& e, const Reference& ref,
       q.parents.push_back(static_cast<int32_t>(t) - 1);
       q.tail_slots.push_back(slots.Next());
     }
-    q.accept = true;  // logprobs of every row (a prefill chunk gives only its last row's)
-    q.top_logprobs = 5;
+    // Hidden states of every row: as a prefill chunk (a tree returns its committed rows'
+    // only); logprobs of every row: as a tree (a prefill chunk gives only its last row's).
+    q.accept = false;
     for (int32_t l = 0; l < L; ++l) q.hidden_layers.push_back(l);
+    absl::StatusOr<std::vector<StepResult>> rh = e.Step({q});
+    ASSERT_TRUE(rh.ok()) << label << ": " << rh.status();
+    q.accept = true;
+    q.hidden_layers.clear();
+    q.top_logprobs = 5;
+    for (int32_t& s : q.tail_slots) s = static_cast<int32_t>((s + kv_slots / 2) % kv_slots);
     absl::StatusOr<std::vector<StepResult>> r = e.Step({q});
     ASSERT_TRUE(r.ok()) << label << ": " << r.status();
     const StepResult& res = (*r)[0];
+    const std::vector<float>& hidden = (*rh)[0].hidden;
     const int64_t n = static_cast<int64_t>(q.tokens.size());
-    ASSERT_EQ(static_cast<int64_t>(res.hidden.size()), n * L * H) << label;
+    ASSERT_EQ(static_cast<int64_t>(hidden.size()), n * L * H) << label;
     ASSERT_EQ(static_cast<int64_t>(res.logprobs.size()), n) << label;
     const float* want = pr.hidden.data.data();
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t l = 0; l < L; ++l) {
         double num = 0, den = 0;
         for (int64_t h = 0; h < H; ++h) {
-          const double d = double(res.hidden[(t * L + l) * H + h]) - want[(t * L + l) * H + h];
+          const double d = double(hidden[(t * L + l) * H + h]) - want[(t * L + l) * H + h];
           num += d * d;
           den += double(want[(t * L + l) * H + h]) * want[(t * L + l) * H + h];
         }

@@ -24,7 +24,10 @@
 //                 hidden_states[l + 1]) for every row, float32.
 // For a prefill chunk (accept = false) only the last row is sampled and gets logprobs (its
 // prediction is the pending token when the chunk is the prompt's last); the other rows'
-// predictions stay greedy. Hidden states cover every row of the request either way.
+// predictions stay greedy, and hidden states cover every row. For a verify tree (accept =
+// true) every row is sampled and gets logprobs, and hidden states cover the rows it commits
+// only (the root, then the accepted rows in path order: what the caller returns), which keeps
+// a large tree's step from moving every row's states to the host.
 //
 // Thread-safety: Step() may be called from one thread at a time (the scheduler's engine
 // loop); the accessors are safe from any thread.
@@ -79,8 +82,9 @@ struct StepResult {
   std::vector<int32_t> freed_slots;    // the other tail slots
   // top_logprobs >= 0: [n] one per row (accept = true), or [1] the last row's (prefill chunk).
   std::vector<RowLogprobs> logprobs;
-  // hidden_layers non-empty: [n][hidden_layers.size()][hidden_size], rows in request order,
-  // layers in the order asked.
+  // hidden_layers non-empty: [rows][hidden_layers.size()][hidden_size], layers in the order
+  // asked; rows = every row in request order (accept = false), or the committed rows: the
+  // root then accepted_rows (accept = true).
   std::vector<float> hidden;
 };
 

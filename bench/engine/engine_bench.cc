@@ -28,6 +28,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -55,6 +56,8 @@ ABSL_FLAG(bool, extras, false,
           "also time every configuration with what drafters ask for: seeded sampling "
           "(temperature 0.7, top-p 0.9, top-k 50), top-5 logprobs and the hidden states of "
           "three layers (first, middle, last), same process, right after the plain steps");
+ABSL_FLAG(std::string, extras_parts, "sampling,logprobs,hidden",
+          "which extras --extras adds (a subset of sampling,logprobs,hidden)");
 ABSL_FLAG(bool, standalone, true,
           "also time the verify kernel alone on the same batch (L2 flushed before each run)");
 
@@ -276,14 +279,19 @@ int main(int argc, char** argv) {
         if (absl::GetFlag(FLAGS_extras)) {
           e.set_profile(false);
           std::vector<StepRequest> extra = reqs;
+          const std::string parts = absl::GetFlag(FLAGS_extras_parts);
           for (size_t b = 0; b < extra.size(); ++b) {
-            extra[b].sampling.temperature = 0.7f;
-            extra[b].sampling.top_p = 0.9f;
-            extra[b].sampling.top_k = 50;
-            extra[b].sampling.seed = 1000 + b;
-            extra[b].top_logprobs = 5;
-            extra[b].hidden_layers = {0, static_cast<int32_t>(c.num_hidden_layers / 2),
-                                      static_cast<int32_t>(c.num_hidden_layers - 1)};
+            if (absl::StrContains(parts, "sampling")) {
+              extra[b].sampling.temperature = 0.7f;
+              extra[b].sampling.top_p = 0.9f;
+              extra[b].sampling.top_k = 50;
+              extra[b].sampling.seed = 1000 + b;
+            }
+            if (absl::StrContains(parts, "logprobs")) extra[b].top_logprobs = 5;
+            if (absl::StrContains(parts, "hidden")) {
+              extra[b].hidden_layers = {0, static_cast<int32_t>(c.num_hidden_layers / 2),
+                                        static_cast<int32_t>(c.num_hidden_layers - 1)};
+            }
           }
           row.extras_ms = TimeSteps(e, extra);
           if (row.extras_ms < 0) return 1;

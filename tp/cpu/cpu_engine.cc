@@ -214,11 +214,19 @@ absl::StatusOr<std::vector<StepResult>> CpuEngine::RunStep(const std::vector<Ste
                                            std::move(lp.top_logprobs)});
       }
     }
-    if (!batch[b].hidden_layers.empty()) {
-      const int64_t count =
-          int64_t{n} * static_cast<int64_t>(batch[b].hidden_layers.size()) * config_.hidden_size;
+    // Hidden states of rows (request-local), in order (tp/engine.h: every row of a prefill
+    // chunk, the committed rows of a verify tree).
+    const int64_t per_row =
+        static_cast<int64_t>(batch[b].hidden_layers.size()) * config_.hidden_size;
+    auto copy_hidden = [&](const std::vector<int32_t>& rows) {
+      for (int32_t r : rows) {
+        const auto first = outputs->hidden.begin() + hidden_base[b] + r * per_row;
+        res.hidden.insert(res.hidden.end(), first, first + per_row);
+      }
+    };
+    if (!batch[b].accept && per_row > 0) {
       res.hidden.assign(outputs->hidden.begin() + hidden_base[b],
-                        outputs->hidden.begin() + hidden_base[b] + count);
+                        outputs->hidden.begin() + hidden_base[b] + int64_t{n} * per_row);
     }
     if (!batch[b].accept) {
       // Prefill chunk: every row is committed; bonus = the prediction after the last row.
@@ -248,6 +256,11 @@ absl::StatusOr<std::vector<StepResult>> CpuEngine::RunStep(const std::vector<Ste
     res.bonus = bonus;
     res.kept_slots.assign(kept.begin(), kept.begin() + 1 + num_accepted);
     res.freed_slots.assign(freed.begin(), freed.begin() + (n - 1 - num_accepted));
+    if (per_row > 0) {
+      std::vector<int32_t> path = {0};
+      path.insert(path.end(), res.accepted_rows.begin(), res.accepted_rows.end());
+      copy_hidden(path);
+    }
   }
   if (timing) {
     timing->total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -480,12 +480,11 @@ absl::StatusOr<std::vector<StepResult>> CudaEngine::Impl::RunStep(
     const int32_t row0 = plan.q_indptr[b], n = plan.q_indptr[b + 1] - row0;
     StepResult& res = results[b];
     res.predictions.assign(preds + row0, preds + row0 + n);
-    if (!batch[b].hidden_layers.empty()) {
-      const int64_t count =
-          int64_t{n} * static_cast<int64_t>(batch[b].hidden_layers.size()) * config.hidden_size;
-      res.hidden.assign(r0.hidden_host + extras->hidden_base[b],
-                        r0.hidden_host + extras->hidden_base[b] + count);
-    }
+    // Hidden states (tp/engine.h): every row of a prefill chunk, the committed rows of a tree.
+    const int64_t per_row =
+        static_cast<int64_t>(batch[b].hidden_layers.size()) * config.hidden_size;
+    const float* hidden = r0.hidden_host + extras->hidden_base[b];
+    if (!batch[b].accept && per_row > 0) res.hidden.assign(hidden, hidden + n * per_row);
     if (!batch[b].accept) {
       // Prefill chunk: every row is committed; bonus = the prediction after the last row.
       res.bonus = res.predictions.back();
@@ -497,6 +496,13 @@ absl::StatusOr<std::vector<StepResult>> CudaEngine::Impl::RunStep(
     res.bonus = bonus[b];
     res.kept_slots.assign(kept + row0, kept + row0 + 1 + na);
     res.freed_slots.assign(freed + row0, freed + row0 + (n - 1 - na));
+    if (per_row > 0) {
+      res.hidden.reserve((1 + na) * per_row);
+      res.hidden.assign(hidden, hidden + per_row);  // the root
+      for (int32_t r : res.accepted_rows) {
+        res.hidden.insert(res.hidden.end(), hidden + r * per_row, hidden + (r + 1) * per_row);
+      }
+    }
   }
   // Logprobs, per request in row order (the specs were made in that order).
   for (int64_t i = 0; i < nspecs; ++i) {
