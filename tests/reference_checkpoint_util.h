@@ -357,6 +357,20 @@ void DraftTreesAcceptTheReferenceTokens(EngineT& e, const Reference& ref, const 
   EXPECT_LE(short_rounds, cmp.near_ties()) << label;
 }
 
+// prompt + continuation[:-1] of a reference prompt as one chain request (a prefill chunk),
+// tail slots from `slots`: its rows are the reference's positions.
+inline StepRequest ReferenceChain(const PromptRef& pr, Slots& slots) {
+  StepRequest q;
+  q.tokens = pr.prompt;
+  q.tokens.insert(q.tokens.end(), pr.continuation.begin(), pr.continuation.end() - 1);
+  for (size_t t = 0; t < q.tokens.size(); ++t) {
+    q.parents.push_back(static_cast<int32_t>(t) - 1);
+    q.tail_slots.push_back(slots.Next());
+  }
+  q.accept = false;
+  return q;
+}
+
 // Runs prompt + continuation[:-1] of every reference prompt as one request (a chain) with every
 // layer's hidden state and the top-5 logprobs of every row requested, and compares:
 //   hidden states: each (row, layer) residual-stream vector with transformers' layer output,
@@ -376,16 +390,9 @@ void HiddenStatesAndLogprobsMatchTransformers(EngineT& e, const Reference& ref,
   for (size_t k = 0; k < ref.prompts.size(); ++k) {
     const PromptRef& pr = ref.prompts[k];
     Slots slots(kv_slots);
-    StepRequest q;
-    q.tokens = pr.prompt;
-    q.tokens.insert(q.tokens.end(), pr.continuation.begin(), pr.continuation.end() - 1);
-    for (size_t t = 0; t < q.tokens.size(); ++t) {
-      q.parents.push_back(static_cast<int32_t>(t) - 1);
-      q.tail_slots.push_back(slots.Next());
-    }
     // Hidden states of every row: as a prefill chunk (a tree returns its committed rows'
     // only); logprobs of every row: as a tree (a prefill chunk gives only its last row's).
-    q.accept = false;
+    StepRequest q = ReferenceChain(pr, slots);
     for (int32_t l = 0; l < L; ++l) q.hidden_layers.push_back(l);
     absl::StatusOr<std::vector<StepResult>> rh = e.Step({q});
     ASSERT_TRUE(rh.ok()) << label << ": " << rh.status();

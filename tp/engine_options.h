@@ -78,6 +78,9 @@ struct EngineOptions {
     // (expert parallelism; the MoE output still meets in the layer's one all-reduce) instead
     // of a 1 / tp slice of every expert. Measured faster from 64 rows per step (docs/PERF.md).
     bool expert_parallel = true;
+    // false: the routed experts always take the per-expert cuBLAS path (one host sync per MoE
+    // layer), as on GPUs without the grouped kernels (tests, comparisons).
+    bool grouped_experts = true;
   } cuda;
 };
 

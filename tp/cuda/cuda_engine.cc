@@ -723,6 +723,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   setup.use_verify_kernel = o.cuda.use_verify_kernel;
   setup.fp8_experts = o.cuda.fp8_experts;
   setup.expert_parallel = o.cuda.expert_parallel;
+  setup.grouped_experts = o.cuda.grouped_experts;
   setup.comm_timeout_ms = o.comm_timeout_ms;
   m.max_rows = setup.max_rows;
   if (o.tp > 1 && shared_device) {

@@ -303,7 +303,9 @@ absl::Status AllocMoeBuffers(const ModelConfig& c, int64_t R, CudaRankContext& r
 ExpertPath ChooseExpertPath(const RankSetup& setup, const CudaRankContext& rk) {
   const ModelConfig& c = *setup.config;
   const int64_t hid = c.hidden_size, Il = rk.moe_inter.size;
-  if (Il == 0 || !kc::GroupedGemmAvailable(rk.device)) return ExpertPath::kBf16PerExpert;
+  if (Il == 0 || !setup.grouped_experts || !kc::GroupedGemmAvailable(rk.device)) {
+    return ExpertPath::kBf16PerExpert;
+  }
   int64_t first_moe = -1;
   for (int64_t l = 0; l < c.num_hidden_layers && first_moe < 0; ++l) {
     if (c.IsMoeLayer(l)) first_moe = l;

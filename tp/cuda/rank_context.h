@@ -208,6 +208,7 @@ struct RankSetup {
   bool use_verify_kernel = true;
   bool fp8_experts = true;      // EngineOptions::cuda.fp8_experts
   bool expert_parallel = true;  // EngineOptions::cuda.expert_parallel
+  bool grouped_experts = true;  // EngineOptions::cuda.grouped_experts
   // NCCL (TP > 1): the group's unique id and shared failure flag.
   std::string nccl_id;
   std::shared_ptr<NcclGroupState> nccl_group;
