@@ -224,6 +224,9 @@ class GroupedGemmImpl final : public GroupedGemm {
       return absl::InternalError(
           absl::StrCat("grouped gemm initialize: ", cutlassGetStatusString(init)));
     }
+    // initialize() and the memset ran on the legacy stream; Run() uses the caller's (possibly
+    // non-blocking) stream: finish them here.
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
     return absl::OkStatus();
   }
 

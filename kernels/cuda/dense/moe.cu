@@ -173,8 +173,10 @@ __global__ void MoePermutePlaceKernel(const int32_t* __restrict__ experts, int n
   const int rank = __popc(same & ((1u << lane) - 1));
   const bool last = (same >> lane) == 1u;  // the highest lane of its group
   for (int w = 0; w < kPermuteChunk / 32; ++w) {
+    int32_t pos = 0;
+    if (warp == w && valid) pos = next[e] + rank;
+    __syncwarp();  // every lane has read next[e] before the group's last lane advances it
     if (warp == w && valid) {
-      const int32_t pos = next[e] + rank;
       perm_rows[pos] = static_cast<int32_t>(i / K);
       pair_pos[i] = pos;
       if (last) next[e] = pos + 1;
