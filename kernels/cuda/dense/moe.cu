@@ -199,76 +199,56 @@ __global__ void MoeGatherKernel(const __nv_bfloat16* __restrict__ x, int64_t ldx
   }
 }
 
-// Router logits: one warp per kEpw experts and tile of kRouterRows rows (a CTA: 8 warps, the
-// same rows, so the rows' loads hit L1). Lane l sums k = 4 l + 128 j (+ 0..3) in ascending j
-// with fmaf, then the lanes combine in a fixed xor tree: each logit's arithmetic depends only
-// on its row and expert, never on the number of rows. (kEpw = 4, one row load reused for four
-// experts, measured slower than cuBLAS beyond ~64 rows on an H200; launched with kEpw = 1.)
+// Router logits: one warp per expert and tile of kRouterRows rows (a CTA: 8 warps, the same
+// rows, so the rows' loads hit L1). Lane l sums k = 4 l + 128 j (+ 0..3) in ascending j with
+// fmaf, then the lanes combine in a fixed xor tree: each logit's arithmetic depends only on its
+// row and expert, never on the number of rows. (Four experts per warp, one row load reused,
+// measured slower than cuBLAS beyond ~64 rows on an H200.)
 constexpr int kRouterRows = 16;
 constexpr int kRouterWarps = 8;
 
-template <bool kVec4, int kEpw>
+template <bool kVec4>
 __global__ void MoeRouterLogitsKernel(const float* __restrict__ x, int64_t ldx,
                                       const float* __restrict__ w, int64_t ldw, int rows, int E,
                                       int64_t H, float* __restrict__ y, int64_t ldy) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int e0 = (blockIdx.x * kRouterWarps + warp) * kEpw;
+  const int e = blockIdx.x * kRouterWarps + warp;
   const int r0 = blockIdx.y * kRouterRows;
-  if (e0 >= E) return;
+  if (e >= E) return;
   const int nr = min(kRouterRows, rows - r0);
-  const int ne = min(kEpw, E - e0);
-  float acc[kEpw][kRouterRows];
+  float acc[kRouterRows];
 #pragma unroll
-  for (int q = 0; q < kEpw; ++q) {
-#pragma unroll
-    for (int r = 0; r < kRouterRows; ++r) acc[q][r] = 0.f;
-  }
+  for (int r = 0; r < kRouterRows; ++r) acc[r] = 0.f;
+  const float* we = w + static_cast<int64_t>(e) * ldw;
   if constexpr (kVec4) {
     for (int64_t k = lane * 4; k < H; k += 128) {
-      float4 wv[kEpw];
-#pragma unroll
-      for (int q = 0; q < kEpw; ++q) {
-        wv[q] = q < ne ? *reinterpret_cast<const float4*>(w + (e0 + q) * ldw + k)
-                       : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
+      const float4 wv = *reinterpret_cast<const float4*>(we + k);
 #pragma unroll
       for (int r = 0; r < kRouterRows; ++r) {
         if (r < nr) {
           const float4 xv =
               *reinterpret_cast<const float4*>(x + static_cast<int64_t>(r0 + r) * ldx + k);
-#pragma unroll
-          for (int q = 0; q < kEpw; ++q) {
-            acc[q][r] = fmaf(xv.x, wv[q].x, acc[q][r]);
-            acc[q][r] = fmaf(xv.y, wv[q].y, acc[q][r]);
-            acc[q][r] = fmaf(xv.z, wv[q].z, acc[q][r]);
-            acc[q][r] = fmaf(xv.w, wv[q].w, acc[q][r]);
-          }
+          acc[r] = fmaf(xv.x, wv.x, acc[r]);
+          acc[r] = fmaf(xv.y, wv.y, acc[r]);
+          acc[r] = fmaf(xv.z, wv.z, acc[r]);
+          acc[r] = fmaf(xv.w, wv.w, acc[r]);
         }
       }
     }
   } else {
     for (int64_t k = lane; k < H; k += 32) {
-      float wv[kEpw];
-#pragma unroll
-      for (int q = 0; q < kEpw; ++q) wv[q] = q < ne ? w[(e0 + q) * ldw + k] : 0.f;
+      const float wv = we[k];
 #pragma unroll
       for (int r = 0; r < kRouterRows; ++r) {
-        if (r < nr) {
-          const float xv = x[static_cast<int64_t>(r0 + r) * ldx + k];
-#pragma unroll
-          for (int q = 0; q < kEpw; ++q) acc[q][r] = fmaf(xv, wv[q], acc[q][r]);
-        }
+        if (r < nr) acc[r] = fmaf(x[static_cast<int64_t>(r0 + r) * ldx + k], wv, acc[r]);
       }
     }
   }
 #pragma unroll
-  for (int q = 0; q < kEpw; ++q) {
-#pragma unroll
-    for (int r = 0; r < kRouterRows; ++r) {
-      float v = acc[q][r];
-      for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0 && r < nr && q < ne) y[static_cast<int64_t>(r0 + r) * ldy + e0 + q] = v;
-    }
+  for (int r = 0; r < kRouterRows; ++r) {
+    float v = acc[r];
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0 && r < nr) y[static_cast<int64_t>(r0 + r) * ldy + e] = v;
   }
 }
 
@@ -384,7 +364,7 @@ absl::Status MoeRouterLogitsCuda(const MoeRouterLogitsParams& p) {
     kernel<<<grid, kRouterWarps * 32, 0, st>>>(p.x, p.ldx, p.w, p.ldw, p.rows, p.num_experts,
                                                p.hidden, p.y, p.ldy);
   };
-  vec4 ? launch(MoeRouterLogitsKernel<true, 1>) : launch(MoeRouterLogitsKernel<false, 1>);
+  vec4 ? launch(MoeRouterLogitsKernel<true>) : launch(MoeRouterLogitsKernel<false>);
   VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("MoeRouterLogitsKernel");
   return absl::OkStatus();
 }
