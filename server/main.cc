@@ -43,6 +43,10 @@ ABSL_FLAG(bool, fp8_experts, true,
 ABSL_FLAG(bool, expert_parallel, true,
           "cuda backend, tp > 1: each rank holds n_routed_experts / tp whole routed experts "
           "(expert parallelism) when they divide evenly; false: a 1/tp slice of every expert");
+ABSL_FLAG(bool, batch_invariant, false,
+          "cuda backend: batch-invariant steps (a request's logits do not depend on the rest "
+          "of the step, so speculative output equals plain greedy decoding bit for bit at the "
+          "cost measured in docs/PERF.md)");
 ABSL_FLAG(int64_t, kv_slots, 65536, "latent KV pool capacity in tokens");
 ABSL_FLAG(int, max_batch, 64, "requests per engine step");
 ABSL_FLAG(int, max_queue, 1024, "requests waiting for the engine before RESOURCE_EXHAUSTED");
@@ -129,6 +133,7 @@ int main(int argc, char** argv) {
   }
   spec.engine.cuda.fp8_experts = absl::GetFlag(FLAGS_fp8_experts);
   spec.engine.cuda.expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
+  spec.engine.cuda.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   spec.testing_fault = absl::GetFlag(FLAGS_testing_fault);
   spdlog::info("loading model={} backend={} tp={} kv_slots={}", spec.engine.model, spec.backend,
                spec.engine.tp, spec.engine.kv_slots);

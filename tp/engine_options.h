@@ -81,6 +81,10 @@ struct EngineOptions {
     // false: the routed experts always take the per-expert cuBLAS path (one host sync per MoE
     // layer), as on GPUs without the grouped kernels (tests, comparisons).
     bool grouped_experts = true;
+    // Batch-invariant steps: a row's logits do not depend on what else shares its step
+    // (GEMMs on one pinned cuBLASLt algorithm per shape, unsplit verify attention with one
+    // fixed kernel variant, the router kernel at every row count). Costs speed (docs/PERF.md).
+    bool batch_invariant = false;
   } cuda;
 };
 

@@ -33,6 +33,7 @@ ABSL_FLAG(int64_t, probe_nodes, 8, "draft nodes of the probe's tree");
 ABSL_FLAG(std::string, batches, "1,7,31", "other requests sharing the probe's step");
 ABSL_FLAG(std::string, grown, "16,64", "the probe's tree grown to this many nodes");
 ABSL_FLAG(bool, verify_kernel, true, "the optimised verify attention (false: the fallback)");
+ABSL_FLAG(bool, batch_invariant, false, "batch-invariant engine steps (EngineOptions::cuda)");
 ABSL_FLAG(std::string, json, "", "write the results as JSON here");
 ABSL_FLAG(std::string, commit, "unknown", "source revision recorded in the JSON meta");
 
@@ -97,6 +98,7 @@ int main(int argc, char** argv) {
   o.limits.max_tail_rows = static_cast<int>(max_nodes + 1);
   o.kv_slots = max_ctx + (max_others + 1) * (max_nodes + 1) + 64;
   o.cuda.use_verify_kernel = absl::GetFlag(FLAGS_verify_kernel);
+  o.cuda.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   auto created = CudaEngine::Create(o);
   if (!created.ok()) {
     std::fprintf(stderr, "batch_variance: %s\n", created.status().ToString().c_str());
@@ -185,7 +187,8 @@ int main(int argc, char** argv) {
                  {"model", e.config().name},
                  {"layers", e.config().num_hidden_layers},
                  {"probe_nodes", probe_nodes},
-                 {"verify_kernel", absl::GetFlag(FLAGS_verify_kernel)}};
+                 {"verify_kernel", absl::GetFlag(FLAGS_verify_kernel)},
+                 {"batch_invariant", absl::GetFlag(FLAGS_batch_invariant)}};
     j["results"] = rows;
     std::ofstream(absl::GetFlag(FLAGS_json)) << j.dump(1) << "\n";
   }

@@ -260,8 +260,16 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
   if (rk.have_vk) {
     ap.kv = rk.kv.empty() ? nullptr : rk.kv[0];
     if (kc::SupportsVerifyAttentionCuda(ap, rk.vk_info).ok()) {
+      // Batch-invariant steps: one kernel variant and no key splits, so a row's attention
+      // is the same sequence of operations whatever the batch (the planner otherwise picks
+      // both by the batch's shape).
+      kc::VerifyPlanOptions vo;
+      if (rk.batch_invariant) {
+        vo.config = kc::VerifyKernelConfig::kM16;
+        vo.max_splits = 1;
+      }
       absl::StatusOr<kc::VerifyAttentionPlan> p = kc::PlanVerifyAttention(
-          ap, plan.q_indptr.data(), plan.kv_indptr.data(), rk.vk_info, rk.vk_ws);
+          ap, plan.q_indptr.data(), plan.kv_indptr.data(), rk.vk_info, rk.vk_ws, vo);
       if (!p.ok()) return p.status();
       vk_plan = std::move(*p);
       VERIFYD_RETURN_IF_ERROR(kc::UploadVerifyAttentionPlan(vk_plan, rk.vk_ws, rk.stream));
@@ -724,6 +732,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   setup.fp8_experts = o.cuda.fp8_experts;
   setup.expert_parallel = o.cuda.expert_parallel;
   setup.grouped_experts = o.cuda.grouped_experts;
+  setup.batch_invariant = o.cuda.batch_invariant;
   setup.comm_timeout_ms = o.comm_timeout_ms;
   m.max_rows = setup.max_rows;
   if (o.tp > 1 && shared_device) {

@@ -107,6 +107,7 @@ absl::Status RunMoeMlp(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
   a.ld_out = hid;
   a.accumulate = tp1;
   a.cublas = rk.cublas;
+  a.batch_invariant = rk.batch_invariant;
   a.stream = rk.stream;
   a.host_sync = [&rk, &s] { return WaitRankStream(rk, s.sync_timeout_ms); };
   a.mark = [&rk](kc::MoePhase phase) {

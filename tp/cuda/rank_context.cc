@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/dense/gemm.h"
 #include "kernels/cuda/dense/moe.h"
 #include "kernels/cuda/dense/rope.h"
 #include "kernels/cuda/dense/weight_gen.h"
@@ -350,6 +351,11 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
     absl::StatusOr<char*> ws = rk.Alloc<char>(kCublasWs);
     if (!ws.ok()) return ws.status();
     VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(rk.cublas, *ws, kCublasWs));
+    rk.batch_invariant = setup.batch_invariant;
+    if (rk.batch_invariant) {
+      VERIFYD_RETURN_IF_ERROR(
+          kc::EnableFixedGemmAlgorithms(rk.cublas, *ws, kCublasWs, setup.max_rows));
+    }
   }
   if (tp > 1 && setup.loopback != nullptr) {
     VERIFYD_ASSIGN_OR_RETURN(rk.comm,
@@ -546,7 +552,10 @@ void FreeRankContext(CudaRankContext& rk) {
   if (rk.vk_ws.device != nullptr) (void)rk.vk_ws.Free();
   for (cudaEvent_t e : rk.events) cudaEventDestroy(e);
   rk.events.clear();
-  if (rk.cublas != nullptr) cublasDestroy(rk.cublas);
+  if (rk.cublas != nullptr) {
+    kc::DisableFixedGemmAlgorithms(rk.cublas);
+    cublasDestroy(rk.cublas);
+  }
   rk.cublas = nullptr;
   for (void* p : rk.allocs) cudaFree(p);
   rk.allocs.clear();

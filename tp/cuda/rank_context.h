@@ -177,7 +177,8 @@ struct CudaRankContext {
   size_t events_used = 0;
   CudaStepProfile profile;
 
-  size_t free_bytes = 0;  // device memory free after InitRankContext
+  size_t free_bytes = 0;         // device memory free after InitRankContext
+  bool batch_invariant = false;  // RankSetup::batch_invariant (GEMMs pinned on `cublas`)
 
   template <typename T>
   absl::StatusOr<T*> Alloc(int64_t count) {
@@ -206,9 +207,10 @@ struct RankSetup {
   int64_t max_rows = 0;  // max_batch * max_tail_rows
   int max_batch = 0;
   bool use_verify_kernel = true;
-  bool fp8_experts = true;      // EngineOptions::cuda.fp8_experts
-  bool expert_parallel = true;  // EngineOptions::cuda.expert_parallel
-  bool grouped_experts = true;  // EngineOptions::cuda.grouped_experts
+  bool fp8_experts = true;       // EngineOptions::cuda.fp8_experts
+  bool expert_parallel = true;   // EngineOptions::cuda.expert_parallel
+  bool grouped_experts = true;   // EngineOptions::cuda.grouped_experts
+  bool batch_invariant = false;  // EngineOptions::cuda.batch_invariant
   // NCCL (TP > 1): the group's unique id and shared failure flag.
   std::string nccl_id;
   std::shared_ptr<NcclGroupState> nccl_group;

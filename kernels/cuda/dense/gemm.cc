@@ -2,12 +2,207 @@
 // y^T (n x m) = op(w) (n x k) . x^T (k x m), so w is operand A and x operand B.
 #include "kernels/cuda/dense/gemm.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace verifyd::kernels::cuda {
+namespace {
+
+// Batch-invariant GEMMs (EnableFixedGemmAlgorithms): per cuBLAS handle, a cuBLASLt handle and
+// one algorithm per shape class, chosen once and used for every row count.
+struct FixedAlgos {
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  int64_t max_rows = 0;
+  // (transa, n, k, lda, ldb, ldc, strides a/b/c, batch, a type, c type, compute) -> algorithm
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                         int64_t, int, int, int, int>;
+  std::map<Key, cublasLtMatmulAlgo_t> algos;
+  std::mutex mu;
+};
+
+std::mutex g_fixed_mu;
+std::unordered_map<void*, std::unique_ptr<FixedAlgos>>& FixedRegistry() {
+  static auto* r = new std::unordered_map<void*, std::unique_ptr<FixedAlgos>>();
+  return *r;
+}
+
+FixedAlgos* FixedFor(void* handle) {
+  std::lock_guard<std::mutex> lock(g_fixed_mu);
+  auto& r = FixedRegistry();
+  auto it = r.find(handle);
+  return it == r.end() ? nullptr : it->second.get();
+}
+
+// One column-major GEMM (cuBLAS's convention) C[n, m] = op(A) B through cuBLASLt with the
+// handle's pinned algorithm for this shape class (chosen at the first call: the heuristic's
+// choice at a reference row count, split-K off, checked against 1 and max_rows rows).
+struct LtGemm {
+  cublasOperation_t ta = CUBLAS_OP_T;
+  int64_t n = 0, m = 0, k = 0;
+  const void* a = nullptr;
+  cudaDataType_t a_type = CUDA_R_16BF;
+  int64_t lda = 0, stride_a = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0, stride_b = 0;
+  void* c = nullptr;
+  cudaDataType_t c_type = CUDA_R_32F;
+  int64_t ldc = 0, stride_c = 0;
+  int batch = 1;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  float alpha = 1.f, beta = 0.f;
+};
+
+struct LtDescs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  ~LtDescs() {
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+absl::Status MakeDescs(const LtGemm& g, int64_t m, LtDescs* d) {
+  VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&d->op, g.compute, CUDA_R_32F));
+  const cublasOperation_t tb = CUBLAS_OP_N;
+  VERIFYD_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSA, &g.ta, sizeof(g.ta)));
+  VERIFYD_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  const bool t = g.ta == CUBLAS_OP_T;
+  VERIFYD_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatrixLayoutCreate(&d->a, g.a_type, t ? g.k : g.n, t ? g.n : g.k, g.lda));
+  VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d->b, g.a_type, g.k, m, g.ldb));
+  VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d->c, g.c_type, g.n, m, g.ldc));
+  if (g.batch > 1) {
+    const int32_t count = g.batch;
+    for (auto [layout, stride] :
+         {std::pair{d->a, g.stride_a}, std::pair{d->b, g.stride_b}, std::pair{d->c, g.stride_c}}) {
+      VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutSetAttribute(
+          layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutSetAttribute(
+          layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunFixed(FixedAlgos& f, void* cublas_handle, const LtGemm& g) {
+  const FixedAlgos::Key key{static_cast<int>(g.ta),
+                            g.n,
+                            g.k,
+                            g.lda,
+                            g.ldb,
+                            g.ldc,
+                            g.stride_a,
+                            g.stride_b,
+                            g.stride_c,
+                            g.batch,
+                            static_cast<int>(g.a_type),
+                            static_cast<int>(g.c_type),
+                            static_cast<int>(g.compute)};
+  cublasLtMatmulAlgo_t algo;
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    auto it = f.algos.find(key);
+    if (it == f.algos.end()) {
+      // The heuristic at a reference row count, split-K off; it must run at 1 and max rows.
+      constexpr int64_t kReferenceRows = 64;
+      LtDescs ref;
+      VERIFYD_RETURN_IF_ERROR(MakeDescs(g, kReferenceRows, &ref));
+      cublasLtMatmulPreference_t pref = nullptr;
+      VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &f.workspace_bytes, sizeof(f.workspace_bytes));
+      cublasLtMatmulHeuristicResult_t res[8];
+      int found = 0;
+      const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(f.lt, ref.op, ref.a, ref.b, ref.c,
+                                                               ref.c, pref, 8, res, &found);
+      cublasLtMatmulPreferenceDestroy(pref);
+      VERIFYD_CUBLAS_RETURN_IF_ERROR(hs);
+      bool chosen = false;
+      for (int i = 0; i < found && !chosen; ++i) {
+        cublasLtMatmulAlgo_t cand = res[i].algo;
+        const int32_t splitk = 1;
+        const uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE;
+        cublasLtMatmulAlgoConfigSetAttribute(&cand, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                             sizeof(splitk));
+        cublasLtMatmulAlgoConfigSetAttribute(&cand, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red,
+                                             sizeof(red));
+        bool ok = true;
+        for (int64_t rows : {int64_t{1}, kReferenceRows, std::max<int64_t>(f.max_rows, 1)}) {
+          LtDescs d;
+          cublasLtMatmulHeuristicResult_t check;
+          ok = ok && MakeDescs(g, rows, &d).ok() &&
+               cublasLtMatmulAlgoCheck(f.lt, d.op, d.a, d.b, d.c, d.c, &cand, &check) ==
+                   CUBLAS_STATUS_SUCCESS &&
+               check.workspaceSize <= f.workspace_bytes;
+        }
+        if (ok) {
+          algo = cand;
+          chosen = true;
+        }
+      }
+      if (!chosen) {
+        return absl::UnimplementedError(absl::StrCat(
+            "batch-invariant gemm: no cuBLASLt algorithm without split-K serves every row count "
+            "for n=",
+            g.n, " k=", g.k));
+      }
+      it = f.algos.emplace(key, algo).first;
+    }
+    algo = it->second;
+  }
+  LtDescs d;
+  VERIFYD_RETURN_IF_ERROR(MakeDescs(g, g.m, &d));
+  cudaStream_t stream = nullptr;
+  VERIFYD_CUBLAS_RETURN_IF_ERROR(
+      cublasGetStream(static_cast<cublasHandle_t>(cublas_handle), &stream));
+  VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(f.lt, d.op, &g.alpha, g.a, d.a, g.b, d.b, &g.beta,
+                                                g.c, d.c, g.c, d.c, &algo, f.workspace,
+                                                f.workspace_bytes, stream));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EnableFixedGemmAlgorithms(void* cublas_handle, void* workspace, size_t bytes,
+                                       int64_t max_rows) {
+  if (cublas_handle == nullptr) return absl::InvalidArgumentError("cublas handle must be set");
+  auto f = std::make_unique<FixedAlgos>();
+  VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&f->lt));
+  f->workspace = workspace;
+  f->workspace_bytes = bytes;
+  f->max_rows = max_rows;
+  std::lock_guard<std::mutex> lock(g_fixed_mu);
+  FixedRegistry()[cublas_handle] = std::move(f);
+  return absl::OkStatus();
+}
+
+void DisableFixedGemmAlgorithms(void* cublas_handle) {
+  std::unique_ptr<FixedAlgos> f;
+  {
+    std::lock_guard<std::mutex> lock(g_fixed_mu);
+    auto& r = FixedRegistry();
+    auto it = r.find(cublas_handle);
+    if (it == r.end()) return;
+    f = std::move(it->second);
+    r.erase(it);
+  }
+  if (f->lt != nullptr) cublasLtDestroy(f->lt);
+}
 
 absl::Status GemmBf16(void* cublas_handle, const GemmParams& p) {
   if (!cublas_handle) return absl::InvalidArgumentError("cublas handle must be set");
@@ -22,6 +217,22 @@ absl::Status GemmBf16(void* cublas_handle, const GemmParams& p) {
                                                    " ldy=", p.ldy, " for n=", p.n, " k=", p.k));
   }
   const cudaDataType_t yt = p.y_dtype == DType::kFloat32 ? CUDA_R_32F : CUDA_R_16BF;
+  if (FixedAlgos* f = FixedFor(cublas_handle)) {
+    LtGemm g;
+    g.n = p.n;
+    g.m = p.m;
+    g.k = p.k;
+    g.a = p.w;
+    g.lda = p.ldw;
+    g.b = p.x;
+    g.ldb = p.ldx;
+    g.c = p.y;
+    g.c_type = yt;
+    g.ldc = p.ldy;
+    g.alpha = p.alpha;
+    g.beta = p.beta;
+    return RunFixed(*f, cublas_handle, g);
+  }
   VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
       static_cast<cublasHandle_t>(cublas_handle), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n),
       static_cast<int>(p.m), static_cast<int>(p.k), &p.alpha, p.w, CUDA_R_16BF,
@@ -42,6 +253,25 @@ absl::Status GemmBf16Batched(void* cublas_handle, const BatchedGemmParams& p) {
     return absl::InvalidArgumentError("bad leading dims in batched gemm");
   }
   const float alpha = 1.f, beta = 0.f;
+  if (FixedAlgos* f = FixedFor(cublas_handle)) {
+    LtGemm g;
+    g.ta = p.w_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+    g.n = p.n;
+    g.m = p.m;
+    g.k = p.k;
+    g.a = p.w;
+    g.lda = p.ldw;
+    g.stride_a = p.stride_w;
+    g.b = p.x;
+    g.ldb = p.ldx;
+    g.stride_b = p.stride_x;
+    g.c = p.y;
+    g.c_type = CUDA_R_16BF;
+    g.ldc = p.ldy;
+    g.stride_c = p.stride_y;
+    g.batch = p.batch;
+    return RunFixed(*f, cublas_handle, g);
+  }
   // w_transposed: w_b row-major [n, k] = column-major k x n -> op T gives n x k.
   // otherwise:    w_b row-major [k, n] = column-major n x k -> op N.
   VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
@@ -82,6 +312,21 @@ absl::Status GemmF32(void* cublas_handle, const GemmF32Params& p) {
     return absl::InvalidArgumentError("bad leading dims in fp32 gemm");
   }
   const float alpha = 1.f, beta = 0.f;
+  if (FixedAlgos* f = FixedFor(cublas_handle)) {
+    LtGemm g;
+    g.n = p.n;
+    g.m = p.m;
+    g.k = p.k;
+    g.a = p.w;
+    g.a_type = CUDA_R_32F;
+    g.lda = p.ldw;
+    g.b = p.x;
+    g.ldb = p.ldx;
+    g.c = p.y;
+    g.ldc = p.ldy;
+    g.compute = CUBLAS_COMPUTE_32F_PEDANTIC;
+    return RunFixed(*f, cublas_handle, g);
+  }
   VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
       static_cast<cublasHandle_t>(cublas_handle), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n),
       static_cast<int>(p.m), static_cast<int>(p.k), &alpha, p.w, CUDA_R_32F,

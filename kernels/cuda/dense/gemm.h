@@ -7,9 +7,17 @@
 //                    the MoE router, which transformers computes in float32.
 // The caller owns the cuBLAS handle (one per rank thread, bound to the rank's stream and
 // given a fixed workspace, so launches are graph-capture safe).
+//
+// Batch-invariant mode (EnableFixedGemmAlgorithms on a handle): every GEMM on that handle runs
+// through cuBLASLt with one algorithm per shape class (transposes, n, k, leading dimensions,
+// strides, batch, dtypes), the heuristic's choice at 64 rows with split-K off, checked to run
+// at 1 and max_rows rows, and used for every row count: a row's result then does not depend on
+// how many rows the call has (cublasGemmEx picks another algorithm from 9-128 rows on:
+// bench/gemm_invariance, docs/PERF.md).
 // Host header (no CUDA code). Thread-safety: one thread per handle.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -31,6 +39,12 @@ struct GemmParams {
 };
 // handle: cublasHandle_t (its stream is where the GEMM runs).
 absl::Status GemmBf16(void* cublas_handle, const GemmParams& p);
+
+// Turns the batch-invariant mode on for a handle (workspace: device memory the handle's
+// GEMMs may use, max_rows: the largest m they get). Disable before destroying the handle.
+absl::Status EnableFixedGemmAlgorithms(void* cublas_handle, void* workspace, size_t bytes,
+                                       int64_t max_rows);
+void DisableFixedGemmAlgorithms(void* cublas_handle);
 // GemmBf16 on packed operands (ldx = ldw = k, ldy = n).
 absl::Status GemmBf16Packed(void* cublas_handle, int64_t m, const bf16_bits* x, int64_t k,
                             const bf16_bits* w, int64_t n, void* y, DType y_dtype = DType::kFloat32,

@@ -210,7 +210,7 @@ absl::Status RunMoeMlp(const MoeMlpArgs& a) {
     return absl::OkStatus();
   }
   mark(MoePhase::kRoute);
-  if (s.rows <= kMoeRouterKernelMaxRows) {
+  if (s.rows <= kMoeRouterKernelMaxRows || a.batch_invariant) {
     MoeRouterLogitsParams p;
     p.rows = static_cast<int>(s.rows);
     p.num_experts = s.num_experts;

@@ -118,6 +118,9 @@ struct MoeMlpArgs {
   std::function<absl::Status()> host_sync;
   // Optional: called as each phase starts (and with kDone at the end), on the host, in order.
   std::function<void(MoePhase)> mark;
+  // The router kernel at every row count (not cuBLAS beyond kMoeRouterKernelMaxRows): a row's
+  // logits then do not depend on the number of rows.
+  bool batch_invariant = false;
 };
 
 // Enqueues the whole MLP on args.stream (kBf16PerExpert also waits once, in host_sync).
