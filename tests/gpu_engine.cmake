@@ -22,6 +22,9 @@ if(VERIFYD_WITH_CUDA)
   verifyd_add_test(gpu_sampling_test LABEL gpu
     SOURCES gpu_sampling_test.cc
     LIBS verifyd_tp_cuda verifyd_tp verifyd_kernels_ref)
+  verifyd_add_test(gpu_batch_invariance_test LABEL gpu TIMEOUT 900
+    SOURCES gpu_batch_invariance_test.cc
+    LIBS verifyd_tp_cuda verifyd_tp)
   verifyd_add_test(gpu_loopback_test LABEL gpu
     SOURCES gpu_loopback_test.cc
     LIBS verifyd_tp_cuda CUDA::cudart)

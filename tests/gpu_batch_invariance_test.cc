@@ -1,0 +1,120 @@
+// The CUDA engine's batch-invariant mode (EngineOptions::cuda.batch_invariant): a request's
+// logits must be bit-identical whether it runs alone, next to other random requests (random
+// contexts over a random-filled KV pool, random trees) or with its own tree grown, at TP 1 and
+// at loopback TP 2, on the kimi-k2-attn preset (the verify kernel's dimensions; 2 layers, plus
+// the tiny-moe preset for the MoE path). A control runs the default mode on the same probe and
+// expects at least one changed bit: the comparison can see a difference.
+// Label gpu; skipped with a message when no CUDA device is visible.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/gpu_test_util.h"
+#include "tp/cuda/cuda_engine.h"
+
+namespace verifyd::tp {
+namespace {
+
+constexpr int64_t kContext = 4096;
+constexpr int kMaxOthers = 7;
+constexpr int kMaxNodes = 64;
+
+std::unique_ptr<CudaEngine> MakeEngine(const std::string& model, int tp, bool invariant) {
+  EngineOptions o;
+  o.model = model;
+  o.preset_layers = 2;
+  o.tp = tp;
+  if (tp > 1) o.cuda.devices.assign(tp, 0);  // loopback: every rank on device 0
+  o.limits.max_batch = kMaxOthers + 1;
+  o.limits.max_tail_rows = kMaxNodes + 1;
+  o.kv_slots = kContext + (kMaxOthers + 1) * (kMaxNodes + 1) + 64;
+  o.cuda.batch_invariant = invariant;
+  auto e = CudaEngine::Create(o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  if (!e.ok()) return nullptr;
+  EXPECT_TRUE((*e)->FillLatentCacheRandom(5).ok());
+  return std::move(*e);
+}
+
+// Rows of the probe (the first request of each step) whose logits differ in any bit from the
+// probe alone, over: 1, 3 and 7 other requests, and the probe's tree grown to 16 and 64 nodes.
+int64_t ChangedProbeRows(CudaEngine& e) {
+  const int64_t V = e.config().vocab_size;
+  // The context the preset allows next to the largest tree (tiny-moe's is short).
+  const int64_t ctx =
+      std::min<int64_t>(kContext, e.config().max_position_embeddings - kMaxNodes - 2);
+  std::mt19937 rng(3);
+  auto tree = [&](int64_t nodes, int64_t ctx, int64_t slot0, StepRequest* q) {
+    for (int64_t t = 0; t <= nodes; ++t) {
+      q->tokens.push_back(static_cast<int32_t>(rng() % V));
+      q->parents.push_back(t == 0 ? -1 : static_cast<int32_t>(rng() % t));
+      q->tail_slots.push_back(static_cast<int32_t>(slot0 + t));
+    }
+    for (int64_t i = 0; i < ctx; ++i) q->context_slots.push_back(static_cast<int32_t>(i));
+    q->accept = false;
+  };
+  StepRequest probe;
+  tree(8, ctx, kContext, &probe);
+  const int64_t n = static_cast<int64_t>(probe.tokens.size());
+  std::vector<float> alone;
+  auto ra = e.StepWithLogits({probe}, &alone);
+  EXPECT_TRUE(ra.ok()) << ra.status();
+  if (!ra.ok()) return -1;
+  int64_t changed = 0;
+  auto compare = [&](const std::vector<float>& got) {
+    for (int64_t r = 0; r < n; ++r) {
+      changed += std::memcmp(alone.data() + r * V, got.data() + r * V, V * sizeof(float)) != 0;
+    }
+  };
+  for (int others : {1, 3, kMaxOthers}) {
+    std::vector<StepRequest> batch = {probe};
+    for (int b = 0; b < others; ++b) {
+      StepRequest q;
+      tree(static_cast<int64_t>(rng() % (kMaxNodes + 1)), 1 + rng() % ctx,
+           kContext + (b + 1) * (kMaxNodes + 1), &q);
+      batch.push_back(q);
+    }
+    std::vector<float> lg;
+    auto r = e.StepWithLogits(batch, &lg);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (r.ok()) compare(lg);
+  }
+  for (int64_t g : {16, kMaxNodes}) {
+    StepRequest big = probe;
+    for (int64_t t = n; t <= g; ++t) {
+      big.tokens.push_back(static_cast<int32_t>(rng() % V));
+      big.parents.push_back(static_cast<int32_t>(rng() % t));
+      big.tail_slots.push_back(static_cast<int32_t>(kContext + t));
+    }
+    std::vector<float> lg;
+    auto r = e.StepWithLogits({big}, &lg);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (r.ok()) compare(lg);
+  }
+  return changed;
+}
+
+TEST(GpuBatchInvariance, ProbeRowsAreBitIdenticalInEveryStep) {
+  SKIP_WITHOUT_GPU();
+  for (const std::string model : {"kimi-k2-attn", "tiny-moe"}) {
+    for (const int tp : {1, 2}) {
+      std::unique_ptr<CudaEngine> e = MakeEngine(model, tp, /*invariant=*/true);
+      ASSERT_NE(e, nullptr);
+      EXPECT_EQ(ChangedProbeRows(*e), 0) << model << " tp " << tp;
+    }
+  }
+}
+
+TEST(GpuBatchInvariance, DefaultModeChangesBitsSoTheProbeCanSeeThem) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<CudaEngine> e = MakeEngine("kimi-k2-attn", 1, /*invariant=*/false);
+  ASSERT_NE(e, nullptr);
+  EXPECT_GT(ChangedProbeRows(*e), 0);
+}
+
+}  // namespace
+}  // namespace verifyd::tp
