@@ -24,6 +24,7 @@
 #include "tp/cpu/cpu_engine.h"
 #include "tp/cuda/cuda_engine.h"
 #include "tp/presets.h"
+#include "tests/step_request_util.h"
 
 namespace verifyd::tp {
 namespace {
@@ -53,16 +54,6 @@ std::unique_ptr<CpuEngine> MakeCpu(int tp = 1) {
   return e.ok() ? std::move(*e) : nullptr;
 }
 
-StepRequest Chain(const std::vector<int32_t>& prompt, int32_t first) {
-  StepRequest q;
-  q.tokens = prompt;
-  for (size_t t = 0; t < prompt.size(); ++t) {
-    q.parents.push_back(static_cast<int32_t>(t) - 1);
-    q.tail_slots.push_back(first + static_cast<int32_t>(t));
-  }
-  q.accept = false;
-  return q;
-}
 
 // A verify tree on top of a prefilled context [0, ctx): rows [pending, nodes...].
 StepRequest Tree(int32_t ctx, int32_t first_slot) {
@@ -89,7 +80,7 @@ void RunDrawsMatchReference(int tp) {
   ASSERT_NE(g, nullptr);
   const int64_t V = g->config().vocab_size;
   const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8};
-  ASSERT_TRUE(g->Step({Chain(prompt, 0)}).ok());
+  ASSERT_TRUE(g->Step({test_util::PrefillChain(prompt, 0)}).ok());
   struct Case {
     float t;
     int k;
@@ -149,7 +140,7 @@ void RunAgainstCpu(int tp) {
   ASSERT_NE(g, nullptr);
   ASSERT_NE(c, nullptr);
   const std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
-  StepRequest pre = Chain(prompt, 0);
+  StepRequest pre = test_util::PrefillChain(prompt, 0);
   pre.hidden_layers = {1, 0};
   pre.top_logprobs = 5;
   auto gp = g->Step({pre});
@@ -204,7 +195,7 @@ TEST(GpuSampling, SeededSpeculativeEqualsSeededPlain) {
   std::vector<int32_t> plain;
   {
     std::vector<int32_t> seq = prompt;
-    StepRequest q = Chain(prompt, 0);
+    StepRequest q = test_util::PrefillChain(prompt, 0);
     q.sampling = sp;
     auto r = g->Step({q});
     ASSERT_TRUE(r.ok()) << r.status();
@@ -232,7 +223,7 @@ TEST(GpuSampling, SeededSpeculativeEqualsSeededPlain) {
     free_slots.pop_back();
     return s;
   };
-  StepRequest q = Chain(prompt, 0);
+  StepRequest q = test_util::PrefillChain(prompt, 0);
   for (auto& s : q.tail_slots) s = take();
   q.sampling = sp;
   auto r = g->Step({q});

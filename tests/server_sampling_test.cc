@@ -12,6 +12,7 @@
 #include "server/server.h"
 #include "server/testing/test_server.h"
 #include "tp/cpu/cpu_engine.h"
+#include "tests/step_request_util.h"
 
 namespace verifyd::server {
 namespace {
@@ -135,13 +136,7 @@ TEST(ServerSampling, InvalidOptionsNameTheField) {
 // The engine's own prefill of `prompt` with the given hidden layers (float32 rows).
 std::vector<float> EngineHidden(tp::CpuEngine& e, const std::vector<int32_t>& prompt,
                                 const std::vector<int32_t>& layers, int32_t first_slot) {
-  tp::StepRequest q;
-  q.tokens = prompt;
-  for (size_t t = 0; t < prompt.size(); ++t) {
-    q.parents.push_back(static_cast<int32_t>(t) - 1);
-    q.tail_slots.push_back(first_slot + static_cast<int32_t>(t));
-  }
-  q.accept = false;
+  tp::StepRequest q = test_util::PrefillChain(prompt, first_slot);
   q.hidden_layers = layers;
   auto r = e.Step({q});
   EXPECT_TRUE(r.ok()) << r.status();

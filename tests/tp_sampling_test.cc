@@ -17,6 +17,7 @@
 #include "tp/cpu/cpu_engine.h"
 #include "tp/presets.h"
 #include "tp/weights.h"
+#include "tests/step_request_util.h"
 
 namespace verifyd::tp {
 namespace {
@@ -35,17 +36,6 @@ std::unique_ptr<CpuEngine> MakeEngine(int tp = 1, int64_t layers = 0) {
   return e.ok() ? std::move(*e) : nullptr;
 }
 
-// A prefill chain of `prompt` on slots [first, first + n).
-StepRequest Chain(const std::vector<int32_t>& prompt, int32_t first) {
-  StepRequest q;
-  q.tokens = prompt;
-  for (size_t t = 0; t < prompt.size(); ++t) {
-    q.parents.push_back(static_cast<int32_t>(t) - 1);
-    q.tail_slots.push_back(first + static_cast<int32_t>(t));
-  }
-  q.accept = false;
-  return q;
-}
 
 // The target distribution, computed here independently of the sampler (sort-based): softmax
 // of logits / T over the top_k best (ties kept), then the smallest most-probable prefix whose
@@ -107,7 +97,7 @@ TEST(Sampling, DrawsFollowTheFilteredTargetDistribution) {
   const int V = static_cast<int>(e->config().vocab_size);
   const std::vector<int32_t> prompt = {17};
   std::vector<float> logits;
-  ASSERT_TRUE(e->StepWithLogits({Chain(prompt, 0)}, &logits).ok());
+  ASSERT_TRUE(e->StepWithLogits({test_util::PrefillChain(prompt, 0)}, &logits).ok());
   ASSERT_EQ(static_cast<int>(logits.size()), V);
 
   const Case cases[] = {{1.0f, 0, 1.0f}, {0.7f, 8, 1.0f}, {1.5f, 0, 0.8f}, {1.0f, 40, 0.9f}};
@@ -122,7 +112,7 @@ TEST(Sampling, DrawsFollowTheFilteredTargetDistribution) {
     for (int done = 0; done < kDraws; done += kBatch) {
       std::vector<StepRequest> batch;
       for (int b = 0; b < kBatch; ++b) {
-        StepRequest q = Chain(prompt, b);
+        StepRequest q = test_util::PrefillChain(prompt, b);
         q.sampling.temperature = c.temperature;
         q.sampling.top_k = c.top_k;
         q.sampling.top_p = c.top_p;
@@ -170,12 +160,12 @@ TEST(Sampling, DrawDependsOnlyOnSeedAndPosition) {
   for (uint64_t seed = 0; seed < 16; ++seed) {
     std::vector<int32_t> got;
     for (int rep = 0; rep < 2; ++rep) {
-      StepRequest q = Chain({3, 4, 5}, rep * 8);
+      StepRequest q = test_util::PrefillChain({3, 4, 5}, rep * 8);
       q.sampling.temperature = 1.0f;
       q.sampling.seed = seed;
       // Another request in the batch does not change the draw (batch-invariant).
       std::vector<StepRequest> batch = {q};
-      if (rep == 1) batch.insert(batch.begin(), Chain({9, 9}, 40));
+      if (rep == 1) batch.insert(batch.begin(), test_util::PrefillChain({9, 9}, 40));
       auto r = e->Step(batch);
       ASSERT_TRUE(r.ok()) << r.status();
       got.push_back(r->back().predictions.back());
@@ -201,7 +191,7 @@ TEST(Sampling, LogprobsEqualDirectComputation) {
     auto e = MakeEngine(2);
     ASSERT_NE(e, nullptr);
     const int V = static_cast<int>(e->config().vocab_size);
-    ASSERT_TRUE(e->Step({Chain({1, 2, 3, 4}, 0)}).ok());
+    ASSERT_TRUE(e->Step({test_util::PrefillChain({1, 2, 3, 4}, 0)}).ok());
     StepRequest q;
     q.context_slots = {0, 1, 2, 3};
     q.tokens = {7, 8, 9, 10};
@@ -254,10 +244,10 @@ TEST(Sampling, HiddenStatesAreTheResidualStreamAfterEachLayer) {
   absl::StatusOr<ModelWeights> w = GenerateRandomWeights(c, kSeed);
   ASSERT_TRUE(w.ok()) << w.status();
   const std::vector<int32_t> prompt = {5, 9, 11, 300, 42};
-  StepRequest q = Chain(prompt, 0);
+  StepRequest q = test_util::PrefillChain(prompt, 0);
   q.hidden_layers = {1, 0};
   std::vector<float> logits_plain;
-  auto plain = full->StepWithLogits({Chain(prompt, 100)}, &logits_plain);
+  auto plain = full->StepWithLogits({test_util::PrefillChain(prompt, 100)}, &logits_plain);
   ASSERT_TRUE(plain.ok()) << plain.status();
   auto r1 = full->Step({q});
   ASSERT_TRUE(r1.ok()) << r1.status();
@@ -285,7 +275,7 @@ TEST(Sampling, HiddenStatesAreTheResidualStreamAfterEachLayer) {
     auto truncated = MakeEngine(1, layer + 1);
     ASSERT_NE(truncated, nullptr);
     std::vector<float> expect;
-    ASSERT_TRUE(truncated->StepWithLogits({Chain(prompt, 0)}, &expect).ok());
+    ASSERT_TRUE(truncated->StepWithLogits({test_util::PrefillChain(prompt, 0)}, &expect).ok());
     const int64_t n = static_cast<int64_t>(prompt.size());
     std::vector<float> rows(n * H), normed(n * H), got(n * V);
     for (int64_t t = 0; t < n; ++t) {
@@ -308,15 +298,15 @@ TEST(Sampling, HiddenStatesAreTheResidualStreamAfterEachLayer) {
 TEST(Sampling, GreedyRowsAreTheArgmax) {
   auto e = MakeEngine();
   ASSERT_NE(e, nullptr);
-  StepRequest greedy = Chain({1, 2, 3}, 0);
+  StepRequest greedy = test_util::PrefillChain({1, 2, 3}, 0);
   auto base = e->Step({greedy});
   ASSERT_TRUE(base.ok());
-  StepRequest g2 = Chain({1, 2, 3}, 10);
+  StepRequest g2 = test_util::PrefillChain({1, 2, 3}, 10);
   g2.sampling.top_k = 1;
   g2.sampling.top_p = 0.1f;
   g2.sampling.seed = 99;
   g2.sampling.temperature = kernels::kMinSamplingTemperature / 2;
-  StepRequest hot = Chain({1, 2, 3}, 20);
+  StepRequest hot = test_util::PrefillChain({1, 2, 3}, 20);
   hot.sampling.temperature = 5.0f;
   auto r = e->Step({g2, hot});
   ASSERT_TRUE(r.ok()) << r.status();
@@ -332,21 +322,21 @@ TEST(Sampling, InvalidParamsNameTheField) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(r.status().message().find(field), std::string::npos) << r.status();
   };
-  StepRequest q = Chain({1, 2}, 0);
+  StepRequest q = test_util::PrefillChain({1, 2}, 0);
   q.sampling.temperature = -1;
   expect_bad(q, "batch[0].sampling.temperature");
   q.sampling.temperature = std::nanf("");
   expect_bad(q, "batch[0].sampling.temperature");
-  q = Chain({1, 2}, 0);
+  q = test_util::PrefillChain({1, 2}, 0);
   q.sampling.top_p = 0;
   expect_bad(q, "batch[0].sampling.top_p");
-  q = Chain({1, 2}, 0);
+  q = test_util::PrefillChain({1, 2}, 0);
   q.sampling.top_k = -2;
   expect_bad(q, "batch[0].sampling.top_k");
-  q = Chain({1, 2}, 0);
+  q = test_util::PrefillChain({1, 2}, 0);
   q.top_logprobs = 21;
   expect_bad(q, "batch[0].top_logprobs");
-  q = Chain({1, 2}, 0);
+  q = test_util::PrefillChain({1, 2}, 0);
   q.hidden_layers = {0, 2};
   expect_bad(q, "batch[0].hidden_layers[1]");
   q.hidden_layers = {1, 1};

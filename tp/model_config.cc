@@ -491,12 +491,22 @@ namespace verifyd::tp {
 
 float AttentionSoftmaxScale(const ModelConfig& c) {
   if (c.rope_scaling.type == "yarn" && c.rope_scaling.mscale_all_dim != 0) {
-    kernels::ref::YarnParams p;
-    p.factor = c.rope_scaling.factor;
-    p.mscale_all_dim = c.rope_scaling.mscale_all_dim;
-    return static_cast<float>(kernels::ref::YarnSoftmaxScale(p, c.qk_head_dim()));
+    return static_cast<float>(kernels::ref::YarnSoftmaxScale(YarnParamsOf(c), c.qk_head_dim()));
   }
   return 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
+}
+
+kernels::ref::YarnParams YarnParamsOf(const ModelConfig& c) {
+  kernels::ref::YarnParams p;
+  p.rope_dim = c.qk_rope_head_dim;
+  p.theta = c.rope_theta;
+  p.factor = c.rope_scaling.factor;
+  p.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
+  p.beta_fast = c.rope_scaling.beta_fast;
+  p.beta_slow = c.rope_scaling.beta_slow;
+  p.mscale = c.rope_scaling.mscale;
+  p.mscale_all_dim = c.rope_scaling.mscale_all_dim;
+  return p;
 }
 
 }  // namespace verifyd::tp

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "kernels/reference/yarn.h"
 
 namespace verifyd::tp {
 
@@ -92,5 +93,9 @@ absl::Status ValidateModelConfig(const ModelConfig& c);
 // engines' value, unchanged); under YaRN with mscale_all_dim != 0 DeepSeek-V3's corrected
 // qk_head_dim^-0.5 * get_mscale(factor, mscale_all_dim)^2 (double, rounded to float).
 float AttentionSoftmaxScale(const ModelConfig& c);
+
+// The YaRN parameters of a config with rope_scaling (kernels/reference/yarn.h), for both
+// engines' RoPE tables.
+kernels::ref::YarnParams YarnParamsOf(const ModelConfig& c);
 
 }  // namespace verifyd::tp

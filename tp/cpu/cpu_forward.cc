@@ -51,19 +51,6 @@ absl::StatusOr<std::vector<float>> Cols(const WeightSource& src, const std::stri
 
 }  // namespace
 
-kernels::ref::YarnParams YarnParamsOf(const ModelConfig& c) {
-  kernels::ref::YarnParams p;
-  p.rope_dim = c.qk_rope_head_dim;
-  p.theta = c.rope_theta;
-  p.factor = c.rope_scaling.factor;
-  p.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
-  p.beta_fast = c.rope_scaling.beta_fast;
-  p.beta_slow = c.rope_scaling.beta_slow;
-  p.mscale = c.rope_scaling.mscale;
-  p.mscale_all_dim = c.rope_scaling.mscale_all_dim;
-  return p;
-}
-
 absl::StatusOr<RankWeights> ShardWeights(const WeightSource& src, int world, int rank) {
   const ModelConfig& c = src.config();
   VERIFYD_RETURN_IF_ERROR(ValidateTpSize(c, world));

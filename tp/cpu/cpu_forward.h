@@ -72,8 +72,6 @@ struct RankWeights {
   std::vector<float> lm_head;     // [V_l, hidden]: the rank's vocab rows
 };
 
-// The YaRN parameters of a config with rope_scaling (kernels/reference/yarn.h).
-kernels::ref::YarnParams YarnParamsOf(const ModelConfig& c);
 
 // Reads rank `rank`'s shard (heads must divide by world) through the source with ReadBlock,
 // block by block: the local heads' rows of q_b / q_proj and of kv_b (head by head), the local

@@ -322,20 +322,6 @@ ExpertPath ChooseExpertPath(const RankSetup& setup, const CudaRankContext& rk) {
   return ExpertPath::kBf16PerExpert;
 }
 
-// YaRN parameters of a config (kernels/reference/yarn.h).
-kernels::ref::YarnParams YarnOf(const ModelConfig& c) {
-  kernels::ref::YarnParams p;
-  p.rope_dim = c.qk_rope_head_dim;
-  p.theta = c.rope_theta;
-  p.factor = c.rope_scaling.factor;
-  p.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
-  p.beta_fast = c.rope_scaling.beta_fast;
-  p.beta_slow = c.rope_scaling.beta_slow;
-  p.mscale = c.rope_scaling.mscale;
-  p.mscale_all_dim = c.rope_scaling.mscale_all_dim;
-  return p;
-}
-
 }  // namespace
 
 absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
@@ -490,7 +476,7 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
     // Plain RoPE: RopeInvFreq (factor 1); YaRN: the reference's table and cos / sin factor.
     std::vector<float> inv;
     if (c.rope_scaling.type == "yarn") {
-      const kernels::ref::YarnParams y = YarnOf(c);
+      const kernels::ref::YarnParams y = YarnParamsOf(c);
       inv = kernels::ref::YarnInvFreq(y);
       rk.rope_attention_factor = static_cast<float>(kernels::ref::YarnAttentionFactor(y));
     } else {

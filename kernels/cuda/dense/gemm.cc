@@ -5,6 +5,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,12 +33,14 @@ struct FixedAlgos {
 };
 
 std::mutex g_fixed_mu;
+std::atomic<int> g_fixed_handles{0};  // handles in the registry: 0 keeps GEMMs lock-free
 std::unordered_map<void*, std::unique_ptr<FixedAlgos>>& FixedRegistry() {
   static auto* r = new std::unordered_map<void*, std::unique_ptr<FixedAlgos>>();
   return *r;
 }
 
 FixedAlgos* FixedFor(void* handle) {
+  if (g_fixed_handles.load(std::memory_order_acquire) == 0) return nullptr;
   std::lock_guard<std::mutex> lock(g_fixed_mu);
   auto& r = FixedRegistry();
   auto it = r.find(handle);
@@ -62,6 +65,22 @@ struct LtGemm {
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   float alpha = 1.f, beta = 0.f;
 };
+
+// The packed row-major y[m, n] = x[m, k] . w[n, k]^T of GemmBf16 / GemmF32 as an LtGemm.
+LtGemm DenseLt(int64_t m, int64_t n, int64_t k, const void* w, int64_t ldw, const void* x,
+               int64_t ldx, void* y, int64_t ldy) {
+  LtGemm g;
+  g.n = n;
+  g.m = m;
+  g.k = k;
+  g.a = w;
+  g.lda = ldw;
+  g.b = x;
+  g.ldb = ldx;
+  g.c = y;
+  g.ldc = ldy;
+  return g;
+}
 
 struct LtDescs {
   cublasLtMatmulDesc_t op = nullptr;
@@ -187,7 +206,9 @@ absl::Status EnableFixedGemmAlgorithms(void* cublas_handle, void* workspace, siz
   f->workspace_bytes = bytes;
   f->max_rows = max_rows;
   std::lock_guard<std::mutex> lock(g_fixed_mu);
-  FixedRegistry()[cublas_handle] = std::move(f);
+  auto& slot = FixedRegistry()[cublas_handle];
+  if (slot == nullptr) g_fixed_handles.fetch_add(1, std::memory_order_acq_rel);
+  slot = std::move(f);
   return absl::OkStatus();
 }
 
@@ -200,6 +221,7 @@ void DisableFixedGemmAlgorithms(void* cublas_handle) {
     if (it == r.end()) return;
     f = std::move(it->second);
     r.erase(it);
+    g_fixed_handles.fetch_sub(1, std::memory_order_acq_rel);
   }
   if (f->lt != nullptr) cublasLtDestroy(f->lt);
 }
@@ -218,17 +240,8 @@ absl::Status GemmBf16(void* cublas_handle, const GemmParams& p) {
   }
   const cudaDataType_t yt = p.y_dtype == DType::kFloat32 ? CUDA_R_32F : CUDA_R_16BF;
   if (FixedAlgos* f = FixedFor(cublas_handle)) {
-    LtGemm g;
-    g.n = p.n;
-    g.m = p.m;
-    g.k = p.k;
-    g.a = p.w;
-    g.lda = p.ldw;
-    g.b = p.x;
-    g.ldb = p.ldx;
-    g.c = p.y;
+    LtGemm g = DenseLt(p.m, p.n, p.k, p.w, p.ldw, p.x, p.ldx, p.y, p.ldy);
     g.c_type = yt;
-    g.ldc = p.ldy;
     g.alpha = p.alpha;
     g.beta = p.beta;
     return RunFixed(*f, cublas_handle, g);
@@ -313,17 +326,8 @@ absl::Status GemmF32(void* cublas_handle, const GemmF32Params& p) {
   }
   const float alpha = 1.f, beta = 0.f;
   if (FixedAlgos* f = FixedFor(cublas_handle)) {
-    LtGemm g;
-    g.n = p.n;
-    g.m = p.m;
-    g.k = p.k;
-    g.a = p.w;
+    LtGemm g = DenseLt(p.m, p.n, p.k, p.w, p.ldw, p.x, p.ldx, p.y, p.ldy);
     g.a_type = CUDA_R_32F;
-    g.lda = p.ldw;
-    g.b = p.x;
-    g.ldb = p.ldx;
-    g.c = p.y;
-    g.ldc = p.ldy;
     g.compute = CUBLAS_COMPUTE_32F_PEDANTIC;
     return RunFixed(*f, cublas_handle, g);
   }

@@ -58,6 +58,52 @@ int LocalExperts(const MoeMlpShape& s) {
   return s.local_experts < 0 ? s.num_experts : s.local_experts;
 }
 
+// The local experts' pairs [*begin, *end) of the permutation (device pointers into the
+// offsets), or nulls when this GPU holds every expert.
+struct LocalPairs {
+  const int32_t* begin = nullptr;
+  const int32_t* end = nullptr;
+};
+LocalPairs LocalPairRows(const MoeMlpArgs& a) {
+  const MoeMlpShape& s = a.shape;
+  if (LocalExperts(s) >= s.num_experts) return {};
+  const int32_t* first = a.buffers.offsets + s.expert_begin;
+  return {first, first + LocalExperts(s)};
+}
+
+// The experts' inputs: xn's rows through the permutation, bf16 into x or (fp8) quantized into
+// xq / xq_scale, for the local experts' pairs only.
+absl::Status GatherExpertInputs(const MoeMlpArgs& a, bool fp8) {
+  const MoeMlpBuffers& b = a.buffers;
+  const LocalPairs rows = LocalPairRows(a);
+  const int64_t P = a.shape.rows * a.shape.top_k, H = a.shape.hidden;
+  if (fp8) {
+    MoeGatherQuantFp8Params g;
+    g.n = P;
+    g.cols = H;
+    g.x = a.xn;
+    g.ldx = H;
+    g.perm_rows = b.perm_rows;
+    g.out = b.xq;
+    g.out_scale = b.xq_scale;
+    g.row_begin = rows.begin;
+    g.row_end = rows.end;
+    g.stream = a.stream;
+    return MoeGatherQuantFp8Cuda(g);
+  }
+  MoeGatherParams g;
+  g.n = P;
+  g.cols = H;
+  g.x = a.xn;
+  g.ldx = H;
+  g.perm_rows = b.perm_rows;
+  g.out = b.x;
+  g.row_begin = rows.begin;
+  g.row_end = rows.end;
+  g.stream = a.stream;
+  return MoeGatherCuda(g);
+}
+
 // gate_up / SwiGLU / down over the local experts' permuted pairs with one grouped GEMM per
 // projection; the inputs gathered (and quantized) first.
 absl::Status GroupedExperts(const MoeMlpArgs& a, const std::function<void(MoePhase)>& mark) {
@@ -67,39 +113,12 @@ absl::Status GroupedExperts(const MoeMlpArgs& a, const std::function<void(MoePha
   const int64_t P = s.rows * s.top_k;
   const bool fp8 = a.path == ExpertPath::kFp8Grouped;
   // The local experts' offsets (absolute pair indices) and their rows.
-  const bool ep = s.local_experts >= 0 && s.local_experts < s.num_experts;
   const int32_t* offsets = b.offsets + s.expert_begin;
-  const int32_t* row_begin = ep ? offsets : nullptr;
-  const int32_t* row_end = ep ? offsets + LocalExperts(s) : nullptr;
+  const LocalPairs rows = LocalPairRows(a);
   if (b.gemm_gate_up == nullptr || b.gemm_down == nullptr) {
     return absl::InvalidArgumentError("moe mlp: the grouped paths need both grouped GEMMs");
   }
-  if (fp8) {
-    MoeGatherQuantFp8Params g;
-    g.n = P;
-    g.cols = s.hidden;
-    g.x = a.xn;
-    g.ldx = s.hidden;
-    g.perm_rows = b.perm_rows;
-    g.out = b.xq;
-    g.out_scale = b.xq_scale;
-    g.row_begin = row_begin;
-    g.row_end = row_end;
-    g.stream = a.stream;
-    VERIFYD_RETURN_IF_ERROR(MoeGatherQuantFp8Cuda(g));
-  } else {
-    MoeGatherParams g;
-    g.n = P;
-    g.cols = s.hidden;
-    g.x = a.xn;
-    g.ldx = s.hidden;
-    g.perm_rows = b.perm_rows;
-    g.out = b.x;
-    g.row_begin = row_begin;
-    g.row_end = row_end;
-    g.stream = a.stream;
-    VERIFYD_RETURN_IF_ERROR(MoeGatherCuda(g));
-  }
+  VERIFYD_RETURN_IF_ERROR(GatherExpertInputs(a, fp8));
   mark(MoePhase::kGateUp);
   GroupedGemmArgs gu;
   gu.offsets = offsets;
@@ -120,12 +139,12 @@ absl::Status GroupedExperts(const MoeMlpArgs& a, const std::function<void(MoePha
     q.up_offset = s.inter;
     q.out = b.actq;
     q.out_scale = b.actq_scale;
-    q.row_begin = row_begin;
-    q.row_end = row_end;
+    q.row_begin = rows.begin;
+    q.row_end = rows.end;
     q.stream = a.stream;
     VERIFYD_RETURN_IF_ERROR(SwiGluQuantFp8Cuda(q));
   } else {
-    VERIFYD_RETURN_IF_ERROR(SwiGlu(P, s.inter, b.gate_up, b.act, a.stream, row_begin, row_end));
+    VERIFYD_RETURN_IF_ERROR(SwiGlu(P, s.inter, b.gate_up, b.act, a.stream, rows.begin, rows.end));
   }
   mark(MoePhase::kDown);
   GroupedGemmArgs dn;
@@ -152,19 +171,7 @@ absl::Status PerExpert(const MoeMlpArgs& a, const std::function<void(MoePhase)>&
         "moe mlp: the per-expert path needs host_sync and "
         "offsets_host");
   }
-  MoeGatherParams g;
-  g.n = P;
-  g.cols = H;
-  g.x = a.xn;
-  g.ldx = H;
-  g.perm_rows = b.perm_rows;
-  g.out = b.x;
-  if (El < E) {
-    g.row_begin = b.offsets + e0;
-    g.row_end = b.offsets + e0 + El;
-  }
-  g.stream = a.stream;
-  VERIFYD_RETURN_IF_ERROR(MoeGatherCuda(g));
+  VERIFYD_RETURN_IF_ERROR(GatherExpertInputs(a, /*fp8=*/false));
   mark(MoePhase::kGateUp);
   VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.offsets_host, b.offsets, (E + 1) * sizeof(int32_t),
                                                cudaMemcpyDeviceToHost,

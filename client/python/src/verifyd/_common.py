@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import time
 import uuid
 from typing import (
     Any,
@@ -105,6 +106,43 @@ class RetryPolicy:
 
 NO_RETRY = RetryPolicy(max_attempts=1)
 """A policy that sends each call once."""
+
+
+class RetryLoop:
+    """The bookkeeping of one call's attempts under a policy, shared by the sync and asyncio
+    clients (they only differ in how they wait): each attempt's deadline, and after a failure
+    whether to retry and how long to pause first."""
+
+    def __init__(self, policy: RetryPolicy, per_call_timeout: Optional[float], rng: random.Random):
+        self.policy = policy
+        self.per_call = per_call_timeout
+        self.rng = rng
+        self.start = time.monotonic()
+        self.attempt = 0
+
+    def next_attempt_timeout(self) -> Optional[float]:
+        """Starts an attempt; its deadline in seconds (None: the per-call timeout, unbounded)."""
+        self.attempt += 1
+        if self.policy.total_timeout_s is None:
+            return self.per_call
+        left = self.policy.total_timeout_s - (time.monotonic() - self.start)
+        timeout = left if self.per_call is None else min(self.per_call, left)
+        return max(timeout, 0.001)
+
+    def pause_before_retry(self, code: grpc.StatusCode) -> Optional[float]:
+        """After a failed attempt with ``code``: the pause before the next one, or None when
+        the call must fail now (attempts or time used up, or a code that is not retried)."""
+        delay = self.policy.backoff_s(self.attempt, self.rng)
+        out_of_time = self.policy.total_timeout_s is not None and (
+            time.monotonic() - self.start + delay >= self.policy.total_timeout_s
+        )
+        if (
+            self.attempt >= self.policy.max_attempts
+            or code not in self.policy.retryable_codes
+            or out_of_time
+        ):
+            return None
+        return delay
 
 
 @dataclasses.dataclass(frozen=True)

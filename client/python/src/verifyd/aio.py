@@ -118,17 +118,13 @@ class AsyncClient:
         retry: Optional[RetryPolicy],
         on_retry_not_found: Optional[Callable[[], R]] = None,
     ) -> R:
-        policy = retry if retry is not None else c.NO_RETRY
-        per_call = self.timeout if timeout is None else timeout
-        start = time.monotonic()
-        attempt = 0
+        loop = c.RetryLoop(
+            retry if retry is not None else c.NO_RETRY,
+            self.timeout if timeout is None else timeout,
+            self._rng,
+        )
         while True:
-            attempt += 1
-            attempt_timeout = per_call
-            if policy.total_timeout_s is not None:
-                left = policy.total_timeout_s - (time.monotonic() - start)
-                attempt_timeout = left if per_call is None else min(per_call, left)
-                attempt_timeout = max(attempt_timeout, 0.001)
+            attempt_timeout = loop.next_attempt_timeout()
             try:
                 return await fn(
                     request,
@@ -139,23 +135,16 @@ class AsyncClient:
             except grpc.RpcError as e:
                 code, details = e.code(), e.details() or ""
                 if (
-                    attempt > 1
+                    loop.attempt > 1
                     and on_retry_not_found is not None
                     and code == grpc.StatusCode.NOT_FOUND
                 ):
                     return on_retry_not_found()
-                delay = policy.backoff_s(attempt, self._rng)
-                out_of_time = policy.total_timeout_s is not None and (
-                    time.monotonic() - start + delay >= policy.total_timeout_s
-                )
-                if (
-                    attempt >= policy.max_attempts
-                    or code not in policy.retryable_codes
-                    or out_of_time
-                ):
-                    raise from_rpc_error(e, method=name, attempts=attempt) from e
+                delay = loop.pause_before_retry(code)
+                if delay is None:
+                    raise from_rpc_error(e, method=name, attempts=loop.attempt) from e
                 if self.on_retry is not None:
-                    self.on_retry(RetryEvent(name, attempt, code, details, delay))
+                    self.on_retry(RetryEvent(name, loop.attempt, code, details, delay))
                 await asyncio.sleep(delay)
 
     def _retry_for(self, safe: bool, retry: Optional[RetryPolicy]) -> RetryPolicy:
