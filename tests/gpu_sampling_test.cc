@@ -21,10 +21,10 @@
 #include "gtest/gtest.h"
 #include "kernels/reference/sampling_ref.h"
 #include "tests/gpu_test_util.h"
+#include "tests/step_request_util.h"
 #include "tp/cpu/cpu_engine.h"
 #include "tp/cuda/cuda_engine.h"
 #include "tp/presets.h"
-#include "tests/step_request_util.h"
 
 namespace verifyd::tp {
 namespace {
@@ -53,7 +53,6 @@ std::unique_ptr<CpuEngine> MakeCpu(int tp = 1) {
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(*e) : nullptr;
 }
-
 
 // A verify tree on top of a prefilled context [0, ctx): rows [pending, nodes...].
 StepRequest Tree(int32_t ctx, int32_t first_slot) {

@@ -11,8 +11,8 @@
 #include "kernels/common.h"
 #include "server/server.h"
 #include "server/testing/test_server.h"
-#include "tp/cpu/cpu_engine.h"
 #include "tests/step_request_util.h"
+#include "tp/cpu/cpu_engine.h"
 
 namespace verifyd::server {
 namespace {

@@ -14,10 +14,10 @@
 #include "kernels/reference/ops.h"
 #include "kernels/reference/sampling_ref.h"
 #include "kernels/sampling.h"
+#include "tests/step_request_util.h"
 #include "tp/cpu/cpu_engine.h"
 #include "tp/presets.h"
 #include "tp/weights.h"
-#include "tests/step_request_util.h"
 
 namespace verifyd::tp {
 namespace {
@@ -35,7 +35,6 @@ std::unique_ptr<CpuEngine> MakeEngine(int tp = 1, int64_t layers = 0) {
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(*e) : nullptr;
 }
-
 
 // The target distribution, computed here independently of the sampler (sort-based): softmax
 // of logits / T over the top_k best (ties kept), then the smallest most-probable prefix whose

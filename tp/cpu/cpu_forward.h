@@ -72,7 +72,6 @@ struct RankWeights {
   std::vector<float> lm_head;     // [V_l, hidden]: the rank's vocab rows
 };
 
-
 // Reads rank `rank`'s shard (heads must divide by world) through the source with ReadBlock,
 // block by block: the local heads' rows of q_b / q_proj and of kv_b (head by head), the local
 // heads' columns of o_proj, the rank's intermediate rows of gate / up and columns of down (dense
