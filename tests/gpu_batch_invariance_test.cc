@@ -3,9 +3,11 @@
 // contexts over a random-filled KV pool, random trees) or with its own tree grown, at TP 1 and
 // at loopback TP 2, on the kimi-k2-attn preset (the verify kernel's dimensions; 2 layers, plus
 // the tiny-moe preset for the MoE path). A control runs the default mode on the same probe and
-// expects at least one changed bit: the comparison can see a difference.
+// expects at least one changed bit: the comparison can see a difference. And every node of a
+// draft tree gets exactly the logits plain one-token-per-step decoding of its path gives.
 // Label gpu; skipped with a message when no CUDA device is visible.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -109,11 +111,100 @@ TEST(GpuBatchInvariance, ProbeRowsAreBitIdenticalInEveryStep) {
   }
 }
 
+// Lossless, bit for bit: every node of a random draft tree gets the logits that plain decoding
+// gives its token at that position. Each root-to-leaf path of the tree is decoded one token
+// per step (its own KV slots, next to 0-3 other random requests), and every step's logits must
+// equal the tree node's in every bit (the tree's rows see their ancestors at other key indices
+// than a chain does; the positional attention walks them by position).
+int64_t TreeNodesUnlikePlainDecoding(CudaEngine& e, int64_t* compared) {
+  const int64_t V = e.config().vocab_size;
+  const int64_t ctx =
+      std::min<int64_t>(kContext, e.config().max_position_embeddings - kMaxNodes - 2);
+  std::mt19937 rng(11);
+  constexpr int kNodes = 24;
+  StepRequest tree;
+  std::vector<int> children(kNodes + 1, 0);
+  for (int t = 0; t <= kNodes; ++t) {
+    tree.tokens.push_back(static_cast<int32_t>(rng() % V));
+    tree.parents.push_back(t == 0 ? -1 : static_cast<int32_t>(rng() % t));
+    if (t > 0) ++children[tree.parents.back()];
+    tree.tail_slots.push_back(static_cast<int32_t>(kContext + t));
+  }
+  for (int64_t i = 0; i < ctx; ++i) tree.context_slots.push_back(static_cast<int32_t>(i));
+  tree.accept = false;
+  std::vector<float> tree_lg;
+  auto rt = e.StepWithLogits({tree}, &tree_lg);
+  EXPECT_TRUE(rt.ok()) << rt.status();
+  if (!rt.ok()) return -1;
+  const int64_t chain_slot0 = kContext + (kMaxNodes + 1);
+  int64_t differ = 0;
+  for (int leaf = 0; leaf <= kNodes; ++leaf) {
+    if (children[leaf] != 0) continue;
+    std::vector<int> path;
+    for (int t = leaf; t >= 0; t = tree.parents[t]) path.push_back(t);
+    std::reverse(path.begin(), path.end());
+    std::vector<int32_t> context = tree.context_slots;
+    for (size_t d = 0; d < path.size(); ++d) {
+      StepRequest q;
+      q.context_slots = context;
+      q.tokens = {tree.tokens[path[d]]};
+      q.parents = {-1};
+      q.tail_slots = {static_cast<int32_t>(chain_slot0 + d)};
+      q.accept = false;
+      std::vector<StepRequest> batch = {q};
+      const int others = static_cast<int>(rng() % 4);
+      for (int b = 0; b < others; ++b) {
+        StepRequest o;
+        const int64_t nodes = rng() % (kMaxNodes + 1);
+        for (int64_t t = 0; t <= nodes; ++t) {
+          o.tokens.push_back(static_cast<int32_t>(rng() % V));
+          o.parents.push_back(t == 0 ? -1 : static_cast<int32_t>(rng() % t));
+          o.tail_slots.push_back(static_cast<int32_t>(kContext + (b + 2) * (kMaxNodes + 1) + t));
+        }
+        const int64_t octx = 1 + rng() % ctx;
+        for (int64_t i = 0; i < octx; ++i) o.context_slots.push_back(static_cast<int32_t>(i));
+        o.accept = false;
+        batch.push_back(o);
+      }
+      std::vector<float> lg;
+      auto r = e.StepWithLogits(batch, &lg);
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (!r.ok()) return -1;
+      ++*compared;
+      differ += std::memcmp(lg.data(), tree_lg.data() + path[d] * V, V * sizeof(float)) != 0;
+      context.push_back(q.tail_slots[0]);
+    }
+  }
+  return differ;
+}
+
+TEST(GpuBatchInvariance, TreeNodesEqualPlainDecoding) {
+  SKIP_WITHOUT_GPU();
+  for (const std::string model : {"kimi-k2-attn", "tiny-moe"}) {
+    for (const int tp : {1, 2}) {
+      std::unique_ptr<CudaEngine> e = MakeEngine(model, tp, /*invariant=*/true);
+      ASSERT_NE(e, nullptr);
+      int64_t compared = 0;
+      const int64_t differ = TreeNodesUnlikePlainDecoding(*e, &compared);
+      std::printf("%s tp=%d: %lld decode steps, %lld differ from the tree's node\n", model.c_str(),
+                  tp, static_cast<long long>(compared), static_cast<long long>(differ));
+      EXPECT_GT(compared, 25) << model;
+      EXPECT_EQ(differ, 0) << model << " tp " << tp;
+    }
+  }
+}
+
 TEST(GpuBatchInvariance, DefaultModeChangesBitsSoTheProbeCanSeeThem) {
   SKIP_WITHOUT_GPU();
   std::unique_ptr<CudaEngine> e = MakeEngine("kimi-k2-attn", 1, /*invariant=*/false);
   ASSERT_NE(e, nullptr);
   EXPECT_GT(ChangedProbeRows(*e), 0);
+  // The tree-vs-decoding comparison can see a difference too (printed: how many).
+  int64_t compared = 0;
+  const int64_t differ = TreeNodesUnlikePlainDecoding(*e, &compared);
+  std::printf("default mode: %lld of %lld decode steps differ from the tree's node\n",
+              static_cast<long long>(differ), static_cast<long long>(compared));
+  EXPECT_GT(differ, 0);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -63,6 +64,7 @@ struct Case {
   bool with_lse = true;
   VerifyKernelConfig config = VerifyKernelConfig::kAuto;
   int max_splits = 0;
+  int64_t max_partial_rows = 0;  // > 0: a workspace this small (positional plans: passes)
   std::string Name() const {
     int64_t rows = 0, keys = 0;
     for (size_t b = 0; b < nodes.size(); ++b) {
@@ -201,6 +203,71 @@ void CompareRows(const std::vector<bf16_bits>& out, const std::vector<bf16_bits>
   }
 }
 
+// Runs the CUDA path on a batch: device copies, outputs and the whole workspace poisoned with
+// NaN (0xff bytes) before the plan upload writes the work lists (a partial row the kernel
+// fails to write reaches the output as NaN). max_partial_rows > 0: a workspace of that many
+// partial rows (else the default one). opt.host_tree_mask is set to the batch's mask.
+void RunCuda(const HostBatch& h, VerifyPlanOptions opt, bool with_lse, int64_t max_partial_rows,
+             std::vector<bf16_bits>* out, std::vector<float>* lse) {
+  const size_t out_elems = static_cast<size_t>(h.total_rows) * h.heads * kV;
+  const size_t lse_elems = static_cast<size_t>(h.total_rows) * h.heads;
+  DevBuf dq(h.q.size() * 2), dkv(h.kv.size() * 2), dqi(h.q_indptr.size() * 4),
+      dki(h.kv_indptr.size() * 4), didx(h.kv_indices.size() * 4), dmask(h.mask.size() * 8),
+      dout(out_elems * 2), dlse(lse_elems * 4);
+  ASSERT_NE(dkv.p, nullptr);
+  CUDA_ASSERT(cudaMemcpy(dq.p, h.q.data(), h.q.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_ASSERT(cudaMemcpy(dkv.p, h.kv.data(), h.kv.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_ASSERT(cudaMemcpy(dqi.p, h.q_indptr.data(), h.q_indptr.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_ASSERT(
+      cudaMemcpy(dki.p, h.kv_indptr.data(), h.kv_indptr.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_ASSERT(
+      cudaMemcpy(didx.p, h.kv_indices.data(), h.kv_indices.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_ASSERT(cudaMemcpy(dmask.p, h.mask.data(), h.mask.size() * 8, cudaMemcpyHostToDevice));
+  CUDA_ASSERT(cudaMemset(dout.p, 0xff, out_elems * 2));
+  CUDA_ASSERT(cudaMemset(dlse.p, 0xff, lse_elems * 4));
+
+  VerifyAttentionParams dp;
+  dp.batch = h.batch;
+  dp.total_rows = h.total_rows;
+  dp.num_heads = h.heads;
+  dp.softmax_scale = h.scale;
+  dp.dtype = DType::kBFloat16;
+  dp.kv_slots = h.kv_slots;
+  dp.mask_words = h.mask_words;
+  dp.q = dq.p;
+  dp.kv = dkv.p;
+  dp.q_indptr = dqi.as<int32_t>();
+  dp.kv_indptr = dki.as<int32_t>();
+  dp.kv_indices = didx.as<int32_t>();
+  dp.tree_mask = dmask.as<uint64_t>();
+  dp.out = dout.p;
+  dp.lse = with_lse ? dlse.as<float>() : nullptr;
+
+  auto dev = VerifyAttentionDeviceInfo::Query();
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  auto ws = max_partial_rows > 0
+                ? VerifyAttentionWorkspace::Allocate(1 << 18, 1 << 16, max_partial_rows)
+                : VerifyAttentionWorkspace::AllocateDefault();
+  ASSERT_TRUE(ws.ok()) << ws.status();
+  opt.host_tree_mask = h.mask.data();
+  auto plan = PlanVerifyAttention(dp, h.q_indptr.data(), h.kv_indptr.data(), *dev, *ws, opt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  CUDA_ASSERT(cudaMemset(ws->device, 0xff, ws->bytes));
+  ASSERT_TRUE(UploadVerifyAttentionPlan(*plan, *ws, nullptr).ok());
+  const absl::Status st = VerifyAttentionCuda(dp, *plan, *ws);
+  ASSERT_TRUE(st.ok()) << st;
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  if (max_partial_rows > 0 && plan->max_splits > 1) {
+    std::printf("  positional plan: %zu work items, %zu passes\n", plan->work.size(),
+                plan->passes.size());
+  }
+  out->resize(out_elems);
+  lse->resize(lse_elems);
+  CUDA_ASSERT(cudaMemcpy(out->data(), dout.p, out_elems * 2, cudaMemcpyDeviceToHost));
+  CUDA_ASSERT(cudaMemcpy(lse->data(), dlse.p, lse_elems * 4, cudaMemcpyDeviceToHost));
+  ASSERT_TRUE(ws->Free().ok());
+}
+
 // Runs the reference and the CUDA path for one case; returns the errors.
 void RunCase(const Case& c, Errors* err) {
   const HostBatch h = MakeBatch(c);
@@ -230,55 +297,12 @@ void RunCase(const Case& c, Errors* err) {
   rp.lse = c.with_lse ? ref_lse.data() : nullptr;
   ASSERT_TRUE(VerifyAttentionReference(rp).ok());
 
-  // Device copies; outputs poisoned with NaN (0xff bytes).
-  DevBuf dq(h.q.size() * 2), dkv(h.kv.size() * 2), dqi(h.q_indptr.size() * 4),
-      dki(h.kv_indptr.size() * 4), didx(h.kv_indices.size() * 4), dmask(h.mask.size() * 8),
-      dout(out_elems * 2), dlse(lse_elems * 4);
-  ASSERT_NE(dkv.p, nullptr);
-  CUDA_ASSERT(cudaMemcpy(dq.p, h.q.data(), h.q.size() * 2, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(cudaMemcpy(dkv.p, h.kv.data(), h.kv.size() * 2, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(cudaMemcpy(dqi.p, h.q_indptr.data(), h.q_indptr.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(
-      cudaMemcpy(dki.p, h.kv_indptr.data(), h.kv_indptr.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(
-      cudaMemcpy(didx.p, h.kv_indices.data(), h.kv_indices.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(cudaMemcpy(dmask.p, h.mask.data(), h.mask.size() * 8, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(cudaMemset(dout.p, 0xff, out_elems * 2));
-  CUDA_ASSERT(cudaMemset(dlse.p, 0xff, lse_elems * 4));
-
-  VerifyAttentionParams dp = p;
-  dp.q = dq.p;
-  dp.kv = dkv.p;
-  dp.q_indptr = dqi.as<int32_t>();
-  dp.kv_indptr = dki.as<int32_t>();
-  dp.kv_indices = didx.as<int32_t>();
-  dp.tree_mask = dmask.as<uint64_t>();
-  dp.out = dout.p;
-  dp.lse = c.with_lse ? dlse.as<float>() : nullptr;
-
-  auto dev = VerifyAttentionDeviceInfo::Query();
-  ASSERT_TRUE(dev.ok()) << dev.status();
-  auto ws = VerifyAttentionWorkspace::AllocateDefault();
-  ASSERT_TRUE(ws.ok()) << ws.status();
+  std::vector<bf16_bits> out;
+  std::vector<float> lse;
   VerifyPlanOptions opt;
   opt.config = c.config;
   opt.max_splits = c.max_splits;
-  auto plan = PlanVerifyAttention(dp, h.q_indptr.data(), h.kv_indptr.data(), *dev, *ws, opt);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  // Poison the whole workspace (partial outputs and their LSE: NaN) before the plan upload
-  // writes the work lists: a partial row the kernel fails to write reaches the output as NaN.
-  CUDA_ASSERT(cudaMemset(ws->device, 0xff, ws->bytes));
-  ASSERT_TRUE(UploadVerifyAttentionPlan(*plan, *ws, nullptr).ok());
-  const absl::Status st = VerifyAttentionCuda(dp, *plan, *ws);
-  ASSERT_TRUE(st.ok()) << st;
-  CUDA_ASSERT(cudaDeviceSynchronize());
-
-  std::vector<bf16_bits> out(out_elems);
-  std::vector<float> lse(lse_elems);
-  CUDA_ASSERT(cudaMemcpy(out.data(), dout.p, out_elems * 2, cudaMemcpyDeviceToHost));
-  CUDA_ASSERT(cudaMemcpy(lse.data(), dlse.p, lse_elems * 4, cudaMemcpyDeviceToHost));
-  ASSERT_TRUE(ws->Free().ok());
-
+  ASSERT_NO_FATAL_FAILURE(RunCuda(h, opt, c.with_lse, c.max_partial_rows, &out, &lse));
   CompareRows(out, ref_out, c.with_lse ? &lse : nullptr, c.with_lse ? &ref_lse : nullptr, err);
 }
 
@@ -614,6 +638,143 @@ TEST(VerifyAttentionCuda, SeesawScheduleSweep) {
     c.config = VerifyKernelConfig::kS64;
     c.max_splits = r % 4 == 3 ? 1 : 0;
     ExpectCase(c);
+  }
+}
+
+// ---- kM16Positional: the batch-invariant configuration --------------------------------------
+
+// Against the reference: random trees and random (non-tree) masks, head counts that fill a
+// 16-row tile or not, contexts that need 1..16 splits, and a workspace so small that the
+// plan runs in several passes.
+TEST(VerifyAttentionCuda, PositionalMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 900;
+  const int64_t kSmall = 3000;  // partial rows: several passes at these contexts
+  struct Shape {
+    int heads;
+    std::vector<int> nodes, ctx;
+    bool empty_rows;
+    int64_t max_partial_rows;
+  };
+  const Shape shapes[] = {
+      {8, {1}, {1000}, false, 0},
+      {16, {1, 16, 65}, {0, 4095, 300}, false, 0},
+      {40, {5, 33}, {4097, 20000}, false, 0},
+      {64, {17, 2, 9}, {70000, 100, 12345}, false, kSmall},
+      {8, {64, 3}, {33, 5000}, true, 0},
+      {128, {4, 1}, {9000, 185000}, false, kSmall},
+  };
+  for (const Shape& sh : shapes) {
+    Case c;
+    c.heads = sh.heads;
+    c.nodes = sh.nodes;
+    c.ctx = sh.ctx;
+    c.empty_rows = sh.empty_rows;
+    c.seed = seed++;
+    c.config = VerifyKernelConfig::kM16Positional;
+    c.max_partial_rows = sh.max_partial_rows;
+    ExpectCase(c);
+  }
+}
+
+// The point of the configuration: a draft-tree node's output and LSE are bit-identical to the
+// same query decoded as a one-row chain (context = the request's context + the node's
+// ancestors, in order), whatever else shares the batch: the chains of every node of several
+// trees run together in one batch, in reverse order, next to unrelated requests, and with a
+// workspace small enough to need passes.
+TEST(VerifyAttentionCuda, PositionalTreeEqualsChain) {
+  SKIP_WITHOUT_GPU();
+  for (const int heads : {16, 24, 64}) {
+    Case c;
+    c.heads = heads;
+    c.nodes = {33, 1, 65, 7};
+    c.ctx = {4000, 70000, 100, 9000};
+    c.seed = 1234 + heads;
+    const HostBatch tree = MakeBatch(c);
+    std::vector<bf16_bits> tree_out;
+    std::vector<float> tree_lse;
+    VerifyPlanOptions opt;
+    opt.config = VerifyKernelConfig::kM16Positional;
+    ASSERT_NO_FATAL_FAILURE(RunCuda(tree, opt, true, 0, &tree_out, &tree_lse));
+
+    // Chains: one request per tree node (reverse order), then two unrelated requests from
+    // another random batch (its slots moved past the tree's).
+    Case other_case;
+    other_case.heads = heads;
+    other_case.nodes = {12, 1};
+    other_case.ctx = {777, 30000};
+    other_case.seed = 99;
+    const HostBatch other = MakeBatch(other_case);
+    HostBatch chain;
+    chain.heads = heads;
+    chain.scale = tree.scale;
+    chain.kv_slots = tree.kv_slots + other.kv_slots;
+    chain.kv = tree.kv;
+    chain.kv.insert(chain.kv.end(), other.kv.begin(), other.kv.end());
+    chain.q_indptr = {0};
+    chain.kv_indptr = {0};
+    std::vector<int> source_row;  // tree row of each chain row (-1: unrelated)
+    for (int r = tree.total_rows - 1; r >= 0; --r) {
+      const int b =
+          static_cast<int>(std::upper_bound(tree.q_indptr.begin(), tree.q_indptr.end(), r) -
+                           tree.q_indptr.begin()) -
+          1;
+      const int n = tree.q_indptr[b + 1] - tree.q_indptr[b];
+      const int ctx = tree.kv_indptr[b + 1] - tree.kv_indptr[b] - n;
+      const int t = r - tree.q_indptr[b];
+      const int32_t* slots = tree.kv_indices.data() + tree.kv_indptr[b];
+      chain.kv_indices.insert(chain.kv_indices.end(), slots, slots + ctx);
+      const uint64_t* m = tree.mask.data() + static_cast<size_t>(r) * tree.mask_words;
+      for (int j = 0; j < t; ++j) {
+        if ((m[j / 64] >> (j % 64)) & 1) chain.kv_indices.push_back(slots[ctx + j]);
+      }
+      chain.kv_indices.push_back(slots[ctx + t]);
+      chain.q.insert(chain.q.end(), tree.q.begin() + static_cast<size_t>(r) * heads * kQk,
+                     tree.q.begin() + static_cast<size_t>(r + 1) * heads * kQk);
+      chain.mask.push_back(1);
+      chain.mask.push_back(0);
+      chain.q_indptr.push_back(chain.q_indptr.back() + 1);
+      chain.kv_indptr.push_back(static_cast<int32_t>(chain.kv_indices.size()));
+      source_row.push_back(r);
+    }
+    for (int b = 0; b < other.batch; ++b) {
+      for (int i = other.kv_indptr[b]; i < other.kv_indptr[b + 1]; ++i) {
+        chain.kv_indices.push_back(other.kv_indices[i] + static_cast<int32_t>(tree.kv_slots));
+      }
+      for (int r = other.q_indptr[b]; r < other.q_indptr[b + 1]; ++r) {
+        chain.mask.push_back(other.mask[2 * r]);
+        chain.mask.push_back(other.mask[2 * r + 1]);
+        source_row.push_back(-1);
+      }
+      chain.q.insert(chain.q.end(),
+                     other.q.begin() + static_cast<size_t>(other.q_indptr[b]) * heads * kQk,
+                     other.q.begin() + static_cast<size_t>(other.q_indptr[b + 1]) * heads * kQk);
+      chain.q_indptr.push_back(chain.q_indptr.back() + other.q_indptr[b + 1] - other.q_indptr[b]);
+      chain.kv_indptr.push_back(static_cast<int32_t>(chain.kv_indices.size()));
+    }
+    chain.batch = static_cast<int>(chain.q_indptr.size()) - 1;
+    chain.total_rows = chain.q_indptr.back();
+    std::vector<bf16_bits> chain_out;
+    std::vector<float> chain_lse;
+    ASSERT_NO_FATAL_FAILURE(RunCuda(chain, opt, true, 2000, &chain_out, &chain_lse));
+
+    int64_t differing = 0, compared = 0;
+    for (size_t i = 0; i < source_row.size(); ++i) {
+      const int r = source_row[i];
+      if (r < 0) continue;
+      for (int h = 0; h < heads; ++h) {
+        const size_t a = (static_cast<size_t>(r) * heads + h), z = (i * heads + h);
+        ++compared;
+        const bool same_out = std::equal(tree_out.begin() + a * kV, tree_out.begin() + (a + 1) * kV,
+                                         chain_out.begin() + z * kV);
+        const bool same_lse = std::memcmp(&tree_lse[a], &chain_lse[z], sizeof(float)) == 0;
+        if (!same_out || !same_lse) ++differing;
+      }
+    }
+    std::printf("  heads %d: %lld (row, head) pairs, %lld differ from their chain\n", heads,
+                static_cast<long long>(compared), static_cast<long long>(differing));
+    EXPECT_EQ(compared, static_cast<int64_t>(tree.total_rows) * heads);
+    EXPECT_EQ(differing, 0) << "heads " << heads;
   }
 }
 

@@ -227,5 +227,210 @@ TEST(VerifyAttentionPlan, SupportsNamesTheField) {
   EXPECT_EQ(SupportsVerifyAttentionCuda(p, old).code(), absl::StatusCode::kUnimplemented);
 }
 
+// ---- kM16Positional (the batch-invariant configuration) ---------------------------------
+
+// A batch of random draft trees (parent uniform in [0, t)) with these context lengths; masks
+// hold ancestors and self.
+struct TreeBatch {
+  std::vector<int32_t> qi = {0}, ki = {0};
+  std::vector<uint64_t> mask;  // [rows, 2]
+  std::vector<int> depth;      // per row: 1 + number of ancestors
+};
+
+TreeBatch MakeTrees(const std::vector<int>& nodes, const std::vector<int>& ctx, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  TreeBatch t;
+  for (size_t b = 0; b < nodes.size(); ++b) {
+    const int r0 = t.qi.back();
+    for (int i = 0; i < nodes[b]; ++i) {
+      uint64_t m[2] = {0, 0};
+      int d = 1;
+      if (i > 0) {
+        const int parent = static_cast<int>(rng() % i);
+        m[0] = t.mask[2 * (r0 + parent)];
+        m[1] = t.mask[2 * (r0 + parent) + 1];
+        d = t.depth[r0 + parent] + 1;
+      }
+      m[i / 64] |= 1ull << (i % 64);
+      t.mask.push_back(m[0]);
+      t.mask.push_back(m[1]);
+      t.depth.push_back(d);
+    }
+    t.qi.push_back(r0 + nodes[b]);
+    t.ki.push_back(t.ki.back() + ctx[b] + nodes[b]);
+  }
+  return t;
+}
+
+VerifyAttentionParams ParamsOf(const TreeBatch& t, int heads) {
+  VerifyAttentionParams p;
+  p.batch = static_cast<int>(t.qi.size()) - 1;
+  p.total_rows = t.qi.back();
+  p.num_heads = heads;
+  return p;
+}
+
+// The key ranges (in plan order) of the work items of each (row, head tile).
+std::vector<std::vector<std::pair<int, int>>> RangesByTile(const VerifyAttentionPlan& plan,
+                                                           int heads) {
+  const int tiles = (heads + 15) / 16;
+  std::vector<std::vector<std::pair<int, int>>> r(static_cast<size_t>(plan.total_rows) * tiles);
+  for (const VerifyWorkItem& w : plan.work) {
+    const int node = w.fold_begin / heads;
+    const int tile = (w.fold_begin % heads) / 16;
+    r[static_cast<size_t>(w.q_row0 + node) * tiles + tile].push_back({w.kv_begin, w.kv_end});
+  }
+  return r;
+}
+
+// Splits depend on the visible key count alone: one below kPositionalChunkKeys, then up to
+// kPositionalMaxSplits, 32-key multiples.
+TEST(VerifyAttentionPlan, PositionalSplitKeys) {
+  EXPECT_EQ(PositionalSplitKeys(1), 32);
+  EXPECT_EQ(PositionalSplitKeys(4096), 4096);
+  EXPECT_EQ(PositionalSplitKeys(4097), 2080);  // two splits of 2049 -> 2080
+  EXPECT_EQ(PositionalSplitKeys(185000), 11584);
+  for (int64_t n : {1, 31, 32, 33, 4095, 4096, 4097, 65536, 65537, 185000, 1 << 20}) {
+    const int64_t len = PositionalSplitKeys(n);
+    EXPECT_EQ(len % 32, 0) << n;
+    const int64_t splits = (n + len - 1) / len;
+    EXPECT_LE(splits, kPositionalMaxSplits) << n;
+    EXPECT_LE(splits, std::max<int64_t>(1, (n + kPositionalChunkKeys - 1) / kPositionalChunkKeys))
+        << n;
+  }
+}
+
+// Every (node, head tile) covers exactly its visible keys [0, ctx + depth) once, in splits of
+// PositionalSplitKeys; a node's ranges are the same as those of the same position decoded as a
+// one-row chain in another batch; kAuto never picks the configuration; the tree mask is
+// required.
+TEST(VerifyAttentionPlan, PositionalPlanShape) {
+  const VerifyAttentionWorkspace ws = CapacityOnly();
+  VerifyPlanOptions opt;
+  opt.config = VerifyKernelConfig::kM16Positional;
+  for (const int heads : {8, 16, 40, 64}) {
+    SCOPED_TRACE(testing::Message() << heads << " heads");
+    const std::vector<int> nodes = {1, 17, 65, 3}, ctx = {5000, 100, 70000, 0};
+    const TreeBatch t = MakeTrees(nodes, ctx, 7 + heads);
+    const VerifyAttentionParams p = ParamsOf(t, heads);
+    opt.host_tree_mask = t.mask.data();
+    auto plan = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, ws, opt);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->config, VerifyKernelConfig::kM16Positional);
+    EXPECT_TRUE(plan->positional);
+    EXPECT_EQ(plan->rows_per_cta, 16);
+    EXPECT_EQ(plan->keys_per_tile, 32);
+    const auto ranges = RangesByTile(*plan, heads);
+    const int tiles = (heads + 15) / 16;
+    for (size_t b = 0; b + 1 < t.qi.size(); ++b) {
+      for (int r = t.qi[b]; r < t.qi[b + 1]; ++r) {
+        const int visible = ctx[b] + t.depth[r];
+        const int64_t len = PositionalSplitKeys(visible);
+        // The same position as a chain: context = ctx + ancestors, one tail row.
+        const std::vector<int32_t> cq = {0, 1}, ck = {0, visible};
+        const uint64_t cmask[2] = {1, 0};
+        VerifyAttentionParams cp;
+        cp.batch = 1;
+        cp.total_rows = 1;
+        cp.num_heads = heads;
+        VerifyPlanOptions copt = opt;
+        copt.host_tree_mask = cmask;
+        auto chain = PlanVerifyAttention(cp, cq.data(), ck.data(), kH200, ws, copt);
+        ASSERT_TRUE(chain.ok()) << chain.status();
+        const auto chain_ranges = RangesByTile(*chain, heads);
+        for (int h = 0; h < tiles; ++h) {
+          const auto& got = ranges[static_cast<size_t>(r) * tiles + h];
+          ASSERT_FALSE(got.empty()) << "row " << r;
+          int at = 0;
+          for (auto [lo, hi] : got) {
+            EXPECT_EQ(lo, at);
+            EXPECT_EQ(lo % 32, 0);
+            EXPECT_LE(hi - lo, len);
+            at = hi;
+          }
+          EXPECT_EQ(at, visible) << "row " << r;
+          EXPECT_EQ(got, chain_ranges[h]) << "row " << r << " tile " << h;
+        }
+      }
+    }
+    for (const VerifyWorkItem& w : plan->work) {
+      EXPECT_LE((w.fold_begin % heads) + 1, heads);  // a tile never crosses a node
+      EXPECT_EQ((w.fold_begin % heads) % 16, 0);
+    }
+    // kAuto never picks it.
+    auto autoplan = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, ws);
+    ASSERT_TRUE(autoplan.ok());
+    EXPECT_NE(autoplan->config, VerifyKernelConfig::kM16Positional);
+    // The tree mask is required.
+    VerifyPlanOptions no_mask = opt;
+    no_mask.host_tree_mask = nullptr;
+    auto refused = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, ws, no_mask);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find("host_tree_mask"), std::string::npos);
+  }
+  // sm_120: the 2-stage positional variant.
+  auto v120 = detail::ResolveVariant(VerifyKernelConfig::kM16Positional, kSm120);
+  ASSERT_TRUE(v120.ok()) << v120.status();
+  EXPECT_EQ(v120->stages, 2);
+  EXPECT_TRUE(v120->positional);
+}
+
+// A batch whose partial outputs exceed the workspace runs in passes: every pass fits, a node's
+// splits and its combine items are in one pass, the passes cover the lists in order, and the
+// key ranges are those of the one-pass plan.
+TEST(VerifyAttentionPlan, PositionalPasses) {
+  const std::vector<int> nodes = {65, 65, 9}, ctx = {60000, 9000, 130000};
+  const TreeBatch t = MakeTrees(nodes, ctx, 3);
+  const VerifyAttentionParams p = ParamsOf(t, 64);
+  VerifyPlanOptions opt;
+  opt.config = VerifyKernelConfig::kM16Positional;
+  opt.host_tree_mask = t.mask.data();
+  VerifyAttentionWorkspace big = CapacityOnly();
+  big.max_work_items = 1 << 20;
+  big.max_combine_items = 1 << 16;
+  big.max_partial_rows = int64_t{1} << 24;
+  VerifyAttentionWorkspace small = big;
+  small.max_partial_rows = 5000;
+  auto one = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, big, opt);
+  auto many = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, small, opt);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(many.ok()) << many.status();
+  EXPECT_TRUE(one->passes.empty());
+  ASSERT_GT(many->passes.size(), 2u);
+  EXPECT_LE(many->partial_rows, small.max_partial_rows);
+  EXPECT_EQ(RangesByTile(*one, 64), RangesByTile(*many, 64));
+  int32_t work_at = 0, combine_at = 0;
+  for (const VerifyPass& ps : many->passes) {
+    EXPECT_EQ(ps.work_begin, work_at);
+    EXPECT_EQ(ps.combine_begin, combine_at);
+    work_at += ps.work_count;
+    combine_at += ps.combine_count;
+    for (int i = ps.combine_begin; i < ps.combine_begin + ps.combine_count; ++i) {
+      const VerifyCombineItem& c = many->combine[i];
+      EXPECT_LE(c.partial_row0 + int64_t{c.num_splits} * 16, small.max_partial_rows);
+    }
+    for (int i = ps.work_begin; i < ps.work_begin + ps.work_count; ++i) {
+      const VerifyWorkItem& w = many->work[i];
+      if (w.partial_row < 0) continue;
+      EXPECT_LE(w.partial_row + 16, small.max_partial_rows);
+      // Its combine item is in the same pass.
+      bool found = false;
+      for (int j = ps.combine_begin; j < ps.combine_begin + ps.combine_count && !found; ++j) {
+        const VerifyCombineItem& c = many->combine[j];
+        found = c.out_row0 == w.q_row0 * 64 + w.fold_begin && w.partial_row >= c.partial_row0 &&
+                w.partial_row < c.partial_row0 + c.num_splits * 16;
+      }
+      EXPECT_TRUE(found) << "work item " << i;
+    }
+  }
+  EXPECT_EQ(work_at, static_cast<int32_t>(many->work.size()));
+  EXPECT_EQ(combine_at, static_cast<int32_t>(many->combine.size()));
+  // One node that cannot fit at all: RESOURCE_EXHAUSTED.
+  VerifyAttentionWorkspace tiny = big;
+  tiny.max_partial_rows = 100;
+  EXPECT_EQ(PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, tiny, opt).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
 }  // namespace
 }  // namespace verifyd::kernels::cuda

@@ -260,13 +260,14 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
   if (rk.have_vk) {
     ap.kv = rk.kv.empty() ? nullptr : rk.kv[0];
     if (kc::SupportsVerifyAttentionCuda(ap, rk.vk_info).ok()) {
-      // Batch-invariant steps: one kernel variant and no key splits, so a row's attention
-      // is the same sequence of operations whatever the batch (the planner otherwise picks
-      // both by the batch's shape).
+      // Batch-invariant steps: the positional configuration, whose arithmetic for a row
+      // depends only on its query and its visible keys in position order (a draft-tree node
+      // gets the bits plain decoding gives that token); the planner otherwise picks the
+      // kernel and the key splits by the batch's shape.
       kc::VerifyPlanOptions vo;
       if (rk.batch_invariant) {
-        vo.config = kc::VerifyKernelConfig::kM16;
-        vo.max_splits = 1;
+        vo.config = kc::VerifyKernelConfig::kM16Positional;
+        vo.host_tree_mask = plan.tree_mask.data();
       }
       absl::StatusOr<kc::VerifyAttentionPlan> p = kc::PlanVerifyAttention(
           ap, plan.q_indptr.data(), plan.kv_indptr.data(), rk.vk_info, rk.vk_ws, vo);

@@ -499,8 +499,17 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
     absl::StatusOr<kc::VerifyAttentionDeviceInfo> info = kc::VerifyAttentionDeviceInfo::Query();
     if (!info.ok()) return info.status();
     rk.vk_info = *info;
+    // Batch-invariant steps plan one work item per (node, 16-head tile, split) and one combine
+    // item per (node, 16-head tile): room for every row of a full step at the most splits.
+    const int64_t head_tiles = (rk.heads.size + 15) / 16;
     absl::StatusOr<kc::VerifyAttentionWorkspace> ws =
-        kc::VerifyAttentionWorkspace::AllocateDefault();
+        rk.batch_invariant
+            ? kc::VerifyAttentionWorkspace::Allocate(
+                  static_cast<int>(std::max<int64_t>(
+                      65536, setup.max_rows * head_tiles * kc::kPositionalMaxSplits)),
+                  static_cast<int>(std::max<int64_t>(16384, setup.max_rows * head_tiles)),
+                  /*max_partial_rows=*/32768)
+            : kc::VerifyAttentionWorkspace::AllocateDefault();
     if (!ws.ok()) return ws.status();
     rk.vk_ws = *ws;
     rk.have_vk = true;

@@ -27,6 +27,22 @@
 //          99 KB of shared memory on sm_80 / sm_120. Tiny decode batches and non-sm_90.
 //   kS64   64 folded rows, 64-key tiles, warp-specialised wgmma "seesaw" schedule (sm_90a;
 //          docs/KERNEL_NOTES.md): kAuto's choice on sm_90 for every other batch.
+//   kM16Positional  the batch-invariant configuration (never picked by kAuto; the engine's
+//          batch-invariant mode asks for it): the kM16 kernel with one node's heads per CTA,
+//          walking the node's *visible* keys by position (see "Positional attention" below).
+//
+// Positional attention (kM16Positional). A node's visible keys (the request's context, then
+// its visible tail rows in index order: for a tree, its ancestors and itself) are numbered
+// 0..n-1; for a draft tree that number is the key's position in the sequence. They are cut
+// into 32-key tiles at multiples of 32 and into splits whose lengths depend on n alone
+// (PositionalSplitKeys); each split runs the same online softmax, and splits are merged in
+// split order by the combine kernel in one fixed layout. A row's output is then a function of
+// its query and its visible keys in order, nothing else: not the batch, not the tree's other
+// nodes, not the occupancy of the GPU. A node of a draft tree gets bit for bit what the same
+// token gets when decoded alone at that position (lossless speculative decoding, bit-exact).
+// The planner needs the host copy of the tree mask (VerifyPlanOptions::host_tree_mask). When
+// the partial outputs of a batch exceed the workspace, the plan runs in several passes (each
+// an attention launch and its combine); a row's arithmetic does not depend on its pass.
 // Tested on an H200 (sm_90a); the sm_120 build compiles but has not run on a device.
 //
 // Plain C++ header (no CUDA types): includable from host code that is not compiled by nvcc.
@@ -66,7 +82,17 @@ enum class VerifyKernelConfig : int {
   // 64 rows, 64-key tiles, wgmma "seesaw" schedule with a cp.async producer warpgroup
   // (sm_90a only): kAuto's many-rows choice on sm_90. docs/KERNEL_NOTES.md.
   kS64 = 5,
+  // 16 rows (one node's heads) per CTA, keys walked by position, splits fixed by the node's
+  // visible key count: batch-invariant (see "Positional attention" above). Never kAuto's.
+  kM16Positional = 6,
 };
+
+// Positional attention: a node with n visible keys runs in ceil(n / len) splits of `len`
+// keys, len = the smallest multiple of 32 that covers n in at most
+// min(ceil(n / kPositionalChunkKeys), kPositionalMaxSplits) splits. Depends on n alone.
+inline constexpr int kPositionalChunkKeys = 4096;
+inline constexpr int kPositionalMaxSplits = 16;
+int64_t PositionalSplitKeys(int64_t visible_keys);
 
 // One CTA's work: a tile of one request's folded rows (row = node * heads + head) against a
 // range of that request's keys. 8 int32, copied verbatim to the device.
@@ -90,6 +116,13 @@ struct VerifyCombineItem {
   int32_t pad[4];
 };
 
+// One attention launch and its combine over a contiguous range of the work and combine lists
+// (partial rows are numbered from 0 in every pass). Plans that fit the workspace have one.
+struct VerifyPass {
+  int32_t work_begin = 0, work_count = 0;
+  int32_t combine_begin = 0, combine_count = 0;
+};
+
 struct VerifyAttentionPlan {
   VerifyKernelConfig config = VerifyKernelConfig::kM16;
   int rows_per_cta = 16;
@@ -98,9 +131,11 @@ struct VerifyAttentionPlan {
   int batch = 0;
   int total_rows = 0;
   int max_splits = 1;                      // largest number of splits of any request
-  int64_t partial_rows = 0;                // workspace partial rows used
+  int64_t partial_rows = 0;                // workspace partial rows used (largest pass)
   std::vector<VerifyWorkItem> work;        // one per CTA of the attention kernel
   std::vector<VerifyCombineItem> combine;  // one per split row tile
+  std::vector<VerifyPass> passes;          // empty: one pass over everything
+  bool positional = false;                 // kM16Positional: fixed combine layout too
 };
 
 // Fixed device workspace: work lists + fp32 partial outputs + their log2-LSE. Allocated
@@ -137,11 +172,16 @@ struct VerifyPlanOptions {
   int max_splits = 0;
   // Shortest split in key tiles of the chosen configuration (>= 1).
   int min_split_tiles = 2;
+  // kM16Positional only (required there): host copy of params.tree_mask
+  // ([total_rows, mask_words]), from which the planner counts each node's visible keys.
+  const uint64_t* host_tree_mask = nullptr;
 };
 
 // Computes the plan from host copies of q_indptr / kv_indptr ([batch + 1] each). Checks the
 // index arrays (monotone, L_b >= n_b, n_b <= 64 * mask_words) and that the plan fits the
-// workspace capacity (splits are reduced until it does).
+// workspace capacity (splits are reduced until it does; kM16Positional never changes its
+// splits: it runs in passes instead, and needs work / combine capacity for one item per
+// (node, 16-head tile, split) / (node, 16-head tile), RESOURCE_EXHAUSTED otherwise).
 absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionParams& params,
                                                         const int32_t* host_q_indptr,
                                                         const int32_t* host_kv_indptr,

@@ -139,11 +139,11 @@ __global__ void __launch_bounds__(kCombineThreads)
 }  // namespace
 
 absl::Status LaunchCombine(const VerifyCombineArgs& args, int num_items, int num_sms,
-                           bool dependent_launch, void* stream) {
+                           bool dependent_launch, void* stream, bool fixed_layout) {
   VerifyCombineArgs c = args;
   // Few rows to merge: 64-column chunks so they spread over the SMs; else whole rows.
   const int64_t rows_to_merge = static_cast<int64_t>(num_items) * c.rows_per_cta;
-  c.cols_per_cta = rows_to_merge < 4 * static_cast<int64_t>(num_sms) ? 64 : kVDim;
+  c.cols_per_cta = fixed_layout || rows_to_merge < 4 * static_cast<int64_t>(num_sms) ? 64 : kVDim;
   cudaLaunchConfig_t lc{};
   lc.gridDim = dim3(static_cast<unsigned>(num_items), static_cast<unsigned>(c.rows_per_cta),
                     static_cast<unsigned>(kVDim / c.cols_per_cta));

@@ -136,13 +136,14 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
   a.lse = p.lse;
   a.part_o = reinterpret_cast<float*>(base + l.part_o);
   a.part_lse = reinterpret_cast<float*>(base + l.lse);
-  a.work = reinterpret_cast<const VerifyWorkItem*>(base + l.work);
-  const int grid = static_cast<int>(plan.work.size());
+  const auto* work = reinterpret_cast<const VerifyWorkItem*>(base + l.work);
+  const auto* combine = reinterpret_cast<const VerifyCombineItem*>(base + l.combine);
 
   int dev = 0, major = 0, sms = 0;
   VERIFYD_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
   VERIFYD_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   // The variant of the plan's configuration on this device's architecture (shared memory was
   // checked by the planner).
   const detail::VariantInfo* variant = nullptr;
@@ -158,21 +159,29 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
         absl::StrCat("verify attention: the plan (configuration ", static_cast<int>(plan.config),
                      ") was made for another architecture than this sm_", major, "x device"));
   }
-  VERIFYD_RETURN_IF_ERROR(detail::DispatchVariant(
-      variant->index, [&](auto v) { return decltype(v)::Launch(a, grid, p.stream); }));
-
-  if (!plan.combine.empty()) {
+  // One pass: the attention over a range of the work list, then the combine of its splits.
+  auto run_pass = [&](const VerifyPass& pass) -> absl::Status {
+    a.work = work + pass.work_begin;
+    VERIFYD_RETURN_IF_ERROR(detail::DispatchVariant(
+        variant->index, [&](auto v) { return decltype(v)::Launch(a, pass.work_count, p.stream); }));
+    if (pass.combine_count == 0) return absl::OkStatus();
     detail::VerifyCombineArgs c{};
-    c.items = reinterpret_cast<const VerifyCombineItem*>(base + l.combine);
+    c.items = combine + pass.combine_begin;
     c.part_o = a.part_o;
     c.part_lse = a.part_lse;
     c.out = a.out;
     c.lse = p.lse;
     c.rows_per_cta = plan.rows_per_cta;
-    VERIFYD_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    VERIFYD_RETURN_IF_ERROR(detail::LaunchCombine(c, static_cast<int>(plan.combine.size()), sms,
-                                                  /*dependent_launch=*/major >= 9, p.stream));
+    // Positional plans merge in one fixed layout (whatever the batch), the others in the
+    // layout that suits the number of rows.
+    return detail::LaunchCombine(c, pass.combine_count, sms, /*dependent_launch=*/major >= 9,
+                                 p.stream, /*fixed_layout=*/plan.positional);
+  };
+  if (plan.passes.empty()) {
+    return run_pass(
+        {0, static_cast<int32_t>(plan.work.size()), 0, static_cast<int32_t>(plan.combine.size())});
   }
+  for (const VerifyPass& pass : plan.passes) VERIFYD_RETURN_IF_ERROR(run_pass(pass));
   return absl::OkStatus();
 }
 

@@ -85,6 +85,7 @@ absl::StatusOr<VariantInfo> AutoVariant(const VerifyAttentionDeviceInfo& device,
   for (const VariantInfo& v : kVariantTable) {
     if (AutoForcedToMma() && v.config != VerifyKernelConfig::kM16) continue;
     if (!v.runs_on(device.cc_major) || !Fits(v, device)) continue;
+    if (v.auto_use == AutoUse::kNever) continue;
     if (v.auto_use == AutoUse::kNotTinyDecode && tiny) continue;
     return v;
   }
@@ -103,6 +104,120 @@ WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items,
   return l;
 }
 
+}  // namespace detail
+
+int64_t PositionalSplitKeys(int64_t n) {
+  constexpr int64_t kTile = 32;  // the m16 kernels' key tile
+  if (n <= 0) return kTile;
+  const int64_t splits =
+      std::min<int64_t>(detail::CeilDiv(n, kPositionalChunkKeys), kPositionalMaxSplits);
+  return detail::CeilDiv(detail::CeilDiv(n, splits), kTile) * kTile;
+}
+
+namespace detail {
+namespace {
+
+// kM16Positional: per request, per node, per split, per 16-head tile (the head tiles of one
+// split are adjacent, so they stream the same keys together and share them in L2). A node's
+// splits depend only on its visible key count. Partial rows are handed out in passes that fit
+// the workspace; all of a node's split tiles are in one pass.
+absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& params,
+                                                   const int32_t* hq, const int32_t* hkv,
+                                                   const VariantInfo& variant,
+                                                   const VerifyAttentionWorkspace& ws,
+                                                   const VerifyPlanOptions& options) {
+  const int B = params.batch;
+  const int H = params.num_heads;
+  const int BM = variant.rows;
+  const int W = params.mask_words;
+  if (BM != 16 || variant.keys != 32) {
+    return absl::InternalError("verify plan: positional variants are 16 rows x 32 keys");
+  }
+  if (params.total_rows > 0 && options.host_tree_mask == nullptr) {
+    return absl::InvalidArgumentError(
+        "verify plan: host_tree_mask is required by the positional configuration");
+  }
+  VerifyAttentionPlan plan;
+  plan.config = variant.config;
+  plan.rows_per_cta = BM;
+  plan.keys_per_tile = variant.keys;
+  plan.num_heads = H;
+  plan.batch = B;
+  plan.total_rows = params.total_rows;
+  plan.positional = true;
+  const int head_tiles = static_cast<int>(CeilDiv(H, BM));
+
+  VerifyPass pass;
+  int64_t pass_partial = 0;
+  auto close_pass = [&] {
+    pass.work_count = static_cast<int32_t>(plan.work.size()) - pass.work_begin;
+    pass.combine_count = static_cast<int32_t>(plan.combine.size()) - pass.combine_begin;
+    if (pass.work_count > 0) plan.passes.push_back(pass);
+    plan.partial_rows = std::max(plan.partial_rows, pass_partial);
+    pass = VerifyPass{};
+    pass.work_begin = static_cast<int32_t>(plan.work.size());
+    pass.combine_begin = static_cast<int32_t>(plan.combine.size());
+    pass_partial = 0;
+  };
+  for (int b = 0; b < B; ++b) {
+    const int n = hq[b + 1] - hq[b];
+    const int L = hkv[b + 1] - hkv[b];
+    const int ctx = L - n;
+    for (int t = 0; t < n; ++t) {
+      const uint64_t* m = options.host_tree_mask + static_cast<int64_t>(hq[b] + t) * W;
+      int tail = 0;
+      for (int j = 0; j < n; ++j) tail += static_cast<int>((m[j / 64] >> (j % 64)) & 1u);
+      const int visible = ctx + tail;
+      const int64_t len = PositionalSplitKeys(visible);
+      const int s = static_cast<int>(std::max<int64_t>(1, CeilDiv(visible, len)));
+      plan.max_splits = std::max(plan.max_splits, s);
+      if (s > 1) {
+        const int64_t need = static_cast<int64_t>(s) * head_tiles * BM;
+        if (need > ws.max_partial_rows) {
+          return absl::ResourceExhaustedError(absl::StrCat("verify plan: one node needs ", need,
+                                                           " partial rows; the workspace holds ",
+                                                           ws.max_partial_rows));
+        }
+        if (pass_partial + need > ws.max_partial_rows) close_pass();
+        for (int h = 0; h < head_tiles; ++h) {
+          VerifyCombineItem ci{};
+          ci.out_row0 = (hq[b] + t) * H + h * BM;
+          ci.num_rows = std::min(BM, H - h * BM);
+          ci.num_splits = s;
+          ci.partial_row0 = static_cast<int32_t>(pass_partial + h * s * BM);
+          plan.combine.push_back(ci);
+        }
+      }
+      for (int i = 0; i < s; ++i) {
+        for (int h = 0; h < head_tiles; ++h) {
+          VerifyWorkItem w{};
+          w.q_row0 = hq[b];
+          w.num_nodes = n;
+          w.kv_off = hkv[b];
+          w.kv_len = L;
+          w.fold_begin = t * H + h * BM;
+          w.kv_begin = static_cast<int32_t>(i * len);
+          w.kv_end = static_cast<int32_t>(std::min<int64_t>(visible, (i + 1) * len));
+          w.partial_row = s > 1 ? static_cast<int32_t>(pass_partial + (h * s + i) * BM) : -1;
+          plan.work.push_back(w);
+        }
+      }
+      if (s > 1) pass_partial += static_cast<int64_t>(s) * head_tiles * BM;
+    }
+  }
+  close_pass();
+  if (static_cast<int64_t>(plan.work.size()) > ws.max_work_items ||
+      static_cast<int64_t>(plan.combine.size()) > ws.max_combine_items) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "verify plan: the positional plan needs ", plan.work.size(), " work items and ",
+        plan.combine.size(), " combine items; the workspace holds ", ws.max_work_items, " and ",
+        ws.max_combine_items));
+  }
+  if (plan.passes.size() == 1) plan.passes.clear();  // one pass: the plain layout
+  return plan;
+}
+
+}  // namespace
 }  // namespace detail
 
 size_t VerifyAttentionWorkspace::BytesFor(int max_work_items, int max_combine_items,
@@ -183,6 +298,9 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionPar
                            options.config == VerifyKernelConfig::kAuto
                                ? detail::AutoVariant(device, max_rows, total_keys)
                                : detail::ResolveVariant(options.config, device));
+  if (variant.positional) {
+    return detail::PlanPositional(params, hq, hkv, variant, ws, options);
+  }
   const int BM = variant.rows;
   const int BN = variant.keys;
 
