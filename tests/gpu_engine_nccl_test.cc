@@ -4,12 +4,14 @@
 //     nccl-tests' "verifiable" inputs (small integers, exact in both dtypes);
 //   - a rank whose peers never join: init fails with Unavailable within the timeout (the
 //     non-blocking communicator is polled and aborted, no hang);
-//   - after Abort() every collective answers Unavailable.
+//   - after Abort() every collective answers Unavailable;
+//   - the batch-invariant rank-order reduction equals the host's rank-order float sum.
 // Label gpu; skipped with a message when no CUDA device is visible. Runs with
 // NCCL_NVLS_ENABLE=0 (no NVLink multicast).
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <thread>
 #include <vector>
@@ -92,6 +94,69 @@ TEST_F(NcclTest, CollectivesGiveExactResults) {
       for (int k = 0; k < world; ++k) {
         ASSERT_EQ(got_g[r][k * n + i], static_cast<float>(i % 13 + k)) << "gather i=" << i;
       }
+    }
+  }
+}
+
+// The batch-invariant reduction (EnableRankOrderReduce: all-gather, then a sum in rank order):
+// random fp32 data (sums that round), and every rank's result must equal, bit for bit, the
+// host's float sum of the ranks' values in rank order — for a message and for a prefix of it
+// (the order must not depend on the size); more than the buffer holds is InvalidArgument.
+TEST_F(NcclTest, RankOrderReduceSumsInRankOrder) {
+  SKIP_WITHOUT_GPU();
+  const int world = test_util::CudaDeviceCount();
+  std::vector<int> devices;
+  for (int d = 0; d < world; ++d) devices.push_back(d);
+  auto group = CreateNcclGroup(devices, 30000);
+  ASSERT_TRUE(group.ok()) << group.status();
+  const size_t n = 50001, prefix = 777;
+  auto value = [](int r, size_t i) {
+    return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + 1.3 * r) * 1e3 /
+                              (1.0 + static_cast<double>(i % 97)));
+  };
+  std::vector<absl::Status> st(world);
+  std::vector<std::vector<float>> got(world), got_prefix(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      NcclCommunicator& c = *(*group)[r];
+      cudaSetDevice(c.device());
+      cudaStream_t s;
+      cudaStreamCreate(&s);
+      std::vector<float> h(n);
+      for (size_t i = 0; i < n; ++i) h[i] = value(r, i);
+      float *d = nullptr, *dp = nullptr;
+      cudaMalloc(reinterpret_cast<void**>(&d), n * 4);
+      cudaMalloc(reinterpret_cast<void**>(&dp), prefix * 4);
+      cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice);
+      cudaMemcpy(dp, h.data(), prefix * 4, cudaMemcpyHostToDevice);
+      absl::Status a = c.EnableRankOrderReduce(n * 4);
+      if (a.ok()) a = c.AllReduceSum(d, n, kernels::DType::kFloat32, s);
+      if (a.ok()) a = c.AllReduceSum(dp, prefix, kernels::DType::kFloat32, s);
+      if (a.ok()) a = c.Synchronize(s);
+      st[r] = a;
+      got[r].resize(n);
+      got_prefix[r].resize(prefix);
+      cudaMemcpy(got[r].data(), d, n * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(got_prefix[r].data(), dp, prefix * 4, cudaMemcpyDeviceToHost);
+      // Too large for the buffer: refused before anything is enqueued.
+      const absl::Status big = c.AllReduceSum(d, n + 1, kernels::DType::kFloat32, s);
+      if (st[r].ok() && big.code() != absl::StatusCode::kInvalidArgument) {
+        st[r] = absl::InternalError("a message over the buffer was not refused");
+      }
+      cudaFree(d);
+      cudaFree(dp);
+      cudaStreamDestroy(s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+    for (size_t i = 0; i < n; ++i) {
+      float want = 0.f;
+      for (int k = 0; k < world; ++k) want += value(k, i);
+      ASSERT_EQ(got[r][i], want) << "rank " << r << " i=" << i;
+      if (i < prefix) ASSERT_EQ(got_prefix[r][i], want) << "prefix, rank " << r << " i=" << i;
     }
   }
 }

@@ -8,34 +8,12 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 #include "tp/cuda/loopback_communicator.h"
+#include "tp/cuda/rank_order_sum.h"
 
 namespace verifyd::tp {
 namespace {
 
-struct RankPointers {
-  const void* src[kMaxLoopbackRanks];
-};
-
-// out[i] = sum over ranks r = 0 .. world-1 of src[r][i], accumulated in float32 in rank order.
-template <typename T>
-__global__ void SumInRankOrderKernel(RankPointers p, int world, size_t count, T* out) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
-       i += size_t{gridDim.x} * blockDim.x) {
-    float acc = 0.0f;
-    for (int r = 0; r < world; ++r) {
-      if constexpr (sizeof(T) == 4) {
-        acc += static_cast<const float*>(p.src[r])[i];
-      } else {
-        acc += __bfloat162float(static_cast<const __nv_bfloat16*>(p.src[r])[i]);
-      }
-    }
-    if constexpr (sizeof(T) == 4) {
-      out[i] = acc;
-    } else {
-      out[i] = __float2bfloat16_rn(acc);
-    }
-  }
-}
+static_assert(kMaxLoopbackRanks <= kMaxRankOrderSources, "loopback ranks");
 
 absl::Status Unavailable(const std::string& what) {
   return absl::UnavailableError(absl::StrCat("loopback communicator: ", what));
@@ -144,20 +122,10 @@ absl::Status LoopbackCommunicator::AllReduceSum(void* buf, size_t count, kernels
   auto s = static_cast<cudaStream_t>(stream);
   std::vector<LoopbackGroup::Post> all;
   VERIFYD_RETURN_IF_ERROR(Rendezvous(buf, ready_, stream, &all));
-  RankPointers p{};
-  for (int r = 0; r < group_->world_size(); ++r) p.src[r] = all[r].ptr;
-  if (count > 0) {
-    const int threads = 256;
-    const int blocks = static_cast<int>(std::min<size_t>((count + threads - 1) / threads, 1024));
-    if (dtype == kernels::DType::kFloat32) {
-      SumInRankOrderKernel<float><<<blocks, threads, 0, s>>>(p, group_->world_size(), count,
-                                                             static_cast<float*>(scratch_));
-    } else {
-      SumInRankOrderKernel<__nv_bfloat16><<<blocks, threads, 0, s>>>(
-          p, group_->world_size(), count, static_cast<__nv_bfloat16*>(scratch_));
-    }
-    VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("SumInRankOrderKernel");
-  }
+  const void* src[kMaxLoopbackRanks];
+  for (int r = 0; r < group_->world_size(); ++r) src[r] = all[r].ptr;
+  VERIFYD_RETURN_IF_ERROR(
+      SumInRankOrderCuda(src, group_->world_size(), count, dtype, scratch_, stream));
   // Every rank has read every buffer before any rank overwrites its own.
   VERIFYD_RETURN_IF_ERROR(Rendezvous(nullptr, done_, stream, &all));
   if (bytes > 0) {

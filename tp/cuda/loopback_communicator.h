@@ -32,7 +32,7 @@
 namespace verifyd::tp {
 
 // Most ranks one loopback group holds.
-inline constexpr int kMaxLoopbackRanks = 8;
+inline constexpr int kMaxLoopbackRanks = 8;  // <= kMaxRankOrderSources (rank_order_sum.h)
 
 // The rendezvous shared by the ranks of one loopback group.
 class LoopbackGroup {

@@ -1,6 +1,8 @@
 // NcclCommunicator (see nccl_communicator.h).
 #include "tp/cuda/nccl_communicator.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/status.h"
 
@@ -12,6 +14,9 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+
+#include "kernels/cuda/cuda_check.h"
+#include "tp/cuda/rank_order_sum.h"
 
 namespace verifyd::tp {
 namespace {
@@ -105,6 +110,10 @@ NcclCommunicator::~NcclCommunicator() {
     cudaSetDevice(device_);
     ncclCommAbort(AsComm(comm_));
   }
+  if (gather_ != nullptr) {
+    cudaSetDevice(device_);
+    cudaFree(gather_);
+  }
 }
 
 bool NcclCommunicator::failed() const { return aborted_.load() || group_->failed.load(); }
@@ -152,11 +161,40 @@ absl::Status NcclCommunicator::AllReduceSum(void* buf, size_t count, kernels::DT
   if (failed()) return Fail("AllReduceSum on a failed group");
   if (count == 0) return absl::OkStatus();
   if (buf == nullptr) return absl::InvalidArgumentError("AllReduceSum: buf is null");
+  if (dtype != kernels::DType::kFloat32 && dtype != kernels::DType::kBFloat16) {
+    return absl::InvalidArgumentError("AllReduceSum: dtype must be float32 or bfloat16");
+  }
+  if (gather_ != nullptr) {
+    const size_t bytes = count * kernels::DTypeSize(dtype);
+    if (bytes > gather_bytes_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AllReduceSum: ", bytes, " bytes > the rank-order buffer's ", gather_bytes_));
+    }
+    VERIFYD_RETURN_IF_ERROR(AllGather(buf, gather_, bytes, stream));
+    const void* src[kMaxRankOrderSources];
+    for (int r = 0; r < world_; ++r) src[r] = static_cast<const char*>(gather_) + r * bytes;
+    return SumInRankOrderCuda(src, world_, count, dtype, buf, stream);
+  }
   const ncclDataType_t t = dtype == kernels::DType::kFloat32 ? ncclFloat32 : ncclBfloat16;
   VERIFYD_RETURN_IF_ERROR(FailOnError(
       ncclAllReduce(buf, buf, count, t, ncclSum, AsComm(comm_), static_cast<cudaStream_t>(stream)),
       "ncclAllReduce"));
   return WaitReady("ncclAllReduce");
+}
+
+absl::Status NcclCommunicator::EnableRankOrderReduce(size_t max_bytes) {
+  if (world_ > kMaxRankOrderSources) {
+    return absl::UnimplementedError(absl::StrCat("rank-order reduction: at most ",
+                                                 kMaxRankOrderSources, " ranks, got ", world_));
+  }
+  if (gather_ != nullptr) {
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaFree(gather_));
+    gather_ = nullptr;
+  }
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaMalloc(&gather_, std::max<size_t>(1, world_ * max_bytes)));
+  gather_bytes_ = max_bytes;
+  return absl::OkStatus();
 }
 
 absl::Status NcclCommunicator::AllGather(const void* send, void* recv, size_t bytes, void* stream) {
@@ -244,6 +282,7 @@ void NcclCommunicator::Abort() { group_->failed.store(true); }
 absl::Status NcclCommunicator::AllReduceSum(void*, size_t, kernels::DType, void*) {
   return NoNccl();
 }
+absl::Status NcclCommunicator::EnableRankOrderReduce(size_t) { return NoNccl(); }
 absl::Status NcclCommunicator::AllGather(const void*, void*, size_t, void*) { return NoNccl(); }
 absl::Status NcclCommunicator::Synchronize(void*) { return NoNccl(); }
 absl::StatusOr<std::vector<std::unique_ptr<NcclCommunicator>>> CreateNcclGroup(

@@ -56,8 +56,15 @@ class NcclCommunicator : public DeviceCommunicator {
   int world_size() const override { return world_; }
   int device() const { return device_; }
 
-  // ncclAllReduce (sum) in place on the stream; dtype kFloat32 or kBFloat16.
+  // Sum over the ranks in place on the stream; dtype kFloat32 or kBFloat16. ncclAllReduce,
+  // or after EnableRankOrderReduce an all-gather followed by SumInRankOrderCuda
+  // (rank_order_sum.h): each element summed in rank order, whatever the message size (NCCL's
+  // own reduction order depends on its algorithm and chunking, hence on the message size).
   absl::Status AllReduceSum(void* buf, size_t count, kernels::DType dtype, void* stream) override;
+  // The batch-invariant mode's reduction: allocates a [world_size, max_bytes] gather buffer
+  // on the rank's device (call on the rank's thread, before the first step); AllReduceSum of
+  // more than max_bytes then answers InvalidArgument.
+  absl::Status EnableRankOrderReduce(size_t max_bytes);
   // ncclAllGather of `bytes` bytes per rank (recv holds world_size * bytes).
   absl::Status AllGather(const void* send, void* recv, size_t bytes, void* stream) override;
   // Marks the group failed (any thread). Every rank's next collective or poll then aborts
@@ -83,6 +90,8 @@ class NcclCommunicator : public DeviceCommunicator {
 
   void* comm_;  // ncclComm_t
   int rank_, world_, device_, timeout_ms_;
+  void* gather_ = nullptr;  // EnableRankOrderReduce's [world, gather_bytes_] device buffer
+  size_t gather_bytes_ = 0;
   std::shared_ptr<NcclGroupState> group_;
   std::atomic<bool> aborted_{false};
 };

@@ -347,9 +347,15 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
     VERIFYD_ASSIGN_OR_RETURN(rk.comm,
                              LoopbackCommunicator::Create(setup.loopback, rk.rank, rk.device));
   } else if (tp > 1) {
-    VERIFYD_ASSIGN_OR_RETURN(rk.comm,
+    VERIFYD_ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> nccl,
                              NcclCommunicator::Create(setup.nccl_id, rk.rank, tp, rk.device,
                                                       setup.comm_timeout_ms, setup.nccl_group));
+    // Batch-invariant steps: the layer reductions ([rows, hidden] fp32) summed in rank order.
+    if (setup.batch_invariant) {
+      VERIFYD_RETURN_IF_ERROR(nccl->EnableRankOrderReduce(
+          static_cast<size_t>(setup.max_rows * c.hidden_size) * sizeof(float)));
+    }
+    rk.comm = std::move(nccl);
   }
   rk.heads = HeadShard(c.num_attention_heads, tp, rk.rank);
   rk.vocab = VocabShard(c.vocab_size, tp, rk.rank);
