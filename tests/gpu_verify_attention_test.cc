@@ -649,7 +649,7 @@ TEST(VerifyAttentionCuda, SeesawScheduleSweep) {
 TEST(VerifyAttentionCuda, PositionalMatchesReference) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 900;
-  const int64_t kSmall = 3000;  // partial rows: several passes at these contexts
+  const int64_t kSmall = 6000;  // partial rows: several passes at these contexts
   struct Shape {
     int heads;
     std::vector<int> nodes, ctx;
@@ -664,16 +664,21 @@ TEST(VerifyAttentionCuda, PositionalMatchesReference) {
       {8, {64, 3}, {33, 5000}, true, 0},
       {128, {4, 1}, {9000, 185000}, false, kSmall},
   };
+  const bool sm90 = !SkipUnlessSm90();
   for (const Shape& sh : shapes) {
-    Case c;
-    c.heads = sh.heads;
-    c.nodes = sh.nodes;
-    c.ctx = sh.ctx;
-    c.empty_rows = sh.empty_rows;
-    c.seed = seed++;
-    c.config = VerifyKernelConfig::kM16Positional;
-    c.max_partial_rows = sh.max_partial_rows;
-    ExpectCase(c);
+    for (const VerifyKernelConfig config :
+         {VerifyKernelConfig::kM16Positional, VerifyKernelConfig::kM64Positional}) {
+      if (config == VerifyKernelConfig::kM64Positional && !sm90) continue;
+      Case c;
+      c.heads = sh.heads;
+      c.nodes = sh.nodes;
+      c.ctx = sh.ctx;
+      c.empty_rows = sh.empty_rows;
+      c.seed = seed++;
+      c.config = config;
+      c.max_partial_rows = sh.max_partial_rows;
+      ExpectCase(c);
+    }
   }
 }
 
@@ -684,7 +689,14 @@ TEST(VerifyAttentionCuda, PositionalMatchesReference) {
 // workspace small enough to need passes.
 TEST(VerifyAttentionCuda, PositionalTreeEqualsChain) {
   SKIP_WITHOUT_GPU();
-  for (const int heads : {16, 24, 64}) {
+  const bool sm90 = !SkipUnlessSm90();
+  for (const auto& [heads, config] :
+       std::vector<std::pair<int, VerifyKernelConfig>>{{16, VerifyKernelConfig::kM16Positional},
+                                                       {24, VerifyKernelConfig::kM16Positional},
+                                                       {64, VerifyKernelConfig::kM16Positional},
+                                                       {64, VerifyKernelConfig::kM64Positional},
+                                                       {128, VerifyKernelConfig::kM64Positional}}) {
+    if (config == VerifyKernelConfig::kM64Positional && !sm90) continue;
     Case c;
     c.heads = heads;
     c.nodes = {33, 1, 65, 7};
@@ -694,7 +706,7 @@ TEST(VerifyAttentionCuda, PositionalTreeEqualsChain) {
     std::vector<bf16_bits> tree_out;
     std::vector<float> tree_lse;
     VerifyPlanOptions opt;
-    opt.config = VerifyKernelConfig::kM16Positional;
+    opt.config = config;
     ASSERT_NO_FATAL_FAILURE(RunCuda(tree, opt, true, 0, &tree_out, &tree_lse));
 
     // Chains: one request per tree node (reverse order), then two unrelated requests from
@@ -756,7 +768,7 @@ TEST(VerifyAttentionCuda, PositionalTreeEqualsChain) {
     chain.total_rows = chain.q_indptr.back();
     std::vector<bf16_bits> chain_out;
     std::vector<float> chain_lse;
-    ASSERT_NO_FATAL_FAILURE(RunCuda(chain, opt, true, 2000, &chain_out, &chain_lse));
+    ASSERT_NO_FATAL_FAILURE(RunCuda(chain, opt, true, 5000, &chain_out, &chain_lse));
 
     int64_t differing = 0, compared = 0;
     for (size_t i = 0; i < source_row.size(); ++i) {
@@ -771,8 +783,9 @@ TEST(VerifyAttentionCuda, PositionalTreeEqualsChain) {
         if (!same_out || !same_lse) ++differing;
       }
     }
-    std::printf("  heads %d: %lld (row, head) pairs, %lld differ from their chain\n", heads,
-                static_cast<long long>(compared), static_cast<long long>(differing));
+    std::printf("  heads %d, config %d: %lld (row, head) pairs, %lld differ from their chain\n",
+                heads, static_cast<int>(config), static_cast<long long>(compared),
+                static_cast<long long>(differing));
     EXPECT_EQ(compared, static_cast<int64_t>(tree.total_rows) * heads);
     EXPECT_EQ(differing, 0) << "heads " << heads;
   }

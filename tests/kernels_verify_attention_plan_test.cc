@@ -273,11 +273,12 @@ VerifyAttentionParams ParamsOf(const TreeBatch& t, int heads) {
 // The key ranges (in plan order) of the work items of each (row, head tile).
 std::vector<std::vector<std::pair<int, int>>> RangesByTile(const VerifyAttentionPlan& plan,
                                                            int heads) {
-  const int tiles = (heads + 15) / 16;
+  const int bm = plan.rows_per_cta;
+  const int tiles = (heads + bm - 1) / bm;
   std::vector<std::vector<std::pair<int, int>>> r(static_cast<size_t>(plan.total_rows) * tiles);
   for (const VerifyWorkItem& w : plan.work) {
     const int node = w.fold_begin / heads;
-    const int tile = (w.fold_begin % heads) / 16;
+    const int tile = (w.fold_begin % heads) / bm;
     r[static_cast<size_t>(w.q_row0 + node) * tiles + tile].push_back({w.kv_begin, w.kv_end});
   }
   return r;
@@ -287,9 +288,9 @@ std::vector<std::vector<std::pair<int, int>>> RangesByTile(const VerifyAttention
 // kPositionalMaxSplits, 32-key multiples.
 TEST(VerifyAttentionPlan, PositionalSplitKeys) {
   EXPECT_EQ(PositionalSplitKeys(1), 32);
-  EXPECT_EQ(PositionalSplitKeys(4096), 4096);
-  EXPECT_EQ(PositionalSplitKeys(4097), 2080);  // two splits of 2049 -> 2080
-  EXPECT_EQ(PositionalSplitKeys(185000), 11584);
+  EXPECT_EQ(PositionalSplitKeys(kPositionalChunkKeys), kPositionalChunkKeys);
+  EXPECT_EQ(PositionalSplitKeys(513), 288);      // two splits of 257 -> 288
+  EXPECT_EQ(PositionalSplitKeys(185000), 5792);  // 32 splits of 5782 -> 5792
   for (int64_t n : {1, 31, 32, 33, 4095, 4096, 4097, 65536, 65537, 185000, 1 << 20}) {
     const int64_t len = PositionalSplitKeys(n);
     EXPECT_EQ(len % 32, 0) << n;
@@ -307,21 +308,29 @@ TEST(VerifyAttentionPlan, PositionalSplitKeys) {
 TEST(VerifyAttentionPlan, PositionalPlanShape) {
   const VerifyAttentionWorkspace ws = CapacityOnly();
   VerifyPlanOptions opt;
-  opt.config = VerifyKernelConfig::kM16Positional;
-  for (const int heads : {8, 16, 40, 64}) {
-    SCOPED_TRACE(testing::Message() << heads << " heads");
+  for (const auto& [config, heads] :
+       std::vector<std::pair<VerifyKernelConfig, int>>{{VerifyKernelConfig::kM16Positional, 8},
+                                                       {VerifyKernelConfig::kM16Positional, 16},
+                                                       {VerifyKernelConfig::kM16Positional, 40},
+                                                       {VerifyKernelConfig::kM16Positional, 64},
+                                                       {VerifyKernelConfig::kM64Positional, 64},
+                                                       {VerifyKernelConfig::kM64Positional, 128},
+                                                       {VerifyKernelConfig::kM64Positional, 40}}) {
+    SCOPED_TRACE(testing::Message() << heads << " heads, config " << static_cast<int>(config));
+    opt.config = config;
+    const int bm = config == VerifyKernelConfig::kM64Positional ? 64 : 16;
     const std::vector<int> nodes = {1, 17, 65, 3}, ctx = {5000, 100, 70000, 0};
     const TreeBatch t = MakeTrees(nodes, ctx, 7 + heads);
     const VerifyAttentionParams p = ParamsOf(t, heads);
     opt.host_tree_mask = t.mask.data();
     auto plan = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, ws, opt);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    EXPECT_EQ(plan->config, VerifyKernelConfig::kM16Positional);
+    EXPECT_EQ(plan->config, config);
     EXPECT_TRUE(plan->positional);
-    EXPECT_EQ(plan->rows_per_cta, 16);
+    EXPECT_EQ(plan->rows_per_cta, bm);
     EXPECT_EQ(plan->keys_per_tile, 32);
     const auto ranges = RangesByTile(*plan, heads);
-    const int tiles = (heads + 15) / 16;
+    const int tiles = (heads + bm - 1) / bm;
     for (size_t b = 0; b + 1 < t.qi.size(); ++b) {
       for (int r = t.qi[b]; r < t.qi[b + 1]; ++r) {
         const int visible = ctx[b] + t.depth[r];
@@ -354,8 +363,7 @@ TEST(VerifyAttentionPlan, PositionalPlanShape) {
       }
     }
     for (const VerifyWorkItem& w : plan->work) {
-      EXPECT_LE((w.fold_begin % heads) + 1, heads);  // a tile never crosses a node
-      EXPECT_EQ((w.fold_begin % heads) % 16, 0);
+      EXPECT_EQ((w.fold_begin % heads) % bm, 0);  // a tile starts at a head tile of one node
     }
     // kAuto never picks it.
     auto autoplan = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, ws);
@@ -368,11 +376,20 @@ TEST(VerifyAttentionPlan, PositionalPlanShape) {
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(refused.status().message().find("host_tree_mask"), std::string::npos);
   }
-  // sm_120: the 2-stage positional variant.
+  // sm_120: the 2-stage 16-row positional variant; the 64-row one is sm_90 only.
   auto v120 = detail::ResolveVariant(VerifyKernelConfig::kM16Positional, kSm120);
   ASSERT_TRUE(v120.ok()) << v120.status();
   EXPECT_EQ(v120->stages, 2);
   EXPECT_TRUE(v120->positional);
+  EXPECT_FALSE(detail::ResolveVariant(VerifyKernelConfig::kM64Positional, kSm120).ok());
+  auto v90 = detail::ResolveVariant(VerifyKernelConfig::kM64Positional, kH200);
+  ASSERT_TRUE(v90.ok()) << v90.status();
+  EXPECT_LE(v90->smem_bytes, 232448u);
+  // Which one an engine uses: 64 rows on sm_90 for multiples of 64 heads.
+  EXPECT_EQ(PositionalConfigFor(64, 9), VerifyKernelConfig::kM64Positional);
+  EXPECT_EQ(PositionalConfigFor(128, 9), VerifyKernelConfig::kM64Positional);
+  EXPECT_EQ(PositionalConfigFor(32, 9), VerifyKernelConfig::kM16Positional);
+  EXPECT_EQ(PositionalConfigFor(64, 12), VerifyKernelConfig::kM16Positional);
 }
 
 // A batch whose partial outputs exceed the workspace runs in passes: every pass fits, a node's

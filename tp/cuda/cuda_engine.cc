@@ -266,7 +266,7 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
       // kernel and the key splits by the batch's shape.
       kc::VerifyPlanOptions vo;
       if (rk.batch_invariant) {
-        vo.config = kc::VerifyKernelConfig::kM16Positional;
+        vo.config = kc::PositionalConfigFor(ap.num_heads, rk.vk_info.cc_major);
         vo.host_tree_mask = plan.tree_mask.data();
       }
       absl::StatusOr<kc::VerifyAttentionPlan> p = kc::PlanVerifyAttention(

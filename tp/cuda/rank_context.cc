@@ -506,7 +506,8 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
     if (!info.ok()) return info.status();
     rk.vk_info = *info;
     // Batch-invariant steps plan one work item per (node, 16-head tile, split) and one combine
-    // item per (node, 16-head tile): room for every row of a full step at the most splits.
+    // item per (node, 16-head tile): room for every row of a full step at the most splits,
+    // and partial rows (256 MB) for 64 nodes of 64 heads at the most splits per pass.
     const int64_t head_tiles = (rk.heads.size + 15) / 16;
     absl::StatusOr<kc::VerifyAttentionWorkspace> ws =
         rk.batch_invariant
@@ -514,7 +515,7 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
                   static_cast<int>(std::max<int64_t>(
                       65536, setup.max_rows * head_tiles * kc::kPositionalMaxSplits)),
                   static_cast<int>(std::max<int64_t>(16384, setup.max_rows * head_tiles)),
-                  /*max_partial_rows=*/32768)
+                  /*max_partial_rows=*/131072)
             : kc::VerifyAttentionWorkspace::AllocateDefault();
     if (!ws.ok()) return ws.status();
     rk.vk_ws = *ws;

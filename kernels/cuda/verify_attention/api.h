@@ -27,9 +27,10 @@
 //          99 KB of shared memory on sm_80 / sm_120. Tiny decode batches and non-sm_90.
 //   kS64   64 folded rows, 64-key tiles, warp-specialised wgmma "seesaw" schedule (sm_90a;
 //          docs/KERNEL_NOTES.md): kAuto's choice on sm_90 for every other batch.
-//   kM16Positional  the batch-invariant configuration (never picked by kAuto; the engine's
-//          batch-invariant mode asks for it): the kM16 kernel with one node's heads per CTA,
-//          walking the node's *visible* keys by position (see "Positional attention" below).
+//   kM16Positional, kM64Positional  the batch-invariant configurations (never picked by
+//          kAuto; the engine's batch-invariant mode asks for PositionalConfigFor(heads)): the
+//          mma.sync kernel with 16 / 64 heads of one node per CTA, walking the node's
+//          *visible* keys by position (see "Positional attention" below).
 //
 // Positional attention (kM16Positional). A node's visible keys (the request's context, then
 // its visible tail rows in index order: for a tree, its ancestors and itself) are numbered
@@ -85,13 +86,21 @@ enum class VerifyKernelConfig : int {
   // 16 rows (one node's heads) per CTA, keys walked by position, splits fixed by the node's
   // visible key count: batch-invariant (see "Positional attention" above). Never kAuto's.
   kM16Positional = 6,
+  // The same with 64 rows (64 heads of one node) per CTA, mma.sync, sm_90 only: a quarter of
+  // the KV reads of kM16Positional when a rank holds 64 or 128 heads.
+  kM64Positional = 7,
 };
+
+// The positional configuration for `heads` heads per rank on a device of compute capability
+// `cc_major`: kM64Positional on sm_90 when heads is a multiple of 64, else kM16Positional.
+// A function of the engine's shape only, so every step of an engine uses the same one.
+VerifyKernelConfig PositionalConfigFor(int heads, int cc_major);
 
 // Positional attention: a node with n visible keys runs in ceil(n / len) splits of `len`
 // keys, len = the smallest multiple of 32 that covers n in at most
 // min(ceil(n / kPositionalChunkKeys), kPositionalMaxSplits) splits. Depends on n alone.
-inline constexpr int kPositionalChunkKeys = 4096;
-inline constexpr int kPositionalMaxSplits = 16;
+inline constexpr int kPositionalChunkKeys = 512;
+inline constexpr int kPositionalMaxSplits = 32;
 int64_t PositionalSplitKeys(int64_t visible_keys);
 
 // One CTA's work: a tile of one request's folded rows (row = node * heads + head) against a

@@ -106,6 +106,11 @@ WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items,
 
 }  // namespace detail
 
+VerifyKernelConfig PositionalConfigFor(int heads, int cc_major) {
+  return cc_major == 9 && heads > 0 && heads % 64 == 0 ? VerifyKernelConfig::kM64Positional
+                                                       : VerifyKernelConfig::kM16Positional;
+}
+
 int64_t PositionalSplitKeys(int64_t n) {
   constexpr int64_t kTile = 32;  // the m16 kernels' key tile
   if (n <= 0) return kTile;
@@ -117,7 +122,8 @@ int64_t PositionalSplitKeys(int64_t n) {
 namespace detail {
 namespace {
 
-// kM16Positional: per request, per node, per split, per 16-head tile (the head tiles of one
+// kM16Positional / kM64Positional: per request, per node, per split, per head tile of 16 / 64
+// (the head tiles of one
 // split are adjacent, so they stream the same keys together and share them in L2). A node's
 // splits depend only on its visible key count. Partial rows are handed out in passes that fit
 // the workspace; all of a node's split tiles are in one pass.
@@ -130,8 +136,8 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
   const int H = params.num_heads;
   const int BM = variant.rows;
   const int W = params.mask_words;
-  if (BM != 16 || variant.keys != 32) {
-    return absl::InternalError("verify plan: positional variants are 16 rows x 32 keys");
+  if ((BM != 16 && BM != 64) || variant.keys != 32) {
+    return absl::InternalError("verify plan: positional variants are 16 or 64 rows x 32 keys");
   }
   if (params.total_rows > 0 && options.host_tree_mask == nullptr) {
     return absl::InvalidArgumentError(

@@ -109,8 +109,24 @@ struct MmaM16PositionalPortable : MmaM16Portable {
 template <class... V>
 struct VariantList {};
 // kAuto's preference order.
+// The positional configuration with 64 rows (64 heads of one node: a quarter of the KV reads
+// of four 16-row CTAs), 32-key tiles, 3 stages (~197 KB): sm_90.
+struct MmaM64PositionalSm90 {
+  static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kM64Positional;
+  static constexpr const char* kName = "mma.sync 64-row positional, 3 stages (m64p)";
+  static constexpr int kRows = 64;
+  static constexpr int kKeys = 32;
+  static constexpr int kStages = 3;
+  static constexpr size_t kSmemBytes = MmaTraits<kRows, kKeys, kStages>::kSmemBytes;
+  static constexpr const char* kArch = "an sm_90 device";
+  static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
+  static constexpr AutoUse kAuto = AutoUse::kNever;
+  static constexpr bool kPositional = true;
+  static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
+};
+
 using VerifyVariants = VariantList<SeesawS64, MmaM16Sm90, MmaM16Portable, MmaM16PositionalSm90,
-                                   MmaM16PositionalPortable>;
+                                   MmaM16PositionalPortable, MmaM64PositionalSm90>;
 
 // ---- run-time view of the table (the planner) -------------------------------------------
 
@@ -147,7 +163,7 @@ template <class F, class... V>
 absl::Status DispatchVariantIn(int index, F&& f, VariantList<V...>) {
   absl::Status status = absl::InternalError("verify attention: no kernel variant at this index");
   int i = 0;
-  static_cast<void>(((i++ == index ? (status = f(V{}), true) : false) || ...));
+  static_cast<void>(((i++ == index ? (static_cast<void>(status = f(V{})), true) : false) || ...));
   return status;
 }
 template <class F>
