@@ -1,6 +1,4 @@
 // SumInRankOrderCuda (see the header).
-#include "tp/cuda/rank_order_sum.h"
-
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -8,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "tp/cuda/rank_order_sum.h"
 
 namespace verifyd::tp {
 namespace {
@@ -41,8 +40,8 @@ __global__ void SumInRankOrderKernel(RankPointers p, int world, size_t count, T*
 absl::Status SumInRankOrderCuda(const void* const* src, int world, size_t count,
                                 kernels::DType dtype, void* out, void* stream) {
   if (world < 1 || world > kMaxRankOrderSources) {
-    return absl::InvalidArgumentError(absl::StrCat("rank-order sum: world ", world,
-                                                   " outside 1..", kMaxRankOrderSources));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank-order sum: world ", world, " outside 1..", kMaxRankOrderSources));
   }
   if (dtype != kernels::DType::kFloat32 && dtype != kernels::DType::kBFloat16) {
     return absl::InvalidArgumentError("rank-order sum: dtype must be float32 or bfloat16");
@@ -54,7 +53,8 @@ absl::Status SumInRankOrderCuda(const void* const* src, int world, size_t count,
   const int blocks = static_cast<int>(std::min<size_t>((count + threads - 1) / threads, 1024));
   auto s = static_cast<cudaStream_t>(stream);
   if (dtype == kernels::DType::kFloat32) {
-    SumInRankOrderKernel<float><<<blocks, threads, 0, s>>>(p, world, count, static_cast<float*>(out));
+    SumInRankOrderKernel<float>
+        <<<blocks, threads, 0, s>>>(p, world, count, static_cast<float*>(out));
   } else {
     SumInRankOrderKernel<__nv_bfloat16>
         <<<blocks, threads, 0, s>>>(p, world, count, static_cast<__nv_bfloat16*>(out));
