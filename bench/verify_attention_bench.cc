@@ -39,9 +39,9 @@ ABSL_FLAG(std::string, json, "verify_attention_bench.json", "where to write the 
 ABSL_FLAG(int, iters, 50, "timed iterations per shape (median reported)");
 ABSL_FLAG(int, warmup, 10, "untimed iterations per shape");
 ABSL_FLAG(std::string, config, "auto",
-          "kernel configuration: auto, m16 (mma.sync 16-row), s64 (seesaw wgmma, sm_90a), or the "
-          "batch-invariant positional ones m16p, m64p (sm_90), positional (the engine's choice "
-          "for the shape's head count)");
+          "kernel configuration: auto, m16 (mma.sync 16-row) or s64 (seesaw wgmma, sm_90a)");
+ABSL_FLAG(bool, positional, false,
+          "positional plans (the batch-invariant mode's; --config=auto: the device's choice)");
 ABSL_FLAG(std::string, commit, "unknown", "source revision recorded in the JSON meta");
 ABSL_FLAG(double, copy_gbps, 4242.0, "copy ceiling (GB/s) for the memory floor (H200)");
 ABSL_FLAG(double, mma_tflops, 790.0, "bf16 matrix rate (TFLOP/s) for the compute floor");
@@ -61,20 +61,8 @@ using verifyd::kernels::FloatToBf16;
 using verifyd::kernels::VerifyAttentionParams;
 namespace vc = verifyd::kernels::cuda;
 
-// --config=positional: PositionalConfigFor(heads) of each shape (a value no planner accepts).
-constexpr vc::VerifyKernelConfig kPositionalForHeads = static_cast<vc::VerifyKernelConfig>(-1);
-
 const char* ConfigName(vc::VerifyKernelConfig c) {
-  switch (c) {
-    case vc::VerifyKernelConfig::kS64:
-      return "s64";
-    case vc::VerifyKernelConfig::kM16Positional:
-      return "m16p";
-    case vc::VerifyKernelConfig::kM64Positional:
-      return "m64p";
-    default:
-      return "m16";
-  }
+  return c == vc::VerifyKernelConfig::kS64 ? "s64" : "m16";
 }
 
 struct Shape {
@@ -147,7 +135,7 @@ struct Result {
   double ms = 0, eager_ms = 0, gbps = 0, tflops = 0, mem_floor_ms = 0, compute_floor_ms = 0,
          pct = 0;
   int ctas = 0, max_splits = 0, rows_per_cta = 0, sets = 0;
-  std::string config;  // the configuration the planner chose: "m16", "s64", "m16p", "m64p"
+  std::string config;  // the configuration the planner chose: "m16" or "s64" (+ " positional")
 };
 
 int RunShape(const Shape& s, vc::VerifyKernelConfig config,
@@ -226,8 +214,9 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   p.lse = lse;
   p.stream = stream;
   vc::VerifyPlanOptions opt;
-  opt.config = config == kPositionalForHeads ? vc::PositionalConfigFor(s.H, dev.cc_major) : config;
-  opt.host_tree_mask = hmask.data();  // read by the positional configurations only
+  opt.config = config;
+  opt.positional = absl::GetFlag(FLAGS_positional);
+  opt.host_tree_mask = hmask.data();  // read by positional plans only
   if (absl::GetFlag(FLAGS_min_split_tiles) >= 1) {
     opt.min_split_tiles = absl::GetFlag(FLAGS_min_split_tiles);
   }
@@ -306,7 +295,7 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   res->ctas = static_cast<int>(plan->work.size());
   res->max_splits = plan->max_splits;
   res->rows_per_cta = plan->rows_per_cta;
-  res->config = ConfigName(plan->config);
+  res->config = std::string(ConfigName(plan->config)) + (plan->positional ? " positional" : "");
 
   cudaStreamDestroy(stream);
   cudaFree(kv);
@@ -332,21 +321,15 @@ int main(int argc, char** argv) {
     config = vc::VerifyKernelConfig::kM16;
   } else if (cfg == "s64") {
     config = vc::VerifyKernelConfig::kS64;
-  } else if (cfg == "m16p") {
-    config = vc::VerifyKernelConfig::kM16Positional;
-  } else if (cfg == "m64p") {
-    config = vc::VerifyKernelConfig::kM64Positional;
-  } else if (cfg == "positional") {
-    config = kPositionalForHeads;
   } else if (cfg != "auto") {
-    std::fprintf(stderr, "--config: '%s' is not auto, m16, s64, m16p, m64p or positional\n",
-                 cfg.c_str());
+    std::fprintf(stderr, "--config: '%s' is not auto, m16 or s64\n", cfg.c_str());
     return 2;
   }
-  const bool positional = cfg == "m16p" || cfg == "m64p" || cfg == "positional";
-  // The positional configurations get the engine's batch-invariant workspace (more partials).
-  auto ws = positional ? vc::VerifyAttentionWorkspace::Allocate(1 << 20, 1 << 16, 131072)
-                       : vc::VerifyAttentionWorkspace::AllocateDefault();
+  // Positional plans get the engine's batch-invariant workspace (more partials, index lists).
+  auto ws = absl::GetFlag(FLAGS_positional)
+                ? vc::VerifyAttentionWorkspace::Allocate(1 << 20, 1 << 16, 131072, 1 << 16,
+                                                         int64_t{1} << 22)
+                : vc::VerifyAttentionWorkspace::AllocateDefault();
   BENCH_OK(ws.status());
 
   std::printf("device: %s, %d SMs, sm_%d%d; config %s; floors: copy %.0f GB/s, bf16 %.0f TFLOP/s\n",

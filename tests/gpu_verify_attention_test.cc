@@ -64,6 +64,7 @@ struct Case {
   bool with_lse = true;
   VerifyKernelConfig config = VerifyKernelConfig::kAuto;
   int max_splits = 0;
+  bool positional = false;       // a positional plan (the batch-invariant mode's)
   int64_t max_partial_rows = 0;  // > 0: a workspace this small (positional plans: passes)
   std::string Name() const {
     int64_t rows = 0, keys = 0;
@@ -73,7 +74,7 @@ struct Case {
     }
     return absl::StrCat("B=", nodes.size(), " H=", heads, " rows=", rows, " max_ctx=", keys,
                         " seed=", seed, " cfg=", static_cast<int>(config),
-                        " max_splits=", max_splits);
+                        positional ? " positional" : "", " max_splits=", max_splits);
   }
 };
 
@@ -245,8 +246,10 @@ void RunCuda(const HostBatch& h, VerifyPlanOptions opt, bool with_lse, int64_t m
 
   auto dev = VerifyAttentionDeviceInfo::Query();
   ASSERT_TRUE(dev.ok()) << dev.status();
+  // A small workspace: few partial rows and index entries, so positional plans need passes.
   auto ws = max_partial_rows > 0
-                ? VerifyAttentionWorkspace::Allocate(1 << 18, 1 << 16, max_partial_rows)
+                ? VerifyAttentionWorkspace::Allocate(1 << 18, 1 << 16, max_partial_rows, 1 << 16,
+                                                     max_partial_rows * 8)
                 : VerifyAttentionWorkspace::AllocateDefault();
   ASSERT_TRUE(ws.ok()) << ws.status();
   opt.host_tree_mask = h.mask.data();
@@ -302,6 +305,7 @@ void RunCase(const Case& c, Errors* err) {
   VerifyPlanOptions opt;
   opt.config = c.config;
   opt.max_splits = c.max_splits;
+  opt.positional = c.positional;
   ASSERT_NO_FATAL_FAILURE(RunCuda(h, opt, c.with_lse, c.max_partial_rows, &out, &lse));
   CompareRows(out, ref_out, c.with_lse ? &lse : nullptr, c.with_lse ? &ref_lse : nullptr, err);
 }
@@ -641,15 +645,15 @@ TEST(VerifyAttentionCuda, SeesawScheduleSweep) {
   }
 }
 
-// ---- kM16Positional: the batch-invariant configuration --------------------------------------
+// ---- Positional plans: the batch-invariant mode ---------------------------------------------
 
 // Against the reference: random trees and random (non-tree) masks, head counts that fill a
-// 16-row tile or not, contexts that need 1..16 splits, and a workspace so small that the
-// plan runs in several passes.
+// tile or not, contexts that need 1..32 splits, and a workspace so small that the plan runs
+// in several passes; the 16-row kernel and (sm_90) the seesaw kernel.
 TEST(VerifyAttentionCuda, PositionalMatchesReference) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 900;
-  const int64_t kSmall = 6000;  // partial rows: several passes at these contexts
+  const int64_t kSmall = 6000;  // partial rows (x 8 index entries): several passes
   struct Shape {
     int heads;
     std::vector<int> nodes, ctx;
@@ -666,9 +670,8 @@ TEST(VerifyAttentionCuda, PositionalMatchesReference) {
   };
   const bool sm90 = !SkipUnlessSm90();
   for (const Shape& sh : shapes) {
-    for (const VerifyKernelConfig config :
-         {VerifyKernelConfig::kM16Positional, VerifyKernelConfig::kM64Positional}) {
-      if (config == VerifyKernelConfig::kM64Positional && !sm90) continue;
+    for (const VerifyKernelConfig config : {VerifyKernelConfig::kM16, VerifyKernelConfig::kS64}) {
+      if (config == VerifyKernelConfig::kS64 && !sm90) continue;
       Case c;
       c.heads = sh.heads;
       c.nodes = sh.nodes;
@@ -676,6 +679,7 @@ TEST(VerifyAttentionCuda, PositionalMatchesReference) {
       c.empty_rows = sh.empty_rows;
       c.seed = seed++;
       c.config = config;
+      c.positional = true;
       c.max_partial_rows = sh.max_partial_rows;
       ExpectCase(c);
     }
@@ -691,12 +695,13 @@ TEST(VerifyAttentionCuda, PositionalTreeEqualsChain) {
   SKIP_WITHOUT_GPU();
   const bool sm90 = !SkipUnlessSm90();
   for (const auto& [heads, config] :
-       std::vector<std::pair<int, VerifyKernelConfig>>{{16, VerifyKernelConfig::kM16Positional},
-                                                       {24, VerifyKernelConfig::kM16Positional},
-                                                       {64, VerifyKernelConfig::kM16Positional},
-                                                       {64, VerifyKernelConfig::kM64Positional},
-                                                       {128, VerifyKernelConfig::kM64Positional}}) {
-    if (config == VerifyKernelConfig::kM64Positional && !sm90) continue;
+       std::vector<std::pair<int, VerifyKernelConfig>>{{8, VerifyKernelConfig::kM16},
+                                                       {24, VerifyKernelConfig::kM16},
+                                                       {8, VerifyKernelConfig::kS64},
+                                                       {16, VerifyKernelConfig::kS64},
+                                                       {64, VerifyKernelConfig::kS64},
+                                                       {128, VerifyKernelConfig::kS64}}) {
+    if (config == VerifyKernelConfig::kS64 && !sm90) continue;
     Case c;
     c.heads = heads;
     c.nodes = {33, 1, 65, 7};
@@ -707,6 +712,7 @@ TEST(VerifyAttentionCuda, PositionalTreeEqualsChain) {
     std::vector<float> tree_lse;
     VerifyPlanOptions opt;
     opt.config = config;
+    opt.positional = true;
     ASSERT_NO_FATAL_FAILURE(RunCuda(tree, opt, true, 0, &tree_out, &tree_lse));
 
     // Chains: one request per tree node (reverse order), then two unrelated requests from

@@ -25,6 +25,8 @@ VerifyAttentionWorkspace CapacityOnly() {
   ws.max_work_items = 65536;
   ws.max_combine_items = 16384;
   ws.max_partial_rows = 32768;
+  ws.max_index_tasks = 16384;
+  ws.max_index_entries = int64_t{1} << 20;
   return ws;
 }
 
@@ -227,14 +229,14 @@ TEST(VerifyAttentionPlan, SupportsNamesTheField) {
   EXPECT_EQ(SupportsVerifyAttentionCuda(p, old).code(), absl::StatusCode::kUnimplemented);
 }
 
-// ---- kM16Positional (the batch-invariant configuration) ---------------------------------
+// ---- Positional plans (the batch-invariant mode) -----------------------------------------
 
-// A batch of random draft trees (parent uniform in [0, t)) with these context lengths; masks
-// hold ancestors and self.
+// A batch of random draft trees (parent uniform in [0, t)) with these context lengths over
+// scattered slots; masks hold ancestors and self.
 struct TreeBatch {
-  std::vector<int32_t> qi = {0}, ki = {0};
-  std::vector<uint64_t> mask;  // [rows, 2]
-  std::vector<int> depth;      // per row: 1 + number of ancestors
+  std::vector<int32_t> qi = {0}, ki = {0}, idx;
+  std::vector<uint64_t> mask;                 // [rows, 2]
+  std::vector<std::vector<int32_t>> visible;  // per row: its visible slots in position order
 };
 
 TreeBatch MakeTrees(const std::vector<int>& nodes, const std::vector<int>& ctx, uint64_t seed) {
@@ -242,22 +244,26 @@ TreeBatch MakeTrees(const std::vector<int>& nodes, const std::vector<int>& ctx, 
   TreeBatch t;
   for (size_t b = 0; b < nodes.size(); ++b) {
     const int r0 = t.qi.back();
+    const int k0 = t.ki.back();
+    for (int i = 0; i < ctx[b] + nodes[b]; ++i) t.idx.push_back(static_cast<int32_t>(rng() >> 40));
     for (int i = 0; i < nodes[b]; ++i) {
       uint64_t m[2] = {0, 0};
-      int d = 1;
       if (i > 0) {
         const int parent = static_cast<int>(rng() % i);
         m[0] = t.mask[2 * (r0 + parent)];
         m[1] = t.mask[2 * (r0 + parent) + 1];
-        d = t.depth[r0 + parent] + 1;
       }
       m[i / 64] |= 1ull << (i % 64);
       t.mask.push_back(m[0]);
       t.mask.push_back(m[1]);
-      t.depth.push_back(d);
+      std::vector<int32_t> vis(t.idx.begin() + k0, t.idx.begin() + k0 + ctx[b]);
+      for (int j = 0; j <= i; ++j) {
+        if ((m[j / 64] >> (j % 64)) & 1) vis.push_back(t.idx[k0 + ctx[b] + j]);
+      }
+      t.visible.push_back(vis);
     }
     t.qi.push_back(r0 + nodes[b]);
-    t.ki.push_back(t.ki.back() + ctx[b] + nodes[b]);
+    t.ki.push_back(k0 + ctx[b] + nodes[b]);
   }
   return t;
 }
@@ -270,178 +276,187 @@ VerifyAttentionParams ParamsOf(const TreeBatch& t, int heads) {
   return p;
 }
 
-// The key ranges (in plan order) of the work items of each (row, head tile).
-std::vector<std::vector<std::pair<int, int>>> RangesByTile(const VerifyAttentionPlan& plan,
-                                                           int heads) {
+// What the kernels read, simulated on the host from the plan: per pass the index lists
+// (as the GPU builds them), then per work item the rows it holds and the slots it streams.
+// Returns, per (row, head tile), the work items' slot sequences in plan order and their
+// lengths; fails the test when a work item's rows cross a node or anything would be masked
+// before the range's end.
+struct Walk {
+  std::vector<std::vector<int32_t>> slots;  // [row * tiles + tile]
+  std::vector<std::vector<int>> splits;     // lengths of the work items, in order
+};
+
+Walk Simulate(const VerifyAttentionPlan& plan, const TreeBatch& t, int heads) {
   const int bm = plan.rows_per_cta;
   const int tiles = (heads + bm - 1) / bm;
-  std::vector<std::vector<std::pair<int, int>>> r(static_cast<size_t>(plan.total_rows) * tiles);
-  for (const VerifyWorkItem& w : plan.work) {
-    const int node = w.fold_begin / heads;
-    const int tile = (w.fold_begin % heads) / bm;
-    r[static_cast<size_t>(w.q_row0 + node) * tiles + tile].push_back({w.kv_begin, w.kv_end});
+  Walk walk;
+  walk.slots.resize(static_cast<size_t>(plan.total_rows) * tiles);
+  walk.splits.resize(walk.slots.size());
+  std::vector<VerifyPass> passes = plan.passes;
+  if (passes.empty()) {
+    passes.push_back({0, static_cast<int32_t>(plan.work.size()), 0,
+                      static_cast<int32_t>(plan.combine.size()), 0,
+                      static_cast<int32_t>(plan.index_tasks.size())});
   }
-  return r;
+  for (const VerifyPass& ps : passes) {
+    std::vector<int32_t> lists(static_cast<size_t>(plan.index_entries) + 1, -7);
+    for (int i = ps.task_begin; i < ps.task_begin + ps.task_count; ++i) {
+      const VerifyIndexTask& k = plan.index_tasks[i];
+      std::vector<int> vis;
+      for (int j = 0; j < k.num_nodes; ++j) {
+        if ((t.mask[2 * k.mask_row + j / 64] >> (j % 64)) & 1) vis.push_back(j);
+      }
+      for (int key = k.begin; key < k.end; ++key) {
+        EXPECT_LT(key - k.ctx, static_cast<int>(vis.size()));
+        lists.at(k.dst + key - k.begin) =
+            key < k.ctx ? t.idx[k.src + key] : t.idx[k.src + k.ctx + vis.at(key - k.ctx)];
+      }
+    }
+    for (int i = ps.work_begin; i < ps.work_begin + ps.work_count; ++i) {
+      const VerifyWorkItem& w = plan.work[i];
+      const int node = w.fold_begin / heads;
+      const int head0 = w.fold_begin % heads;
+      EXPECT_EQ(head0 % bm, 0);
+      // The kernels' row count: min(rows per CTA, num_nodes * H - fold_begin).
+      EXPECT_EQ(std::min(bm, w.num_nodes * heads - w.fold_begin), std::min(bm, heads - head0));
+      EXPECT_GE(w.kv_len - w.num_nodes, w.kv_end) << "keys before the range's end are masked";
+      EXPECT_EQ(w.kv_begin % 64, 0);
+      auto& out = walk.slots[static_cast<size_t>(w.q_row0 + node) * tiles + head0 / bm];
+      for (int key = w.kv_begin; key < w.kv_end; ++key) {
+        out.push_back(w.kv_off >= 0 ? t.idx[w.kv_off + key] : lists.at(-w.kv_off - 1 + key));
+      }
+      walk.splits[static_cast<size_t>(w.q_row0 + node) * tiles + head0 / bm].push_back(w.kv_end -
+                                                                                       w.kv_begin);
+    }
+  }
+  return walk;
 }
 
-// Splits depend on the visible key count alone: one below kPositionalChunkKeys, then up to
-// kPositionalMaxSplits, 32-key multiples.
+// Splits depend on the visible key count alone: one up to kPositionalChunkKeys, then up to
+// kPositionalMaxSplits, 64-key multiples.
 TEST(VerifyAttentionPlan, PositionalSplitKeys) {
-  EXPECT_EQ(PositionalSplitKeys(1), 32);
+  EXPECT_EQ(PositionalSplitKeys(1), 64);
   EXPECT_EQ(PositionalSplitKeys(kPositionalChunkKeys), kPositionalChunkKeys);
-  EXPECT_EQ(PositionalSplitKeys(513), 288);      // two splits of 257 -> 288
-  EXPECT_EQ(PositionalSplitKeys(185000), 5792);  // 32 splits of 5782 -> 5792
-  for (int64_t n : {1, 31, 32, 33, 4095, 4096, 4097, 65536, 65537, 185000, 1 << 20}) {
+  EXPECT_EQ(PositionalSplitKeys(513), 320);      // two splits of 257 -> 320
+  EXPECT_EQ(PositionalSplitKeys(185000), 5824);  // 32 splits of 5782 -> 5824
+  for (int64_t n : {1, 63, 64, 65, 511, 512, 513, 4097, 65536, 65537, 185000, 1 << 20}) {
     const int64_t len = PositionalSplitKeys(n);
-    EXPECT_EQ(len % 32, 0) << n;
+    EXPECT_EQ(len % 64, 0) << n;
     const int64_t splits = (n + len - 1) / len;
     EXPECT_LE(splits, kPositionalMaxSplits) << n;
     EXPECT_LE(splits, std::max<int64_t>(1, (n + kPositionalChunkKeys - 1) / kPositionalChunkKeys))
         << n;
   }
+  EXPECT_EQ(PositionalConfigFor(9), VerifyKernelConfig::kS64);
+  EXPECT_EQ(PositionalConfigFor(12), VerifyKernelConfig::kM16);
 }
 
-// Every (node, head tile) covers exactly its visible keys [0, ctx + depth) once, in splits of
-// PositionalSplitKeys; a node's ranges are the same as those of the same position decoded as a
-// one-row chain in another batch; kAuto never picks the configuration; the tree mask is
+// Every (node, head tile) streams exactly its visible slots (context, then its ancestors and
+// itself) in position order, and in the same splits as the same position decoded as a
+// one-row chain in another batch; the configuration comes from the device; the tree mask is
 // required.
-TEST(VerifyAttentionPlan, PositionalPlanShape) {
+TEST(VerifyAttentionPlan, PositionalPlanWalksVisibleKeys) {
   const VerifyAttentionWorkspace ws = CapacityOnly();
-  VerifyPlanOptions opt;
-  for (const auto& [config, heads] :
-       std::vector<std::pair<VerifyKernelConfig, int>>{{VerifyKernelConfig::kM16Positional, 8},
-                                                       {VerifyKernelConfig::kM16Positional, 16},
-                                                       {VerifyKernelConfig::kM16Positional, 40},
-                                                       {VerifyKernelConfig::kM16Positional, 64},
-                                                       {VerifyKernelConfig::kM64Positional, 64},
-                                                       {VerifyKernelConfig::kM64Positional, 128},
-                                                       {VerifyKernelConfig::kM64Positional, 40}}) {
-    SCOPED_TRACE(testing::Message() << heads << " heads, config " << static_cast<int>(config));
-    opt.config = config;
-    const int bm = config == VerifyKernelConfig::kM64Positional ? 64 : 16;
-    const std::vector<int> nodes = {1, 17, 65, 3}, ctx = {5000, 100, 70000, 0};
+  for (const auto& [device, heads] : std::vector<std::pair<VerifyAttentionDeviceInfo, int>>{
+           {kH200, 8}, {kH200, 16}, {kH200, 64}, {kH200, 128}, {kSm120, 8}, {kSm120, 40}}) {
+    SCOPED_TRACE(testing::Message() << heads << " heads, sm_" << device.cc_major);
+    const std::vector<int> nodes = {1, 17, 65, 3}, ctx = {5000, 100, 7000, 0};
     const TreeBatch t = MakeTrees(nodes, ctx, 7 + heads);
     const VerifyAttentionParams p = ParamsOf(t, heads);
+    VerifyPlanOptions opt;
+    opt.positional = true;
     opt.host_tree_mask = t.mask.data();
-    auto plan = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, ws, opt);
+    auto plan = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), device, ws, opt);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    EXPECT_EQ(plan->config, config);
+    EXPECT_EQ(plan->config, PositionalConfigFor(device.cc_major));
     EXPECT_TRUE(plan->positional);
-    EXPECT_EQ(plan->rows_per_cta, bm);
-    EXPECT_EQ(plan->keys_per_tile, 32);
-    const auto ranges = RangesByTile(*plan, heads);
-    const int tiles = (heads + bm - 1) / bm;
-    for (size_t b = 0; b + 1 < t.qi.size(); ++b) {
-      for (int r = t.qi[b]; r < t.qi[b + 1]; ++r) {
-        const int visible = ctx[b] + t.depth[r];
-        const int64_t len = PositionalSplitKeys(visible);
-        // The same position as a chain: context = ctx + ancestors, one tail row.
-        const std::vector<int32_t> cq = {0, 1}, ck = {0, visible};
-        const uint64_t cmask[2] = {1, 0};
-        VerifyAttentionParams cp;
-        cp.batch = 1;
-        cp.total_rows = 1;
-        cp.num_heads = heads;
-        VerifyPlanOptions copt = opt;
-        copt.host_tree_mask = cmask;
-        auto chain = PlanVerifyAttention(cp, cq.data(), ck.data(), kH200, ws, copt);
-        ASSERT_TRUE(chain.ok()) << chain.status();
-        const auto chain_ranges = RangesByTile(*chain, heads);
-        for (int h = 0; h < tiles; ++h) {
-          const auto& got = ranges[static_cast<size_t>(r) * tiles + h];
-          ASSERT_FALSE(got.empty()) << "row " << r;
-          int at = 0;
-          for (auto [lo, hi] : got) {
-            EXPECT_EQ(lo, at);
-            EXPECT_EQ(lo % 32, 0);
-            EXPECT_LE(hi - lo, len);
-            at = hi;
-          }
-          EXPECT_EQ(at, visible) << "row " << r;
-          EXPECT_EQ(got, chain_ranges[h]) << "row " << r << " tile " << h;
-        }
+    const int tiles = (heads + plan->rows_per_cta - 1) / plan->rows_per_cta;
+    const Walk walk = Simulate(*plan, t, heads);
+    for (int r = 0; r < p.total_rows; ++r) {
+      // The same position as a chain: context = ctx + ancestors, one tail row (itself).
+      TreeBatch chain;
+      chain.qi = {0, 1};
+      chain.ki = {0, static_cast<int32_t>(t.visible[r].size())};
+      chain.idx = t.visible[r];
+      chain.mask = {1, 0};
+      VerifyPlanOptions copt = opt;
+      copt.host_tree_mask = chain.mask.data();
+      auto cplan = PlanVerifyAttention(ParamsOf(chain, heads), chain.qi.data(), chain.ki.data(),
+                                       device, ws, copt);
+      ASSERT_TRUE(cplan.ok()) << cplan.status();
+      const Walk cwalk = Simulate(*cplan, chain, heads);
+      for (int h = 0; h < tiles; ++h) {
+        EXPECT_EQ(walk.slots[static_cast<size_t>(r) * tiles + h], t.visible[r]) << "row " << r;
+        EXPECT_EQ(walk.splits[static_cast<size_t>(r) * tiles + h], cwalk.splits[h]) << "row " << r;
+        EXPECT_EQ(cwalk.slots[h], t.visible[r]) << "row " << r;
       }
     }
-    for (const VerifyWorkItem& w : plan->work) {
-      EXPECT_EQ((w.fold_begin % heads) % bm, 0);  // a tile starts at a head tile of one node
-    }
-    // kAuto never picks it.
-    auto autoplan = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, ws);
-    ASSERT_TRUE(autoplan.ok());
-    EXPECT_NE(autoplan->config, VerifyKernelConfig::kM16Positional);
-    // The tree mask is required.
     VerifyPlanOptions no_mask = opt;
     no_mask.host_tree_mask = nullptr;
-    auto refused = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, ws, no_mask);
+    auto refused = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), device, ws, no_mask);
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(refused.status().message().find("host_tree_mask"), std::string::npos);
   }
-  // sm_120: the 2-stage 16-row positional variant; the 64-row one is sm_90 only.
-  auto v120 = detail::ResolveVariant(VerifyKernelConfig::kM16Positional, kSm120);
-  ASSERT_TRUE(v120.ok()) << v120.status();
-  EXPECT_EQ(v120->stages, 2);
-  EXPECT_TRUE(v120->positional);
-  EXPECT_FALSE(detail::ResolveVariant(VerifyKernelConfig::kM64Positional, kSm120).ok());
-  auto v90 = detail::ResolveVariant(VerifyKernelConfig::kM64Positional, kH200);
-  ASSERT_TRUE(v90.ok()) << v90.status();
-  EXPECT_LE(v90->smem_bytes, 232448u);
-  // Which one an engine uses: 64 rows on sm_90 for multiples of 64 heads.
-  EXPECT_EQ(PositionalConfigFor(64, 9), VerifyKernelConfig::kM64Positional);
-  EXPECT_EQ(PositionalConfigFor(128, 9), VerifyKernelConfig::kM64Positional);
-  EXPECT_EQ(PositionalConfigFor(32, 9), VerifyKernelConfig::kM16Positional);
-  EXPECT_EQ(PositionalConfigFor(64, 12), VerifyKernelConfig::kM16Positional);
 }
 
-// A batch whose partial outputs exceed the workspace runs in passes: every pass fits, a node's
-// splits and its combine items are in one pass, the passes cover the lists in order, and the
-// key ranges are those of the one-pass plan.
+// A batch whose partial outputs or index lists exceed the workspace runs in passes: every
+// pass fits, a node's work and combine items are in one pass, the passes cover the lists in
+// order, and every node still streams its visible slots in the same splits.
 TEST(VerifyAttentionPlan, PositionalPasses) {
   const std::vector<int> nodes = {65, 65, 9}, ctx = {60000, 9000, 130000};
   const TreeBatch t = MakeTrees(nodes, ctx, 3);
   const VerifyAttentionParams p = ParamsOf(t, 64);
   VerifyPlanOptions opt;
-  opt.config = VerifyKernelConfig::kM16Positional;
+  opt.positional = true;
   opt.host_tree_mask = t.mask.data();
   VerifyAttentionWorkspace big = CapacityOnly();
   big.max_work_items = 1 << 20;
   big.max_combine_items = 1 << 16;
   big.max_partial_rows = int64_t{1} << 24;
-  VerifyAttentionWorkspace small = big;
-  small.max_partial_rows = 5000;
-  auto one = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, big, opt);
-  auto many = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, small, opt);
-  ASSERT_TRUE(one.ok()) << one.status();
-  ASSERT_TRUE(many.ok()) << many.status();
-  EXPECT_TRUE(one->passes.empty());
-  ASSERT_GT(many->passes.size(), 2u);
-  EXPECT_LE(many->partial_rows, small.max_partial_rows);
-  EXPECT_EQ(RangesByTile(*one, 64), RangesByTile(*many, 64));
-  int32_t work_at = 0, combine_at = 0;
-  for (const VerifyPass& ps : many->passes) {
-    EXPECT_EQ(ps.work_begin, work_at);
-    EXPECT_EQ(ps.combine_begin, combine_at);
-    work_at += ps.work_count;
-    combine_at += ps.combine_count;
-    for (int i = ps.combine_begin; i < ps.combine_begin + ps.combine_count; ++i) {
-      const VerifyCombineItem& c = many->combine[i];
-      EXPECT_LE(c.partial_row0 + int64_t{c.num_splits} * 16, small.max_partial_rows);
+  big.max_index_tasks = 1 << 16;
+  big.max_index_entries = int64_t{1} << 24;
+  for (const bool small_partials : {true, false}) {
+    VerifyAttentionWorkspace small = big;
+    if (small_partials) {
+      small.max_partial_rows = 5000;
+    } else {
+      small.max_index_entries = 30000;
     }
-    for (int i = ps.work_begin; i < ps.work_begin + ps.work_count; ++i) {
-      const VerifyWorkItem& w = many->work[i];
-      if (w.partial_row < 0) continue;
-      EXPECT_LE(w.partial_row + 16, small.max_partial_rows);
-      // Its combine item is in the same pass.
-      bool found = false;
-      for (int j = ps.combine_begin; j < ps.combine_begin + ps.combine_count && !found; ++j) {
-        const VerifyCombineItem& c = many->combine[j];
-        found = c.out_row0 == w.q_row0 * 64 + w.fold_begin && w.partial_row >= c.partial_row0 &&
-                w.partial_row < c.partial_row0 + c.num_splits * 16;
+    auto one = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, big, opt);
+    auto many = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, small, opt);
+    ASSERT_TRUE(one.ok()) << one.status();
+    ASSERT_TRUE(many.ok()) << many.status();
+    EXPECT_TRUE(one->passes.empty());
+    ASSERT_GT(many->passes.size(), 2u);
+    EXPECT_LE(many->partial_rows, small.max_partial_rows);
+    EXPECT_LE(many->index_entries, small.max_index_entries);
+    const Walk a = Simulate(*one, t, 64), b = Simulate(*many, t, 64);
+    EXPECT_EQ(a.slots, b.slots);
+    EXPECT_EQ(a.splits, b.splits);
+    int32_t work_at = 0, combine_at = 0, task_at = 0;
+    for (const VerifyPass& ps : many->passes) {
+      EXPECT_EQ(ps.work_begin, work_at);
+      EXPECT_EQ(ps.combine_begin, combine_at);
+      EXPECT_EQ(ps.task_begin, task_at);
+      work_at += ps.work_count;
+      combine_at += ps.combine_count;
+      task_at += ps.task_count;
+      for (int i = ps.work_begin; i < ps.work_begin + ps.work_count; ++i) {
+        const VerifyWorkItem& w = many->work[i];
+        if (w.partial_row < 0) continue;
+        bool found = false;  // its combine item is in the same pass
+        for (int j = ps.combine_begin; j < ps.combine_begin + ps.combine_count && !found; ++j) {
+          const VerifyCombineItem& c = many->combine[j];
+          found = c.out_row0 == w.q_row0 * 64 + w.fold_begin && w.partial_row >= c.partial_row0 &&
+                  w.partial_row < c.partial_row0 + c.num_splits * many->rows_per_cta;
+        }
+        EXPECT_TRUE(found) << "work item " << i;
       }
-      EXPECT_TRUE(found) << "work item " << i;
     }
+    EXPECT_EQ(work_at, static_cast<int32_t>(many->work.size()));
+    EXPECT_EQ(combine_at, static_cast<int32_t>(many->combine.size()));
+    EXPECT_EQ(task_at, static_cast<int32_t>(many->index_tasks.size()));
   }
-  EXPECT_EQ(work_at, static_cast<int32_t>(many->work.size()));
-  EXPECT_EQ(combine_at, static_cast<int32_t>(many->combine.size()));
   // One node that cannot fit at all: RESOURCE_EXHAUSTED.
   VerifyAttentionWorkspace tiny = big;
   tiny.max_partial_rows = 100;

@@ -260,13 +260,13 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
   if (rk.have_vk) {
     ap.kv = rk.kv.empty() ? nullptr : rk.kv[0];
     if (kc::SupportsVerifyAttentionCuda(ap, rk.vk_info).ok()) {
-      // Batch-invariant steps: the positional configuration, whose arithmetic for a row
-      // depends only on its query and its visible keys in position order (a draft-tree node
-      // gets the bits plain decoding gives that token); the planner otherwise picks the
-      // kernel and the key splits by the batch's shape.
+      // Batch-invariant steps: a positional plan, whose arithmetic for a row depends only on
+      // its query and its visible keys in position order (a draft-tree node gets the bits
+      // plain decoding gives that token); the planner otherwise picks the kernel and the key
+      // splits by the batch's shape.
       kc::VerifyPlanOptions vo;
       if (rk.batch_invariant) {
-        vo.config = kc::PositionalConfigFor(ap.num_heads, rk.vk_info.cc_major);
+        vo.positional = true;  // configuration: PositionalConfigFor(the device)
         vo.host_tree_mask = plan.tree_mask.data();
       }
       absl::StatusOr<kc::VerifyAttentionPlan> p = kc::PlanVerifyAttention(

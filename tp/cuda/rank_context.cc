@@ -505,9 +505,10 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
     absl::StatusOr<kc::VerifyAttentionDeviceInfo> info = kc::VerifyAttentionDeviceInfo::Query();
     if (!info.ok()) return info.status();
     rk.vk_info = *info;
-    // Batch-invariant steps plan one work item per (node, 16-head tile, split) and one combine
-    // item per (node, 16-head tile): room for every row of a full step at the most splits,
-    // and partial rows (256 MB) for 64 nodes of 64 heads at the most splits per pass.
+    // Batch-invariant steps plan one work item per (node, head tile, split), one combine item
+    // per (node, head tile) and at most three index lists per node: room for every row of a
+    // full step at the most splits (16-head tiles bound every configuration), partial rows
+    // (256 MB) and index entries (16 MB) for a pass.
     const int64_t head_tiles = (rk.heads.size + 15) / 16;
     absl::StatusOr<kc::VerifyAttentionWorkspace> ws =
         rk.batch_invariant
@@ -515,7 +516,10 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
                   static_cast<int>(std::max<int64_t>(
                       65536, setup.max_rows * head_tiles * kc::kPositionalMaxSplits)),
                   static_cast<int>(std::max<int64_t>(16384, setup.max_rows * head_tiles)),
-                  /*max_partial_rows=*/131072)
+                  /*max_partial_rows=*/131072,
+                  /*max_index_tasks=*/
+                  static_cast<int>(std::max<int64_t>(16384, 3 * setup.max_rows)),
+                  /*max_index_entries=*/int64_t{1} << 22)
             : kc::VerifyAttentionWorkspace::AllocateDefault();
     if (!ws.ok()) return ws.status();
     rk.vk_ws = *ws;

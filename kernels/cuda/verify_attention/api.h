@@ -27,23 +27,24 @@
 //          99 KB of shared memory on sm_80 / sm_120. Tiny decode batches and non-sm_90.
 //   kS64   64 folded rows, 64-key tiles, warp-specialised wgmma "seesaw" schedule (sm_90a;
 //          docs/KERNEL_NOTES.md): kAuto's choice on sm_90 for every other batch.
-//   kM16Positional, kM64Positional  the batch-invariant configurations (never picked by
-//          kAuto; the engine's batch-invariant mode asks for PositionalConfigFor(heads)): the
-//          mma.sync kernel with 16 / 64 heads of one node per CTA, walking the node's
-//          *visible* keys by position (see "Positional attention" below).
 //
-// Positional attention (kM16Positional). A node's visible keys (the request's context, then
-// its visible tail rows in index order: for a tree, its ancestors and itself) are numbered
-// 0..n-1; for a draft tree that number is the key's position in the sequence. They are cut
-// into 32-key tiles at multiples of 32 and into splits whose lengths depend on n alone
-// (PositionalSplitKeys); each split runs the same online softmax, and splits are merged in
-// split order by the combine kernel in one fixed layout. A row's output is then a function of
-// its query and its visible keys in order, nothing else: not the batch, not the tree's other
-// nodes, not the occupancy of the GPU. A node of a draft tree gets bit for bit what the same
-// token gets when decoded alone at that position (lossless speculative decoding, bit-exact).
-// The planner needs the host copy of the tree mask (VerifyPlanOptions::host_tree_mask). When
-// the partial outputs of a batch exceed the workspace, the plan runs in several passes (each
-// an attention launch and its combine); a row's arithmetic does not depend on its pass.
+// Positional plans (VerifyPlanOptions::positional: the engine's batch-invariant mode). A
+// node's visible keys (the request's context, then its visible tail rows in index order: for
+// a draft tree, its ancestors and itself) are numbered 0..n-1; for a tree that number is the
+// key's position in the sequence. Each work item holds the heads of *one* node (16 or 64 of
+// them) and a range of those keys, cut at lengths that depend on n alone
+// (PositionalSplitKeys, multiples of 64 so every variant's tiles start at the same
+// positions); splits are merged in split order by the combine kernel in one fixed layout. A
+// range that reaches the tail is read through an index list the planner has the GPU build
+// (context slots, then the node's visible tail slots) in the workspace; the others read the
+// request's own slot list. The kernels are the plain ones (any configuration; the engine asks
+// for PositionalConfigFor(device)). A row's output is then a function of its query and its
+// visible keys in order, nothing else: not the batch, not the tree's other nodes, not the
+// occupancy of the GPU. A node of a draft tree gets bit for bit what the same token gets when
+// decoded alone at that position (lossless speculative decoding, bit-exact). The planner
+// needs the host copy of the tree mask (VerifyPlanOptions::host_tree_mask). When the partial
+// outputs or the index lists exceed the workspace, the plan runs in several passes (each:
+// index lists, attention, combine); a row's arithmetic does not depend on its pass.
 // Tested on an H200 (sm_90a); the sm_120 build compiles but has not run on a device.
 //
 // Plain C++ header (no CUDA types): includable from host code that is not compiled by nvcc.
@@ -83,32 +84,44 @@ enum class VerifyKernelConfig : int {
   // 64 rows, 64-key tiles, wgmma "seesaw" schedule with a cp.async producer warpgroup
   // (sm_90a only): kAuto's many-rows choice on sm_90. docs/KERNEL_NOTES.md.
   kS64 = 5,
-  // 16 rows (one node's heads) per CTA, keys walked by position, splits fixed by the node's
-  // visible key count: batch-invariant (see "Positional attention" above). Never kAuto's.
-  kM16Positional = 6,
-  // The same with 64 rows (64 heads of one node) per CTA, mma.sync, sm_90 only: a quarter of
-  // the KV reads of kM16Positional when a rank holds 64 or 128 heads.
-  kM64Positional = 7,
+  // Values 6 and 7 belonged to the in-kernel positional variants (now a plan property:
+  // VerifyPlanOptions::positional) and are not reused.
 };
 
-// The positional configuration for `heads` heads per rank on a device of compute capability
-// `cc_major`: kM64Positional on sm_90 when heads is a multiple of 64, else kM16Positional.
-// A function of the engine's shape only, so every step of an engine uses the same one.
-VerifyKernelConfig PositionalConfigFor(int heads, int cc_major);
+// The configuration of positional plans on a device of compute capability `cc_major`: the
+// seesaw kernel on sm_90 (its producer streams keys best), the 16-row kernel elsewhere. A
+// function of the device only, so every step of an engine uses the same one.
+VerifyKernelConfig PositionalConfigFor(int cc_major);
 
-// Positional attention: a node with n visible keys runs in ceil(n / len) splits of `len`
-// keys, len = the smallest multiple of 32 that covers n in at most
+// Positional plans: a node with n visible keys runs in ceil(n / len) splits of `len` keys,
+// len = the smallest multiple of 64 that covers n in at most
 // min(ceil(n / kPositionalChunkKeys), kPositionalMaxSplits) splits. Depends on n alone.
 inline constexpr int kPositionalChunkKeys = 512;
 inline constexpr int kPositionalMaxSplits = 32;
 int64_t PositionalSplitKeys(int64_t visible_keys);
+
+// Positional plans: one index list built on the GPU before a pass's attention:
+// list[0 .. end - begin) = the node's visible keys [begin, end) as slot ids, i.e. for key k
+// kv_indices[src + k] below ctx, else kv_indices[src + ctx + j], j = the (k - ctx)-th set bit
+// of the node's mask row (bits below num_nodes). 8 int32, copied verbatim to the device.
+struct VerifyIndexTask {
+  int32_t dst;        // first entry of the list in the workspace's index area (per pass)
+  int32_t src;        // kv_indptr[b]
+  int32_t ctx;        // P_b
+  int32_t mask_row;   // the node's row (q_indptr[b] + t)
+  int32_t num_nodes;  // n_b
+  int32_t begin;      // the node's key range
+  int32_t end;
+  int32_t pad;
+};
 
 // One CTA's work: a tile of one request's folded rows (row = node * heads + head) against a
 // range of that request's keys. 8 int32, copied verbatim to the device.
 struct VerifyWorkItem {
   int32_t q_row0;      // q_indptr[b]: first query row of the request
   int32_t num_nodes;   // n_b: tail rows of the request
-  int32_t kv_off;      // kv_indptr[b]
+  int32_t kv_off;      // kv_indptr[b]; < 0: the keys are index list entries -kv_off - 1 on
+                       // (positional plans: the workspace's index area)
   int32_t kv_len;      // L_b (keys = context P_b = L_b - n_b, then n_b tail keys)
   int32_t fold_begin;  // first folded row of this tile (within the request)
   int32_t kv_begin;    // key range [kv_begin, kv_end) within the request
@@ -130,6 +143,7 @@ struct VerifyCombineItem {
 struct VerifyPass {
   int32_t work_begin = 0, work_count = 0;
   int32_t combine_begin = 0, combine_count = 0;
+  int32_t task_begin = 0, task_count = 0;  // positional plans: index lists built first
 };
 
 struct VerifyAttentionPlan {
@@ -139,12 +153,14 @@ struct VerifyAttentionPlan {
   int num_heads = 0;
   int batch = 0;
   int total_rows = 0;
-  int max_splits = 1;                      // largest number of splits of any request
-  int64_t partial_rows = 0;                // workspace partial rows used (largest pass)
-  std::vector<VerifyWorkItem> work;        // one per CTA of the attention kernel
-  std::vector<VerifyCombineItem> combine;  // one per split row tile
-  std::vector<VerifyPass> passes;          // empty: one pass over everything
-  bool positional = false;                 // kM16Positional: fixed combine layout too
+  int max_splits = 1;                        // largest number of splits of any request
+  int64_t partial_rows = 0;                  // workspace partial rows used (largest pass)
+  std::vector<VerifyWorkItem> work;          // one per CTA of the attention kernel
+  std::vector<VerifyCombineItem> combine;    // one per split row tile
+  std::vector<VerifyPass> passes;            // empty: one pass over everything
+  bool positional = false;                   // positional plan: fixed combine layout too
+  std::vector<VerifyIndexTask> index_tasks;  // positional: index lists to build
+  int64_t index_entries = 0;                 // positional: index entries used (largest pass)
 };
 
 // Fixed device workspace: work lists + fp32 partial outputs + their log2-LSE. Allocated
@@ -154,15 +170,21 @@ struct VerifyAttentionWorkspace {
   size_t bytes = 0;
   int max_work_items = 0;
   int max_combine_items = 0;
-  int64_t max_partial_rows = 0;  // each holds 512 fp32 + one fp32 LSE
+  int64_t max_partial_rows = 0;   // each holds 512 fp32 + one fp32 LSE
+  int max_index_tasks = 0;        // positional plans: index lists per plan
+  int64_t max_index_entries = 0;  // positional plans: int32 entries of one pass's lists
 
   // Bytes of a workspace of this capacity (plain C++).
-  static size_t BytesFor(int max_work_items, int max_combine_items, int64_t max_partial_rows);
+  static size_t BytesFor(int max_work_items, int max_combine_items, int64_t max_partial_rows,
+                         int max_index_tasks = 0, int64_t max_index_entries = 0);
   // cudaMalloc's a workspace of the given capacity; Free() releases it.
   static absl::StatusOr<VerifyAttentionWorkspace> Allocate(int max_work_items,
                                                            int max_combine_items,
-                                                           int64_t max_partial_rows);
-  // Capacity that any batch within verifyd's limits fits (about 70 MB).
+                                                           int64_t max_partial_rows,
+                                                           int max_index_tasks = 0,
+                                                           int64_t max_index_entries = 0);
+  // Capacity that any batch within verifyd's limits fits (about 75 MB; index lists for
+  // positional plans of moderate size).
   static absl::StatusOr<VerifyAttentionWorkspace> AllocateDefault();
   absl::Status Free();
 };
@@ -181,16 +203,20 @@ struct VerifyPlanOptions {
   int max_splits = 0;
   // Shortest split in key tiles of the chosen configuration (>= 1).
   int min_split_tiles = 2;
-  // kM16Positional only (required there): host copy of params.tree_mask
+  // A positional plan (see "Positional plans" above; batch-invariant), with `config` (kAuto:
+  // PositionalConfigFor the device). Needs host_tree_mask.
+  bool positional = false;
+  // Positional plans only (required there): host copy of params.tree_mask
   // ([total_rows, mask_words]), from which the planner counts each node's visible keys.
   const uint64_t* host_tree_mask = nullptr;
 };
 
 // Computes the plan from host copies of q_indptr / kv_indptr ([batch + 1] each). Checks the
 // index arrays (monotone, L_b >= n_b, n_b <= 64 * mask_words) and that the plan fits the
-// workspace capacity (splits are reduced until it does; kM16Positional never changes its
-// splits: it runs in passes instead, and needs work / combine capacity for one item per
-// (node, 16-head tile, split) / (node, 16-head tile), RESOURCE_EXHAUSTED otherwise).
+// workspace capacity (splits are reduced until it does; positional plans never change their
+// splits: they run in passes instead, and need work / combine / index-task capacity for one
+// item per (node, head tile, split) / (node, head tile) / (node, split reaching the tail),
+// RESOURCE_EXHAUSTED otherwise).
 absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionParams& params,
                                                         const int32_t* host_q_indptr,
                                                         const int32_t* host_kv_indptr,

@@ -16,10 +16,11 @@
 namespace verifyd::kernels::cuda::detail {
 
 struct VerifyKernelArgs {
-  const __nv_bfloat16* q;     // [total_rows, heads, 576]
-  const __nv_bfloat16* kv;    // [kv_slots, 576]
-  const int32_t* kv_indices;  // [kv_indptr[batch]]
-  const uint64_t* tree_mask;  // [total_rows, mask_words]
+  const __nv_bfloat16* q;      // [total_rows, heads, 576]
+  const __nv_bfloat16* kv;     // [kv_slots, 576]
+  const int32_t* kv_indices;   // [kv_indptr[batch]]
+  const int32_t* pos_indices;  // positional plans' index lists (work items with kv_off < 0)
+  const uint64_t* tree_mask;   // [total_rows, mask_words]
   int mask_words;
   int num_heads;
   float scale_log2;            // softmax_scale * log2(e)

@@ -12,6 +12,7 @@
 #include "kernels/cuda/verify_attention/combine.cuh"
 #include "kernels/cuda/verify_attention/kernel_args.cuh"
 #include "kernels/cuda/verify_attention/plan.h"
+#include "kernels/cuda/verify_attention/positional.cuh"
 #include "kernels/cuda/verify_attention/variants.h"
 #include "kernels/status.h"
 
@@ -35,22 +36,28 @@ absl::StatusOr<VerifyAttentionDeviceInfo> VerifyAttentionDeviceInfo::Query() {
 }
 
 absl::StatusOr<VerifyAttentionWorkspace> VerifyAttentionWorkspace::Allocate(
-    int max_work_items, int max_combine_items, int64_t max_partial_rows) {
-  if (max_work_items < 1 || max_combine_items < 0 || max_partial_rows < 0) {
+    int max_work_items, int max_combine_items, int64_t max_partial_rows, int max_index_tasks,
+    int64_t max_index_entries) {
+  if (max_work_items < 1 || max_combine_items < 0 || max_partial_rows < 0 || max_index_tasks < 0 ||
+      max_index_entries < 0) {
     return absl::InvalidArgumentError("workspace: capacities must be positive");
   }
   VerifyAttentionWorkspace ws;
-  ws.bytes = BytesFor(max_work_items, max_combine_items, max_partial_rows);
+  ws.bytes = BytesFor(max_work_items, max_combine_items, max_partial_rows, max_index_tasks,
+                      max_index_entries);
   VERIFYD_CUDA_RETURN_IF_ERROR(cudaMalloc(&ws.device, ws.bytes));
   ws.max_work_items = max_work_items;
   ws.max_combine_items = max_combine_items;
   ws.max_partial_rows = max_partial_rows;
+  ws.max_index_tasks = max_index_tasks;
+  ws.max_index_entries = max_index_entries;
   return ws;
 }
 
 absl::StatusOr<VerifyAttentionWorkspace> VerifyAttentionWorkspace::AllocateDefault() {
   return Allocate(/*max_work_items=*/65536, /*max_combine_items=*/16384,
-                  /*max_partial_rows=*/32768);
+                  /*max_partial_rows=*/32768, /*max_index_tasks=*/16384,
+                  /*max_index_entries=*/int64_t{1} << 20);
 }
 
 absl::Status VerifyAttentionWorkspace::Free() {
@@ -64,11 +71,14 @@ absl::Status UploadVerifyAttentionPlan(const VerifyAttentionPlan& plan,
                                        const VerifyAttentionWorkspace& ws, void* stream) {
   if (static_cast<int64_t>(plan.work.size()) > ws.max_work_items ||
       static_cast<int64_t>(plan.combine.size()) > ws.max_combine_items ||
-      plan.partial_rows > ws.max_partial_rows) {
+      plan.partial_rows > ws.max_partial_rows ||
+      static_cast<int64_t>(plan.index_tasks.size()) > ws.max_index_tasks ||
+      plan.index_entries > ws.max_index_entries) {
     return absl::InvalidArgumentError("verify plan: does not fit the workspace");
   }
   const detail::WorkspaceLayout l =
-      detail::LayoutWorkspace(ws.max_work_items, ws.max_combine_items, ws.max_partial_rows);
+      detail::LayoutWorkspace(ws.max_work_items, ws.max_combine_items, ws.max_partial_rows,
+                              ws.max_index_tasks, ws.max_index_entries);
   auto* base = static_cast<unsigned char*>(ws.device);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (!plan.work.empty()) {
@@ -79,6 +89,11 @@ absl::Status UploadVerifyAttentionPlan(const VerifyAttentionPlan& plan,
   if (!plan.combine.empty()) {
     VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(base + l.combine, plan.combine.data(),
                                                  plan.combine.size() * sizeof(VerifyCombineItem),
+                                                 cudaMemcpyHostToDevice, s));
+  }
+  if (!plan.index_tasks.empty()) {
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(base + l.tasks, plan.index_tasks.data(),
+                                                 plan.index_tasks.size() * sizeof(VerifyIndexTask),
                                                  cudaMemcpyHostToDevice, s));
   }
   return absl::OkStatus();
@@ -117,11 +132,14 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
   }
   if (ws.device == nullptr || static_cast<int64_t>(plan.work.size()) > ws.max_work_items ||
       plan.partial_rows > ws.max_partial_rows ||
-      static_cast<int64_t>(plan.combine.size()) > ws.max_combine_items) {
+      static_cast<int64_t>(plan.combine.size()) > ws.max_combine_items ||
+      static_cast<int64_t>(plan.index_tasks.size()) > ws.max_index_tasks ||
+      plan.index_entries > ws.max_index_entries) {
     return absl::InvalidArgumentError("verify attention: workspace too small for the plan");
   }
   const detail::WorkspaceLayout l =
-      detail::LayoutWorkspace(ws.max_work_items, ws.max_combine_items, ws.max_partial_rows);
+      detail::LayoutWorkspace(ws.max_work_items, ws.max_combine_items, ws.max_partial_rows,
+                              ws.max_index_tasks, ws.max_index_entries);
   auto* base = static_cast<unsigned char*>(ws.device);
 
   detail::VerifyKernelArgs a{};
@@ -136,7 +154,9 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
   a.lse = p.lse;
   a.part_o = reinterpret_cast<float*>(base + l.part_o);
   a.part_lse = reinterpret_cast<float*>(base + l.lse);
+  a.pos_indices = reinterpret_cast<const int32_t*>(base + l.pos);
   const auto* work = reinterpret_cast<const VerifyWorkItem*>(base + l.work);
+  const auto* tasks = reinterpret_cast<const VerifyIndexTask*>(base + l.tasks);
   const auto* combine = reinterpret_cast<const VerifyCombineItem*>(base + l.combine);
 
   int dev = 0, major = 0, sms = 0;
@@ -159,8 +179,18 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
         absl::StrCat("verify attention: the plan (configuration ", static_cast<int>(plan.config),
                      ") was made for another architecture than this sm_", major, "x device"));
   }
-  // One pass: the attention over a range of the work list, then the combine of its splits.
+  // One pass: its index lists (positional plans), the attention over a range of the work
+  // list, then the combine of its splits.
   auto run_pass = [&](const VerifyPass& pass) -> absl::Status {
+    if (pass.task_count > 0) {
+      detail::PositionalIndexArgs pa{};
+      pa.tasks = tasks + pass.task_begin;
+      pa.kv_indices = p.kv_indices;
+      pa.tree_mask = p.tree_mask;
+      pa.mask_words = p.mask_words;
+      pa.out = reinterpret_cast<int32_t*>(base + l.pos);
+      VERIFYD_RETURN_IF_ERROR(detail::LaunchPositionalIndices(pa, pass.task_count, p.stream));
+    }
     a.work = work + pass.work_begin;
     VERIFYD_RETURN_IF_ERROR(detail::DispatchVariant(
         variant->index, [&](auto v) { return decltype(v)::Launch(a, pass.work_count, p.stream); }));

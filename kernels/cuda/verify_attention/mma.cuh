@@ -51,7 +51,6 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     constexpr int BM = V::kRows;
     constexpr int BN = V::kKeys;
     constexpr int STAGES = V::kStages;
-    constexpr bool kPositional = V::kPositional;
     using Tr = MmaTraits<BM, BN, STAGES>;
     extern __shared__ __align__(128) unsigned char smem[];
     __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -74,46 +73,14 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
 
     const VerifyWorkItem wi = args.work[blockIdx.x];
     const int H = args.num_heads;
-    const int M = wi.num_nodes * H;                // folded rows of the request
+    const int M = wi.num_nodes * H;  // folded rows of the request
+    const int rows_here = min(BM, M - wi.fold_begin);
     const int ctx_len = wi.kv_len - wi.num_nodes;  // P_b: keys before the tail
     const int num_keys = wi.kv_end - wi.kv_begin;
     const int num_tiles = (num_keys + BN - 1) / BN;
-    const int32_t* idx_base = args.kv_indices + wi.kv_off;
-
-    // Positional variants (api.h, "Positional attention"): the CTA holds heads of one node, and
-    // key k of [kv_begin, kv_end) is the node's k-th visible key: context slot k below
-    // ctx_len, else its (k - ctx_len)-th visible tail row (sVis, in index order). kv_end <=
-    // the node's visible count (the planner's); keys past what the mask shows are not read.
-    const int node = kPositional ? wi.fold_begin / H : 0;
-    const int rows_here =
-        kPositional ? min(BM, H - (wi.fold_begin - node * H)) : min(BM, M - wi.fold_begin);
-    __shared__ int16_t sVis[kPositional ? kMaxTailRows : 1];
-    __shared__ int sVisCount;
-    if constexpr (kPositional) {
-      const uint64_t* mrow =
-          args.tree_mask + static_cast<int64_t>(wi.q_row0 + node) * args.mask_words;
-      if (tid == 0) sVisCount = 0;
-      for (int t = tid; t < kMaxTailRows; t += kMmaThreads) {
-        uint64_t w0 = 0, w1 = 0;
-        if (t < wi.num_nodes) {
-          // Only the request's own rows count (bits past num_nodes are ignored).
-          w0 = __ldg(mrow);
-          if (args.mask_words > 1) w1 = __ldg(mrow + 1);
-          const int n = wi.num_nodes;
-          if (n < 64) w0 &= (1ull << n) - 1ull;
-          if (n < 128) w1 &= n <= 64 ? 0ull : (1ull << (n - 64)) - 1ull;
-          const uint64_t w = t < 64 ? w0 : w1;
-          const int bit = t & 63;
-          if ((w >> bit) & 1ull) {
-            const int below = __popcll(w & ((1ull << bit) - 1ull)) + (t < 64 ? 0 : __popcll(w0));
-            sVis[below] = static_cast<int16_t>(t);
-          }
-          if (t == 0) sVisCount = __popcll(w0) + __popcll(w1);
-        }
-      }
-      __syncthreads();
-    }
-    const int key_end = kPositional ? min(wi.kv_end, ctx_len + sVisCount) : wi.kv_end;
+    // kv_off < 0: a positional plan's index list in the workspace (api.h, VerifyWorkItem).
+    const int32_t* idx_base =
+        wi.kv_off >= 0 ? args.kv_indices + wi.kv_off : args.pos_indices + (-wi.kv_off - 1);
 
     if (tid < BM) {
       sM[tid] = -INFINITY;
@@ -141,13 +108,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
 #pragma unroll
       for (int j = 0; j < kKeysPerWarp; ++j) {
         const int key = wi.kv_begin + tile * BN + warp + j * kMmaWarps;
-        if constexpr (kPositional) {
-          slots[j] = key < key_end
-                         ? __ldg(idx_base + (key < ctx_len ? key : ctx_len + sVis[key - ctx_len]))
-                         : -1;
-        } else {
-          slots[j] = key < key_end ? __ldg(idx_base + key) : -1;
-        }
+        slots[j] = key < wi.kv_end ? __ldg(idx_base + key) : -1;
       }
     };
     auto load_tile = [&](int stage, const int32_t* slots) {
@@ -284,9 +245,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         const int sub = tid % Tr::kTpr;
         const int c0 = sub * Tr::kEpt;
         const int key0 = wi.kv_begin + tile * BN;  // request-local key of column 0
-        // Positional: every key below key_end is visible (the list holds visible keys only).
-        const bool masked =
-            kPositional ? key0 + BN > key_end : (key0 + BN > ctx_len) || (key0 + BN > key_end);
+        const bool masked = (key0 + BN > ctx_len) || (key0 + BN > wi.kv_end);
         float s[Tr::kEpt];
 #pragma unroll
         for (int e = 0; e < Tr::kEpt; ++e) {
@@ -303,8 +262,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
 #pragma unroll
           for (int e = 0; e < Tr::kEpt; ++e) {
             const int key = key0 + c0 + e;
-            bool vis = key < key_end;
-            if (!kPositional && vis && key >= ctx_len && mrow != nullptr) {
+            bool vis = key < wi.kv_end;
+            if (vis && key >= ctx_len && mrow != nullptr) {
               const int t = key - ctx_len;
               vis = (__ldg(mrow + (t >> 6)) >> (t & 63)) & 1ull;
             }

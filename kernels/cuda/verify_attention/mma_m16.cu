@@ -1,5 +1,4 @@
-// The mma.sync variants (variants.h: MmaM16Sm90, MmaM16Portable, their positional twins
-// MmaM16PositionalSm90, MmaM16PositionalPortable, and MmaM64PositionalSm90): their kernels are
+// The 16-row mma.sync variants (variants.h: MmaM16Sm90, MmaM16Portable): their kernels are
 // instantiated here, each with a body only in the builds for the architectures it runs on.
 #include "kernels/cuda/verify_attention/mma.cuh"
 
@@ -11,19 +10,6 @@ absl::Status MmaM16Sm90::Launch(const VerifyKernelArgs& args, int grid, void* st
 
 absl::Status MmaM16Portable::Launch(const VerifyKernelArgs& args, int grid, void* stream) {
   return LaunchMmaVariant<MmaM16Portable>(args, grid, stream);
-}
-
-absl::Status MmaM16PositionalSm90::Launch(const VerifyKernelArgs& args, int grid, void* stream) {
-  return LaunchMmaVariant<MmaM16PositionalSm90>(args, grid, stream);
-}
-
-absl::Status MmaM16PositionalPortable::Launch(const VerifyKernelArgs& args, int grid,
-                                              void* stream) {
-  return LaunchMmaVariant<MmaM16PositionalPortable>(args, grid, stream);
-}
-
-absl::Status MmaM64PositionalSm90::Launch(const VerifyKernelArgs& args, int grid, void* stream) {
-  return LaunchMmaVariant<MmaM64PositionalSm90>(args, grid, stream);
 }
 
 }  // namespace verifyd::kernels::cuda::detail

@@ -85,7 +85,6 @@ absl::StatusOr<VariantInfo> AutoVariant(const VerifyAttentionDeviceInfo& device,
   for (const VariantInfo& v : kVariantTable) {
     if (AutoForcedToMma() && v.config != VerifyKernelConfig::kM16) continue;
     if (!v.runs_on(device.cc_major) || !Fits(v, device)) continue;
-    if (v.auto_use == AutoUse::kNever) continue;
     if (v.auto_use == AutoUse::kNotTinyDecode && tiny) continue;
     return v;
   }
@@ -93,40 +92,44 @@ absl::StatusOr<VariantInfo> AutoVariant(const VerifyAttentionDeviceInfo& device,
   return ResolveVariant(VerifyKernelConfig::kM16, device);
 }
 
-WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items,
-                                int64_t max_partial_rows) {
+WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items, int64_t max_partial_rows,
+                                int max_index_tasks, int64_t max_index_entries) {
   WorkspaceLayout l;
   l.work = 0;
   l.combine = AlignUp(l.work + sizeof(VerifyWorkItem) * max_work_items, 256);
   l.lse = AlignUp(l.combine + sizeof(VerifyCombineItem) * max_combine_items, 256);
   l.part_o = AlignUp(l.lse + sizeof(float) * max_partial_rows, 256);
-  l.total = AlignUp(l.part_o + sizeof(float) * kVDim * max_partial_rows, 256);
+  l.tasks = AlignUp(l.part_o + sizeof(float) * kVDim * max_partial_rows, 256);
+  l.pos = AlignUp(l.tasks + sizeof(VerifyIndexTask) * max_index_tasks, 256);
+  l.total = AlignUp(l.pos + sizeof(int32_t) * max_index_entries, 256);
   return l;
 }
 
 }  // namespace detail
 
-VerifyKernelConfig PositionalConfigFor(int heads, int cc_major) {
-  return cc_major == 9 && heads > 0 && heads % 64 == 0 ? VerifyKernelConfig::kM64Positional
-                                                       : VerifyKernelConfig::kM16Positional;
+VerifyKernelConfig PositionalConfigFor(int cc_major) {
+  return cc_major == 9 ? VerifyKernelConfig::kS64 : VerifyKernelConfig::kM16;
 }
 
 int64_t PositionalSplitKeys(int64_t n) {
-  constexpr int64_t kTile = 32;  // the m16 kernels' key tile
-  if (n <= 0) return kTile;
+  constexpr int64_t kAlign = 64;  // a multiple of every variant's key tile
+  if (n <= 0) return kAlign;
   const int64_t splits =
       std::min<int64_t>(detail::CeilDiv(n, kPositionalChunkKeys), kPositionalMaxSplits);
-  return detail::CeilDiv(detail::CeilDiv(n, splits), kTile) * kTile;
+  return detail::CeilDiv(detail::CeilDiv(n, splits), kAlign) * kAlign;
 }
 
 namespace detail {
 namespace {
 
-// kM16Positional / kM64Positional: per request, per node, per split, per head tile of 16 / 64
-// (the head tiles of one
+// Positional plans: per request, per node, per split, per head tile (the head tiles of one
 // split are adjacent, so they stream the same keys together and share them in L2). A node's
-// splits depend only on its visible key count. Partial rows are handed out in passes that fit
-// the workspace; all of a node's split tiles are in one pass.
+// splits depend only on its visible key count. Every work item holds one node's heads
+// (num_nodes = t + 1 makes the kernels' row count H - first head, and kv_len = kv_end +
+// num_nodes puts the whole range before the "tail": nothing is masked but the range's end).
+// A split that reaches the tail reads an index list built on the GPU (VerifyIndexTask).
+// Partial rows and index entries are handed out in passes that fit the workspace; all of a
+// node's work is in one pass.
 absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& params,
                                                    const int32_t* hq, const int32_t* hkv,
                                                    const VariantInfo& variant,
@@ -136,12 +139,12 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
   const int H = params.num_heads;
   const int BM = variant.rows;
   const int W = params.mask_words;
-  if ((BM != 16 && BM != 64) || variant.keys != 32) {
-    return absl::InternalError("verify plan: positional variants are 16 or 64 rows x 32 keys");
+  if (64 % variant.keys != 0) {
+    return absl::InternalError("verify plan: positional splits need key tiles dividing 64");
   }
   if (params.total_rows > 0 && options.host_tree_mask == nullptr) {
     return absl::InvalidArgumentError(
-        "verify plan: host_tree_mask is required by the positional configuration");
+        "verify plan: host_tree_mask is required by positional plans");
   }
   VerifyAttentionPlan plan;
   plan.config = variant.config;
@@ -154,37 +157,51 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
   const int head_tiles = static_cast<int>(CeilDiv(H, BM));
 
   VerifyPass pass;
-  int64_t pass_partial = 0;
+  int64_t pass_partial = 0, pass_entries = 0;
   auto close_pass = [&] {
     pass.work_count = static_cast<int32_t>(plan.work.size()) - pass.work_begin;
     pass.combine_count = static_cast<int32_t>(plan.combine.size()) - pass.combine_begin;
+    pass.task_count = static_cast<int32_t>(plan.index_tasks.size()) - pass.task_begin;
     if (pass.work_count > 0) plan.passes.push_back(pass);
     plan.partial_rows = std::max(plan.partial_rows, pass_partial);
+    plan.index_entries = std::max(plan.index_entries, pass_entries);
     pass = VerifyPass{};
     pass.work_begin = static_cast<int32_t>(plan.work.size());
     pass.combine_begin = static_cast<int32_t>(plan.combine.size());
+    pass.task_begin = static_cast<int32_t>(plan.index_tasks.size());
     pass_partial = 0;
+    pass_entries = 0;
   };
   for (int b = 0; b < B; ++b) {
-    const int n = hq[b + 1] - hq[b];
+    const int n_b = hq[b + 1] - hq[b];
     const int L = hkv[b + 1] - hkv[b];
-    const int ctx = L - n;
-    for (int t = 0; t < n; ++t) {
+    const int ctx = L - n_b;
+    for (int t = 0; t < n_b; ++t) {
       const uint64_t* m = options.host_tree_mask + static_cast<int64_t>(hq[b] + t) * W;
       int tail = 0;
-      for (int j = 0; j < n; ++j) tail += static_cast<int>((m[j / 64] >> (j % 64)) & 1u);
+      for (int j = 0; j < n_b; ++j) tail += static_cast<int>((m[j / 64] >> (j % 64)) & 1u);
       const int visible = ctx + tail;
       const int64_t len = PositionalSplitKeys(visible);
       const int s = static_cast<int>(std::max<int64_t>(1, CeilDiv(visible, len)));
       plan.max_splits = std::max(plan.max_splits, s);
+      // What the node needs in one pass: partial rows (when split) and index entries.
+      const int64_t need_partial = s > 1 ? static_cast<int64_t>(s) * head_tiles * BM : 0;
+      int64_t need_entries = 0;
+      for (int i = 0; i < s; ++i) {
+        const int64_t end = std::min<int64_t>(visible, (i + 1) * len);
+        if (end > ctx) need_entries += end - i * len;
+      }
+      if (need_partial > ws.max_partial_rows || need_entries > ws.max_index_entries) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("verify plan: one node needs ", need_partial, " partial rows and ",
+                         need_entries, " index entries; the workspace holds ", ws.max_partial_rows,
+                         " and ", ws.max_index_entries));
+      }
+      if (pass_partial + need_partial > ws.max_partial_rows ||
+          pass_entries + need_entries > ws.max_index_entries) {
+        close_pass();
+      }
       if (s > 1) {
-        const int64_t need = static_cast<int64_t>(s) * head_tiles * BM;
-        if (need > ws.max_partial_rows) {
-          return absl::ResourceExhaustedError(absl::StrCat("verify plan: one node needs ", need,
-                                                           " partial rows; the workspace holds ",
-                                                           ws.max_partial_rows));
-        }
-        if (pass_partial + need > ws.max_partial_rows) close_pass();
         for (int h = 0; h < head_tiles; ++h) {
           VerifyCombineItem ci{};
           ci.out_row0 = (hq[b] + t) * H + h * BM;
@@ -195,29 +212,49 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
         }
       }
       for (int i = 0; i < s; ++i) {
-        for (int h = 0; h < head_tiles; ++h) {
-          VerifyWorkItem w{};
-          w.q_row0 = hq[b];
-          w.num_nodes = n;
+        const int64_t begin = i * len;
+        const int64_t end = std::min<int64_t>(visible, (i + 1) * len);
+        VerifyWorkItem w{};
+        w.q_row0 = hq[b];
+        w.num_nodes = t + 1;
+        if (end > ctx) {  // reaches the tail: the node's own index list
+          VerifyIndexTask task{};
+          task.dst = static_cast<int32_t>(pass_entries);
+          task.src = hkv[b];
+          task.ctx = ctx;
+          task.mask_row = hq[b] + t;
+          task.num_nodes = n_b;
+          task.begin = static_cast<int32_t>(begin);
+          task.end = static_cast<int32_t>(end);
+          plan.index_tasks.push_back(task);
+          w.kv_off = -static_cast<int32_t>(pass_entries) - 1;
+          w.kv_begin = 0;
+          w.kv_end = static_cast<int32_t>(end - begin);
+          pass_entries += end - begin;
+        } else {
           w.kv_off = hkv[b];
-          w.kv_len = L;
+          w.kv_begin = static_cast<int32_t>(begin);
+          w.kv_end = static_cast<int32_t>(end);
+        }
+        w.kv_len = w.kv_end + w.num_nodes;
+        for (int h = 0; h < head_tiles; ++h) {
           w.fold_begin = t * H + h * BM;
-          w.kv_begin = static_cast<int32_t>(i * len);
-          w.kv_end = static_cast<int32_t>(std::min<int64_t>(visible, (i + 1) * len));
           w.partial_row = s > 1 ? static_cast<int32_t>(pass_partial + (h * s + i) * BM) : -1;
           plan.work.push_back(w);
         }
       }
-      if (s > 1) pass_partial += static_cast<int64_t>(s) * head_tiles * BM;
+      pass_partial += need_partial;
     }
   }
   close_pass();
   if (static_cast<int64_t>(plan.work.size()) > ws.max_work_items ||
-      static_cast<int64_t>(plan.combine.size()) > ws.max_combine_items) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "verify plan: the positional plan needs ", plan.work.size(), " work items and ",
-        plan.combine.size(), " combine items; the workspace holds ", ws.max_work_items, " and ",
-        ws.max_combine_items));
+      static_cast<int64_t>(plan.combine.size()) > ws.max_combine_items ||
+      static_cast<int64_t>(plan.index_tasks.size()) > ws.max_index_tasks) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("verify plan: the positional plan needs ", plan.work.size(), " work items, ",
+                     plan.combine.size(), " combine items and ", plan.index_tasks.size(),
+                     " index tasks; the workspace holds ", ws.max_work_items, ", ",
+                     ws.max_combine_items, " and ", ws.max_index_tasks));
   }
   if (plan.passes.size() == 1) plan.passes.clear();  // one pass: the plain layout
   return plan;
@@ -227,8 +264,11 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
 }  // namespace detail
 
 size_t VerifyAttentionWorkspace::BytesFor(int max_work_items, int max_combine_items,
-                                          int64_t max_partial_rows) {
-  return detail::LayoutWorkspace(max_work_items, max_combine_items, max_partial_rows).total;
+                                          int64_t max_partial_rows, int max_index_tasks,
+                                          int64_t max_index_entries) {
+  return detail::LayoutWorkspace(max_work_items, max_combine_items, max_partial_rows,
+                                 max_index_tasks, max_index_entries)
+      .total;
 }
 
 absl::Status SupportsVerifyAttentionCuda(const VerifyAttentionParams& p,
@@ -300,13 +340,19 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionPar
 
   int64_t total_keys = 0;
   for (int b = 0; b < B; ++b) total_keys += L[b];
+  if (options.positional) {
+    // The configuration depends on the device only (never on the batch).
+    VERIFYD_ASSIGN_OR_RETURN(const detail::VariantInfo variant,
+                             detail::ResolveVariant(options.config == VerifyKernelConfig::kAuto
+                                                        ? PositionalConfigFor(device.cc_major)
+                                                        : options.config,
+                                                    device));
+    return detail::PlanPositional(params, hq, hkv, variant, ws, options);
+  }
   VERIFYD_ASSIGN_OR_RETURN(const detail::VariantInfo variant,
                            options.config == VerifyKernelConfig::kAuto
                                ? detail::AutoVariant(device, max_rows, total_keys)
                                : detail::ResolveVariant(options.config, device));
-  if (variant.positional) {
-    return detail::PlanPositional(params, hq, hkv, variant, ws, options);
-  }
   const int BM = variant.rows;
   const int BN = variant.keys;
 

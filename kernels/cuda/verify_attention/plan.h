@@ -25,12 +25,13 @@ absl::StatusOr<VariantInfo> AutoVariant(const VerifyAttentionDeviceInfo& device,
                                         int64_t max_folded_rows_per_request, int64_t total_keys);
 
 // Byte offsets of the workspace parts (256-byte aligned): work items, combine items, partial
-// log2-LSE [max_partial_rows] fp32, partial outputs [max_partial_rows][512] fp32.
+// log2-LSE [max_partial_rows] fp32, partial outputs [max_partial_rows][512] fp32, positional
+// index tasks [max_index_tasks], index lists [max_index_entries] int32.
 struct WorkspaceLayout {
-  size_t work = 0, combine = 0, lse = 0, part_o = 0, total = 0;
+  size_t work = 0, combine = 0, lse = 0, part_o = 0, tasks = 0, pos = 0, total = 0;
 };
-WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items,
-                                int64_t max_partial_rows);
+WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items, int64_t max_partial_rows,
+                                int max_index_tasks = 0, int64_t max_index_entries = 0);
 
 // Upper bound on splits of one request (the combine kernel's shared weight array).
 inline constexpr int kMaxCombineSplits = 1024;

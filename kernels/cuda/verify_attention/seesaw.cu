@@ -336,7 +336,10 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
         [&](int i) { return q_base + min(key_lane + 4 * i, rows_here - 1) * kQkDim + chunk * 8; });
     CpAsyncMbarArrive(q_bar);
     const int num_tiles = (wi.kv_end - wi.kv_begin + Tr::kKeys - 1) / Tr::kKeys;
-    const int32_t* idx = args.kv_indices + wi.kv_off + wi.kv_begin + key_lane;
+    // kv_off < 0: a positional plan's index list in the workspace (api.h, VerifyWorkItem).
+    const int32_t* idx =
+        (wi.kv_off >= 0 ? args.kv_indices + wi.kv_off : args.pos_indices + (-wi.kv_off - 1)) +
+        wi.kv_begin + key_lane;
     const int keys = wi.kv_end - wi.kv_begin;
     const __nv_bfloat16* kv_lane = args.kv + chunk * 8;
     int32_t slot[4];

@@ -29,7 +29,6 @@ struct VerifyKernelArgs;  // kernel_args.cuh: the device-side arguments of every
 enum class AutoUse {
   kNotTinyDecode,  // every batch but a tiny decode batch (IsTinyDecodeBatch)
   kAlways,
-  kNever,  // only when asked for by configuration (kM16Positional)
 };
 
 // Tiny decode batch: <= 16 folded rows per request and <= 16k keys in all. There the 16-row
@@ -52,7 +51,6 @@ struct SeesawS64 {
   static constexpr const char* kArch = "an sm_90 device (sm_90a build)";
   static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
   static constexpr AutoUse kAuto = AutoUse::kNotTinyDecode;
-  static constexpr bool kPositional = false;
   static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
 };
 
@@ -67,7 +65,6 @@ struct MmaM16Sm90 {
   static constexpr const char* kArch = "an sm_90 device";
   static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
   static constexpr AutoUse kAuto = AutoUse::kAlways;
-  static constexpr bool kPositional = false;
   static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
 };
 
@@ -82,51 +79,14 @@ struct MmaM16Portable {
   static constexpr const char* kArch = "sm_80 or newer";
   static constexpr bool RunsOn(int cc_major) { return cc_major >= 8 && cc_major != 9; }
   static constexpr AutoUse kAuto = AutoUse::kAlways;
-  static constexpr bool kPositional = false;
   static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
 };
 static_assert(MmaM16Portable::kSmemBytes <= 99 * 1024, "m16 portable: within 99 KB (sm_120)");
 
-// The batch-invariant configuration (api.h, "Positional attention"): the m16 kernels with one
-// node's heads per CTA and its visible keys walked by position. sm_90: 5 stages.
-struct MmaM16PositionalSm90 : MmaM16Sm90 {
-  static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kM16Positional;
-  static constexpr const char* kName = "mma.sync 16-row positional, 5 stages (m16p)";
-  static constexpr AutoUse kAuto = AutoUse::kNever;
-  static constexpr bool kPositional = true;
-  static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
-};
-
-// The same with 2 stages: sm_80, sm_120.
-struct MmaM16PositionalPortable : MmaM16Portable {
-  static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kM16Positional;
-  static constexpr const char* kName = "mma.sync 16-row positional, 2 stages (m16p)";
-  static constexpr AutoUse kAuto = AutoUse::kNever;
-  static constexpr bool kPositional = true;
-  static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
-};
-
 template <class... V>
 struct VariantList {};
 // kAuto's preference order.
-// The positional configuration with 64 rows (64 heads of one node: a quarter of the KV reads
-// of four 16-row CTAs), 32-key tiles, 3 stages (~197 KB): sm_90.
-struct MmaM64PositionalSm90 {
-  static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kM64Positional;
-  static constexpr const char* kName = "mma.sync 64-row positional, 3 stages (m64p)";
-  static constexpr int kRows = 64;
-  static constexpr int kKeys = 32;
-  static constexpr int kStages = 3;
-  static constexpr size_t kSmemBytes = MmaTraits<kRows, kKeys, kStages>::kSmemBytes;
-  static constexpr const char* kArch = "an sm_90 device";
-  static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
-  static constexpr AutoUse kAuto = AutoUse::kNever;
-  static constexpr bool kPositional = true;
-  static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
-};
-
-using VerifyVariants = VariantList<SeesawS64, MmaM16Sm90, MmaM16Portable, MmaM16PositionalSm90,
-                                   MmaM16PositionalPortable, MmaM64PositionalSm90>;
+using VerifyVariants = VariantList<SeesawS64, MmaM16Sm90, MmaM16Portable>;
 
 // ---- run-time view of the table (the planner) -------------------------------------------
 
@@ -141,13 +101,12 @@ struct VariantInfo {
   size_t smem_bytes = 0;
   AutoUse auto_use = AutoUse::kAlways;
   bool (*runs_on)(int cc_major) = nullptr;
-  bool positional = false;
 };
 
 template <class V>
 constexpr VariantInfo InfoOf(int index) {
-  return {index,      V::kConfig,    V::kName, V::kArch,   V::kRows,      V::kKeys,
-          V::kStages, V::kSmemBytes, V::kAuto, &V::RunsOn, V::kPositional};
+  return {index,    V::kConfig, V::kName,      V::kArch, V::kRows,
+          V::kKeys, V::kStages, V::kSmemBytes, V::kAuto, &V::RunsOn};
 }
 template <class... V>
 constexpr std::array<VariantInfo, sizeof...(V)> MakeVariantTable(VariantList<V...>) {
