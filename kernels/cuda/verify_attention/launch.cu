@@ -208,8 +208,9 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
                                  p.stream, /*fixed_layout=*/plan.positional);
   };
   if (plan.passes.empty()) {
-    return run_pass(
-        {0, static_cast<int32_t>(plan.work.size()), 0, static_cast<int32_t>(plan.combine.size())});
+    return run_pass({0, static_cast<int32_t>(plan.work.size()), 0,
+                     static_cast<int32_t>(plan.combine.size()), 0,
+                     static_cast<int32_t>(plan.index_tasks.size())});
   }
   for (const VerifyPass& pass : plan.passes) VERIFYD_RETURN_IF_ERROR(run_pass(pass));
   return absl::OkStatus();
