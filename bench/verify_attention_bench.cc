@@ -42,6 +42,8 @@ ABSL_FLAG(std::string, config, "auto",
           "kernel configuration: auto, m16 (mma.sync 16-row) or s64 (seesaw wgmma, sm_90a)");
 ABSL_FLAG(bool, positional, false,
           "positional plans (the batch-invariant mode's; --config=auto: the device's choice)");
+ABSL_FLAG(bool, shared_context, false,
+          "with --positional: context splits shared by a request's nodes");
 ABSL_FLAG(std::string, commit, "unknown", "source revision recorded in the JSON meta");
 ABSL_FLAG(double, copy_gbps, 4242.0, "copy ceiling (GB/s) for the memory floor (H200)");
 ABSL_FLAG(double, mma_tflops, 790.0, "bf16 matrix rate (TFLOP/s) for the compute floor");
@@ -216,6 +218,7 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   vc::VerifyPlanOptions opt;
   opt.config = config;
   opt.positional = absl::GetFlag(FLAGS_positional);
+  opt.positional_shared_context = absl::GetFlag(FLAGS_shared_context);
   opt.host_tree_mask = hmask.data();  // read by positional plans only
   if (absl::GetFlag(FLAGS_min_split_tiles) >= 1) {
     opt.min_split_tiles = absl::GetFlag(FLAGS_min_split_tiles);

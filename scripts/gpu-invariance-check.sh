@@ -12,10 +12,13 @@
 #             layers): verifyctl load --sessions=8, greedy and seeded at T 0.8; every run
 #             must report lossless_mismatches=0
 #   sanitize  compute-sanitizer memcheck on the positional kernel tests
-#   kernel    verify_attention_bench --config=auto, then --positional (same call)
-#   engine    engine_bench, default then --batch_invariant (61 layers; 4k/65k x trees
-#             1/16/64 x batches 1/8/32, then 185k x trees 1/64 x batches 1/8)
-# JSON goes to $OUT, logs packed into $OUT/logs.tgz (the device tool returns at most 8 files).
+#   kernel    verify_attention_bench --config=auto, then --positional, then --positional
+#             --shared_context (same call)
+#   engine    engine_bench, default then --batch_invariant then --batch_invariant
+#             --shared_context (61 layers; 4k/65k x trees 1/16/64 x batches 1/8/32), then
+#             default and --batch_invariant at 185k x trees 1/64 x batches 1/8
+# JSON goes to $OUT, logs packed into $OUT/logs.tgz (the device tool returns at most 8 files:
+# keep the JSON of the steps you run within that).
 # Env: VERIFYD_COMMIT (recorded in the JSON). Prints a summary last. Never changes clocks,
 # power or MIG settings.
 set -uo pipefail
@@ -84,6 +87,8 @@ for step in "${steps[@]}"; do
         --json="$OUT/kernel_auto.json"
       run kernel_positional 120 verify_attention_bench --positional --iters=20 --warmup=5 \
         --commit="$commit" --json="$OUT/kernel_positional.json"
+      run kernel_shared 120 verify_attention_bench --positional --shared_context --iters=20 \
+        --warmup=5 --commit="$commit" --json="$OUT/kernel_shared.json"
       ;;
     engine)
       flags=(--layers=61 --warmup=1 --iters=2 --commit="$commit")
@@ -95,6 +100,8 @@ for step in "${steps[@]}"; do
         --json="$OUT/engine_default.json"
       run engine_invariant 400 engine_bench "${flags[@]}" "${small[@]}" --batch_invariant \
         --json="$OUT/engine_invariant.json"
+      run engine_shared 400 engine_bench "${flags[@]}" "${small[@]}" --batch_invariant \
+        --shared_context --json="$OUT/engine_shared.json"
       run engine185_default 200 engine_bench "${flags[@]}" "${long[@]}" \
         --json="$OUT/engine185_default.json"
       run engine185_invariant 300 engine_bench "${flags[@]}" "${long[@]}" --batch_invariant \

@@ -24,8 +24,9 @@ namespace verifyd::server {
 
 // Bumped whenever what crosses the boundary changes (2: the create call takes
 // tp::EngineOptions; 3: EngineOptions::source, a tp::WeightSource verifyd opened: the module
-// calls its virtual methods, which run verifyd's code).
-inline constexpr int kCudaEngineModuleAbi = 3;
+// calls its virtual methods, which run verifyd's code; 4: EngineOptions::cuda grew
+// shared_context_attention).
+inline constexpr int kCudaEngineModuleAbi = 4;
 inline constexpr char kCudaEngineModuleFile[] = "libverifyd_cuda_engine.so";
 
 struct CudaEngineModule {

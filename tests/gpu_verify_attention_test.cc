@@ -65,6 +65,7 @@ struct Case {
   VerifyKernelConfig config = VerifyKernelConfig::kAuto;
   int max_splits = 0;
   bool positional = false;       // a positional plan (the batch-invariant mode's)
+  bool shared_context = false;   // ... with the context splits shared by a request's nodes
   int64_t max_partial_rows = 0;  // > 0: a workspace this small (positional plans: passes)
   std::string Name() const {
     int64_t rows = 0, keys = 0;
@@ -74,7 +75,8 @@ struct Case {
     }
     return absl::StrCat("B=", nodes.size(), " H=", heads, " rows=", rows, " max_ctx=", keys,
                         " seed=", seed, " cfg=", static_cast<int>(config),
-                        positional ? " positional" : "", " max_splits=", max_splits);
+                        positional ? " positional" : "", shared_context ? " shared" : "",
+                        " max_splits=", max_splits);
   }
 };
 
@@ -306,6 +308,7 @@ void RunCase(const Case& c, Errors* err) {
   opt.config = c.config;
   opt.max_splits = c.max_splits;
   opt.positional = c.positional;
+  opt.positional_shared_context = c.shared_context;
   ASSERT_NO_FATAL_FAILURE(RunCuda(h, opt, c.with_lse, c.max_partial_rows, &out, &lse));
   CompareRows(out, ref_out, c.with_lse ? &lse : nullptr, c.with_lse ? &ref_lse : nullptr, err);
 }
@@ -673,16 +676,19 @@ TEST(VerifyAttentionCuda, PositionalMatchesReference) {
   for (const Shape& sh : shapes) {
     for (const VerifyKernelConfig config : {VerifyKernelConfig::kM16, VerifyKernelConfig::kS64}) {
       if (config == VerifyKernelConfig::kS64 && !sm90) continue;
-      Case c;
-      c.heads = sh.heads;
-      c.nodes = sh.nodes;
-      c.ctx = sh.ctx;
-      c.empty_rows = sh.empty_rows;
-      c.seed = seed++;
-      c.config = config;
-      c.positional = true;
-      c.max_partial_rows = sh.max_partial_rows;
-      ExpectCase(c);
+      for (const bool shared : {false, true}) {
+        Case c;
+        c.heads = sh.heads;
+        c.nodes = sh.nodes;
+        c.ctx = sh.ctx;
+        c.empty_rows = sh.empty_rows;
+        c.seed = seed++;
+        c.config = config;
+        c.positional = true;
+        c.shared_context = shared;
+        c.max_partial_rows = sh.max_partial_rows;
+        ExpectCase(c);
+      }
     }
   }
 }
@@ -703,98 +709,102 @@ TEST(VerifyAttentionCuda, PositionalTreeEqualsChain) {
                                                        {64, VerifyKernelConfig::kS64},
                                                        {128, VerifyKernelConfig::kS64}}) {
     if (config == VerifyKernelConfig::kS64 && !sm90) continue;
-    Case c;
-    c.heads = heads;
-    c.nodes = {33, 1, 65, 7};
-    c.ctx = {4000, 70000, 100, 9000};
-    c.seed = 1234 + heads;
-    const HostBatch tree = MakeBatch(c);
-    std::vector<bf16_bits> tree_out;
-    std::vector<float> tree_lse;
-    VerifyPlanOptions opt;
-    opt.config = config;
-    opt.positional = true;
-    ASSERT_NO_FATAL_FAILURE(RunCuda(tree, opt, true, 0, &tree_out, &tree_lse));
+    for (const bool shared : {false, true}) {
+      Case c;
+      c.heads = heads;
+      c.nodes = {33, 1, 65, 7};
+      c.ctx = {4000, 70000, 100, 9000};
+      c.seed = 1234 + heads;
+      const HostBatch tree = MakeBatch(c);
+      std::vector<bf16_bits> tree_out;
+      std::vector<float> tree_lse;
+      VerifyPlanOptions opt;
+      opt.config = config;
+      opt.positional = true;
+      opt.positional_shared_context = shared;
+      ASSERT_NO_FATAL_FAILURE(RunCuda(tree, opt, true, 0, &tree_out, &tree_lse));
 
-    // Chains: one request per tree node (reverse order), then two unrelated requests from
-    // another random batch (its slots moved past the tree's).
-    Case other_case;
-    other_case.heads = heads;
-    other_case.nodes = {12, 1};
-    other_case.ctx = {777, 30000};
-    other_case.seed = 99;
-    const HostBatch other = MakeBatch(other_case);
-    HostBatch chain;
-    chain.heads = heads;
-    chain.scale = tree.scale;
-    chain.kv_slots = tree.kv_slots + other.kv_slots;
-    chain.kv = tree.kv;
-    chain.kv.insert(chain.kv.end(), other.kv.begin(), other.kv.end());
-    chain.q_indptr = {0};
-    chain.kv_indptr = {0};
-    std::vector<int> source_row;  // tree row of each chain row (-1: unrelated)
-    for (int r = tree.total_rows - 1; r >= 0; --r) {
-      const int b =
-          static_cast<int>(std::upper_bound(tree.q_indptr.begin(), tree.q_indptr.end(), r) -
-                           tree.q_indptr.begin()) -
-          1;
-      const int n = tree.q_indptr[b + 1] - tree.q_indptr[b];
-      const int ctx = tree.kv_indptr[b + 1] - tree.kv_indptr[b] - n;
-      const int t = r - tree.q_indptr[b];
-      const int32_t* slots = tree.kv_indices.data() + tree.kv_indptr[b];
-      chain.kv_indices.insert(chain.kv_indices.end(), slots, slots + ctx);
-      const uint64_t* m = tree.mask.data() + static_cast<size_t>(r) * tree.mask_words;
-      for (int j = 0; j < t; ++j) {
-        if ((m[j / 64] >> (j % 64)) & 1) chain.kv_indices.push_back(slots[ctx + j]);
+      // Chains: one request per tree node (reverse order), then two unrelated requests from
+      // another random batch (its slots moved past the tree's).
+      Case other_case;
+      other_case.heads = heads;
+      other_case.nodes = {12, 1};
+      other_case.ctx = {777, 30000};
+      other_case.seed = 99;
+      const HostBatch other = MakeBatch(other_case);
+      HostBatch chain;
+      chain.heads = heads;
+      chain.scale = tree.scale;
+      chain.kv_slots = tree.kv_slots + other.kv_slots;
+      chain.kv = tree.kv;
+      chain.kv.insert(chain.kv.end(), other.kv.begin(), other.kv.end());
+      chain.q_indptr = {0};
+      chain.kv_indptr = {0};
+      std::vector<int> source_row;  // tree row of each chain row (-1: unrelated)
+      for (int r = tree.total_rows - 1; r >= 0; --r) {
+        const int b =
+            static_cast<int>(std::upper_bound(tree.q_indptr.begin(), tree.q_indptr.end(), r) -
+                             tree.q_indptr.begin()) -
+            1;
+        const int n = tree.q_indptr[b + 1] - tree.q_indptr[b];
+        const int ctx = tree.kv_indptr[b + 1] - tree.kv_indptr[b] - n;
+        const int t = r - tree.q_indptr[b];
+        const int32_t* slots = tree.kv_indices.data() + tree.kv_indptr[b];
+        chain.kv_indices.insert(chain.kv_indices.end(), slots, slots + ctx);
+        const uint64_t* m = tree.mask.data() + static_cast<size_t>(r) * tree.mask_words;
+        for (int j = 0; j < t; ++j) {
+          if ((m[j / 64] >> (j % 64)) & 1) chain.kv_indices.push_back(slots[ctx + j]);
+        }
+        chain.kv_indices.push_back(slots[ctx + t]);
+        chain.q.insert(chain.q.end(), tree.q.begin() + static_cast<size_t>(r) * heads * kQk,
+                       tree.q.begin() + static_cast<size_t>(r + 1) * heads * kQk);
+        chain.mask.push_back(1);
+        chain.mask.push_back(0);
+        chain.q_indptr.push_back(chain.q_indptr.back() + 1);
+        chain.kv_indptr.push_back(static_cast<int32_t>(chain.kv_indices.size()));
+        source_row.push_back(r);
       }
-      chain.kv_indices.push_back(slots[ctx + t]);
-      chain.q.insert(chain.q.end(), tree.q.begin() + static_cast<size_t>(r) * heads * kQk,
-                     tree.q.begin() + static_cast<size_t>(r + 1) * heads * kQk);
-      chain.mask.push_back(1);
-      chain.mask.push_back(0);
-      chain.q_indptr.push_back(chain.q_indptr.back() + 1);
-      chain.kv_indptr.push_back(static_cast<int32_t>(chain.kv_indices.size()));
-      source_row.push_back(r);
-    }
-    for (int b = 0; b < other.batch; ++b) {
-      for (int i = other.kv_indptr[b]; i < other.kv_indptr[b + 1]; ++i) {
-        chain.kv_indices.push_back(other.kv_indices[i] + static_cast<int32_t>(tree.kv_slots));
+      for (int b = 0; b < other.batch; ++b) {
+        for (int i = other.kv_indptr[b]; i < other.kv_indptr[b + 1]; ++i) {
+          chain.kv_indices.push_back(other.kv_indices[i] + static_cast<int32_t>(tree.kv_slots));
+        }
+        for (int r = other.q_indptr[b]; r < other.q_indptr[b + 1]; ++r) {
+          chain.mask.push_back(other.mask[2 * r]);
+          chain.mask.push_back(other.mask[2 * r + 1]);
+          source_row.push_back(-1);
+        }
+        chain.q.insert(chain.q.end(),
+                       other.q.begin() + static_cast<size_t>(other.q_indptr[b]) * heads * kQk,
+                       other.q.begin() + static_cast<size_t>(other.q_indptr[b + 1]) * heads * kQk);
+        chain.q_indptr.push_back(chain.q_indptr.back() + other.q_indptr[b + 1] - other.q_indptr[b]);
+        chain.kv_indptr.push_back(static_cast<int32_t>(chain.kv_indices.size()));
       }
-      for (int r = other.q_indptr[b]; r < other.q_indptr[b + 1]; ++r) {
-        chain.mask.push_back(other.mask[2 * r]);
-        chain.mask.push_back(other.mask[2 * r + 1]);
-        source_row.push_back(-1);
-      }
-      chain.q.insert(chain.q.end(),
-                     other.q.begin() + static_cast<size_t>(other.q_indptr[b]) * heads * kQk,
-                     other.q.begin() + static_cast<size_t>(other.q_indptr[b + 1]) * heads * kQk);
-      chain.q_indptr.push_back(chain.q_indptr.back() + other.q_indptr[b + 1] - other.q_indptr[b]);
-      chain.kv_indptr.push_back(static_cast<int32_t>(chain.kv_indices.size()));
-    }
-    chain.batch = static_cast<int>(chain.q_indptr.size()) - 1;
-    chain.total_rows = chain.q_indptr.back();
-    std::vector<bf16_bits> chain_out;
-    std::vector<float> chain_lse;
-    ASSERT_NO_FATAL_FAILURE(RunCuda(chain, opt, true, 5000, &chain_out, &chain_lse));
+      chain.batch = static_cast<int>(chain.q_indptr.size()) - 1;
+      chain.total_rows = chain.q_indptr.back();
+      std::vector<bf16_bits> chain_out;
+      std::vector<float> chain_lse;
+      ASSERT_NO_FATAL_FAILURE(RunCuda(chain, opt, true, 5000, &chain_out, &chain_lse));
 
-    int64_t differing = 0, compared = 0;
-    for (size_t i = 0; i < source_row.size(); ++i) {
-      const int r = source_row[i];
-      if (r < 0) continue;
-      for (int h = 0; h < heads; ++h) {
-        const size_t a = (static_cast<size_t>(r) * heads + h), z = (i * heads + h);
-        ++compared;
-        const bool same_out = std::equal(tree_out.begin() + a * kV, tree_out.begin() + (a + 1) * kV,
-                                         chain_out.begin() + z * kV);
-        const bool same_lse = std::memcmp(&tree_lse[a], &chain_lse[z], sizeof(float)) == 0;
-        if (!same_out || !same_lse) ++differing;
+      int64_t differing = 0, compared = 0;
+      for (size_t i = 0; i < source_row.size(); ++i) {
+        const int r = source_row[i];
+        if (r < 0) continue;
+        for (int h = 0; h < heads; ++h) {
+          const size_t a = (static_cast<size_t>(r) * heads + h), z = (i * heads + h);
+          ++compared;
+          const bool same_out =
+              std::equal(tree_out.begin() + a * kV, tree_out.begin() + (a + 1) * kV,
+                         chain_out.begin() + z * kV);
+          const bool same_lse = std::memcmp(&tree_lse[a], &chain_lse[z], sizeof(float)) == 0;
+          if (!same_out || !same_lse) ++differing;
+        }
       }
+      std::printf("  heads %d, config %d%s: %lld (row, head) pairs, %lld differ from their chain\n",
+                  heads, static_cast<int>(config), shared ? " shared context" : "",
+                  static_cast<long long>(compared), static_cast<long long>(differing));
+      EXPECT_EQ(compared, static_cast<int64_t>(tree.total_rows) * heads);
+      EXPECT_EQ(differing, 0) << "heads " << heads << " shared " << shared;
     }
-    std::printf("  heads %d, config %d: %lld (row, head) pairs, %lld differ from their chain\n",
-                heads, static_cast<int>(config), static_cast<long long>(compared),
-                static_cast<long long>(differing));
-    EXPECT_EQ(compared, static_cast<int64_t>(tree.total_rows) * heads);
-    EXPECT_EQ(differing, 0) << "heads " << heads;
   }
 }
 

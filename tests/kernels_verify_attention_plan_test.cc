@@ -276,22 +276,24 @@ VerifyAttentionParams ParamsOf(const TreeBatch& t, int heads) {
   return p;
 }
 
-// What the kernels read, simulated on the host from the plan: per pass the index lists
-// (as the GPU builds them), then per work item the rows it holds and the slots it streams.
-// Returns, per (row, head tile), the work items' slot sequences in plan order and their
-// lengths; fails the test when a work item's rows cross a node or anything would be masked
-// before the range's end.
+// What the kernels read and write, simulated on the host from the plan: per pass the index
+// lists (as the GPU builds them), then per work item the rows it holds, the slots it streams
+// and where each row's result goes; then the combine items. Returns, per (row, head), the
+// slots of its splits in order and their lengths; fails the test when a work item would mask
+// a key before its range's end, when a partial row is written twice or merged from the wrong
+// row or split, or when an output row is not produced exactly once.
 struct Walk {
-  std::vector<std::vector<int32_t>> slots;  // [row * tiles + tile]
-  std::vector<std::vector<int>> splits;     // lengths of the work items, in order
+  std::vector<std::vector<int32_t>> slots;  // [row * heads + head]
+  std::vector<std::vector<int>> splits;     // lengths of its splits, in order
 };
 
 Walk Simulate(const VerifyAttentionPlan& plan, const TreeBatch& t, int heads) {
   const int bm = plan.rows_per_cta;
-  const int tiles = (heads + bm - 1) / bm;
+  const size_t out_rows = static_cast<size_t>(plan.total_rows) * heads;
   Walk walk;
-  walk.slots.resize(static_cast<size_t>(plan.total_rows) * tiles);
-  walk.splits.resize(walk.slots.size());
+  walk.slots.resize(out_rows);
+  walk.splits.resize(out_rows);
+  std::vector<int> produced(out_rows, 0);
   std::vector<VerifyPass> passes = plan.passes;
   if (passes.empty()) {
     passes.push_back({0, static_cast<int32_t>(plan.work.size()), 0,
@@ -312,23 +314,46 @@ Walk Simulate(const VerifyAttentionPlan& plan, const TreeBatch& t, int heads) {
             key < k.ctx ? t.idx[k.src + key] : t.idx[k.src + k.ctx + vis.at(key - k.ctx)];
       }
     }
+    // partial row -> (output row, its split number)
+    std::vector<std::pair<int64_t, int>> partial(static_cast<size_t>(plan.partial_rows), {-1, -1});
     for (int i = ps.work_begin; i < ps.work_begin + ps.work_count; ++i) {
       const VerifyWorkItem& w = plan.work[i];
-      const int node = w.fold_begin / heads;
-      const int head0 = w.fold_begin % heads;
-      EXPECT_EQ(head0 % bm, 0);
-      // The kernels' row count: min(rows per CTA, num_nodes * H - fold_begin).
-      EXPECT_EQ(std::min(bm, w.num_nodes * heads - w.fold_begin), std::min(bm, heads - head0));
+      const int rows = std::min(bm, w.num_nodes * heads - w.fold_begin);
+      EXPECT_GT(rows, 0);
       EXPECT_GE(w.kv_len - w.num_nodes, w.kv_end) << "keys before the range's end are masked";
       EXPECT_EQ(w.kv_begin % 64, 0);
-      auto& out = walk.slots[static_cast<size_t>(w.q_row0 + node) * tiles + head0 / bm];
+      std::vector<int32_t> keys;
       for (int key = w.kv_begin; key < w.kv_end; ++key) {
-        out.push_back(w.kv_off >= 0 ? t.idx[w.kv_off + key] : lists.at(-w.kv_off - 1 + key));
+        keys.push_back(w.kv_off >= 0 ? t.idx[w.kv_off + key] : lists.at(-w.kv_off - 1 + key));
       }
-      walk.splits[static_cast<size_t>(w.q_row0 + node) * tiles + head0 / bm].push_back(w.kv_end -
-                                                                                       w.kv_begin);
+      for (int r = 0; r < rows; ++r) {
+        const int64_t out = static_cast<int64_t>(w.q_row0) * heads + w.fold_begin + r;
+        auto& seq = walk.slots[out];
+        seq.insert(seq.end(), keys.begin(), keys.end());
+        walk.splits[out].push_back(w.kv_end - w.kv_begin);
+        if (w.partial_row < 0) {
+          ++produced[out];
+        } else {
+          auto& p = partial.at(w.partial_row + r);
+          EXPECT_EQ(p.first, -1) << "partial row " << w.partial_row + r << " written twice";
+          p = {out, static_cast<int>(walk.splits[out].size()) - 1};
+        }
+      }
+    }
+    for (int i = ps.combine_begin; i < ps.combine_begin + ps.combine_count; ++i) {
+      const VerifyCombineItem& c = plan.combine[i];
+      for (int r = 0; r < c.num_rows; ++r) {
+        ++produced[c.out_row0 + r];
+        for (int sp = 0; sp < c.num_splits; ++sp) {
+          const auto& p = partial.at(c.partial_row0 + static_cast<int64_t>(sp) * bm + r);
+          EXPECT_EQ(p.first, c.out_row0 + r) << "combine item " << i << " split " << sp;
+          EXPECT_EQ(p.second, sp) << "combine item " << i << " split " << sp;
+        }
+        EXPECT_EQ(static_cast<int>(walk.splits[c.out_row0 + r].size()), c.num_splits);
+      }
     }
   }
+  for (size_t r = 0; r < out_rows; ++r) EXPECT_EQ(produced[r], 1) << "output row " << r;
   return walk;
 }
 
@@ -357,55 +382,76 @@ TEST(VerifyAttentionPlan, PositionalSplitKeys) {
 // required.
 TEST(VerifyAttentionPlan, PositionalPlanWalksVisibleKeys) {
   const VerifyAttentionWorkspace ws = CapacityOnly();
-  for (const auto& [device, heads] : std::vector<std::pair<VerifyAttentionDeviceInfo, int>>{
-           {kH200, 8}, {kH200, 16}, {kH200, 64}, {kH200, 128}, {kSm120, 8}, {kSm120, 40}}) {
-    SCOPED_TRACE(testing::Message() << heads << " heads, sm_" << device.cc_major);
-    const std::vector<int> nodes = {1, 17, 65, 3}, ctx = {5000, 100, 7000, 0};
-    const TreeBatch t = MakeTrees(nodes, ctx, 7 + heads);
-    const VerifyAttentionParams p = ParamsOf(t, heads);
-    VerifyPlanOptions opt;
-    opt.positional = true;
-    opt.host_tree_mask = t.mask.data();
-    auto plan = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), device, ws, opt);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    EXPECT_EQ(plan->config, PositionalConfigFor(device.cc_major));
-    EXPECT_TRUE(plan->positional);
-    const int tiles = (heads + plan->rows_per_cta - 1) / plan->rows_per_cta;
-    const Walk walk = Simulate(*plan, t, heads);
-    for (int r = 0; r < p.total_rows; ++r) {
-      // The same position as a chain: context = ctx + ancestors, one tail row (itself).
-      TreeBatch chain;
-      chain.qi = {0, 1};
-      chain.ki = {0, static_cast<int32_t>(t.visible[r].size())};
-      chain.idx = t.visible[r];
-      chain.mask = {1, 0};
-      VerifyPlanOptions copt = opt;
-      copt.host_tree_mask = chain.mask.data();
-      auto cplan = PlanVerifyAttention(ParamsOf(chain, heads), chain.qi.data(), chain.ki.data(),
-                                       device, ws, copt);
-      ASSERT_TRUE(cplan.ok()) << cplan.status();
-      const Walk cwalk = Simulate(*cplan, chain, heads);
-      for (int h = 0; h < tiles; ++h) {
-        EXPECT_EQ(walk.slots[static_cast<size_t>(r) * tiles + h], t.visible[r]) << "row " << r;
-        EXPECT_EQ(walk.splits[static_cast<size_t>(r) * tiles + h], cwalk.splits[h]) << "row " << r;
-        EXPECT_EQ(cwalk.slots[h], t.visible[r]) << "row " << r;
+  for (const bool shared : {false, true}) {
+    for (const auto& [device, heads] :
+         std::vector<std::pair<VerifyAttentionDeviceInfo, int>>{{kH200, 8},
+                                                                {kH200, 16},
+                                                                {kH200, 40},
+                                                                {kH200, 64},
+                                                                {kH200, 128},
+                                                                {kSm120, 8},
+                                                                {kSm120, 40}}) {
+      SCOPED_TRACE(testing::Message() << heads << " heads, sm_" << device.cc_major
+                                      << (shared ? ", shared context" : ""));
+      // 32,765 + depth crosses 32,768, where the shared split length changes (1,024 -> 1,152).
+      const std::vector<int> nodes = {1, 17, 65, 3, 9, 17}, ctx = {5000, 100, 7000, 0, 4090, 32765};
+      const TreeBatch t = MakeTrees(nodes, ctx, 7 + heads);
+      const VerifyAttentionParams p = ParamsOf(t, heads);
+      VerifyPlanOptions opt;
+      opt.positional = true;
+      opt.positional_shared_context = shared;
+      opt.host_tree_mask = t.mask.data();
+      auto plan = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), device, ws, opt);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      EXPECT_EQ(plan->config, PositionalConfigFor(device.cc_major));
+      EXPECT_TRUE(plan->positional);
+      const Walk walk = Simulate(*plan, t, heads);
+      for (int r = 0; r < p.total_rows; ++r) {
+        // The same position as a chain: context = ctx + ancestors, one tail row (itself).
+        TreeBatch chain;
+        chain.qi = {0, 1};
+        chain.ki = {0, static_cast<int32_t>(t.visible[r].size())};
+        chain.idx = t.visible[r];
+        chain.mask = {1, 0};
+        VerifyPlanOptions copt = opt;
+        copt.host_tree_mask = chain.mask.data();
+        auto cplan = PlanVerifyAttention(ParamsOf(chain, heads), chain.qi.data(), chain.ki.data(),
+                                         device, ws, copt);
+        ASSERT_TRUE(cplan.ok()) << cplan.status();
+        const Walk cwalk = Simulate(*cplan, chain, heads);
+        for (int h = 0; h < heads; ++h) {
+          const size_t f = static_cast<size_t>(r) * heads + h;
+          ASSERT_EQ(walk.slots[f], t.visible[r]) << "row " << r << " head " << h;
+          ASSERT_EQ(walk.splits[f], cwalk.splits[h]) << "row " << r << " head " << h;
+          ASSERT_EQ(cwalk.slots[h], t.visible[r]) << "row " << r << " head " << h;
+        }
       }
+      if (shared && device.cc_major == 9 && heads == 8) {
+        // The point of sharing: a 64-row CTA holds 8 nodes, so the context is read by far
+        // fewer work items than one per node.
+        VerifyPlanOptions per_node = opt;
+        per_node.positional_shared_context = false;
+        auto plain = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), device, ws, per_node);
+        ASSERT_TRUE(plain.ok());
+        EXPECT_LT(plan->work.size() * 3, plain->work.size());
+      }
+      VerifyPlanOptions no_mask = opt;
+      no_mask.host_tree_mask = nullptr;
+      auto refused = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), device, ws, no_mask);
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(refused.status().message().find("host_tree_mask"), std::string::npos);
     }
-    VerifyPlanOptions no_mask = opt;
-    no_mask.host_tree_mask = nullptr;
-    auto refused = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), device, ws, no_mask);
-    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(refused.status().message().find("host_tree_mask"), std::string::npos);
   }
 }
 
-// A batch whose partial outputs or index lists exceed the workspace runs in passes: every
-// pass fits, a node's work and combine items are in one pass, the passes cover the lists in
-// order, and every node still streams its visible slots in the same splits.
+// A batch whose partial outputs or index lists exceed the workspace runs in passes (per-node
+// and shared-context plans): every pass fits, each pass's partial rows are written once and
+// merged by its own combine items (Simulate), the passes cover the lists in order, and every
+// row still streams its visible slots in the same splits.
 TEST(VerifyAttentionPlan, PositionalPasses) {
   const std::vector<int> nodes = {65, 65, 9}, ctx = {60000, 9000, 130000};
   const TreeBatch t = MakeTrees(nodes, ctx, 3);
-  const VerifyAttentionParams p = ParamsOf(t, 64);
+  const VerifyAttentionParams p = ParamsOf(t, 16);
   VerifyPlanOptions opt;
   opt.positional = true;
   opt.host_tree_mask = t.mask.data();
@@ -415,7 +461,9 @@ TEST(VerifyAttentionPlan, PositionalPasses) {
   big.max_partial_rows = int64_t{1} << 24;
   big.max_index_tasks = 1 << 16;
   big.max_index_entries = int64_t{1} << 24;
-  for (const bool small_partials : {true, false}) {
+  for (const int mode : {0, 1, 2, 3}) {
+    const bool small_partials = mode % 2 == 0;
+    opt.positional_shared_context = mode >= 2;
     VerifyAttentionWorkspace small = big;
     if (small_partials) {
       small.max_partial_rows = 5000;
@@ -430,7 +478,7 @@ TEST(VerifyAttentionPlan, PositionalPasses) {
     ASSERT_GT(many->passes.size(), 2u);
     EXPECT_LE(many->partial_rows, small.max_partial_rows);
     EXPECT_LE(many->index_entries, small.max_index_entries);
-    const Walk a = Simulate(*one, t, 64), b = Simulate(*many, t, 64);
+    const Walk a = Simulate(*one, t, 16), b = Simulate(*many, t, 16);
     EXPECT_EQ(a.slots, b.slots);
     EXPECT_EQ(a.splits, b.splits);
     int32_t work_at = 0, combine_at = 0, task_at = 0;
@@ -441,17 +489,6 @@ TEST(VerifyAttentionPlan, PositionalPasses) {
       work_at += ps.work_count;
       combine_at += ps.combine_count;
       task_at += ps.task_count;
-      for (int i = ps.work_begin; i < ps.work_begin + ps.work_count; ++i) {
-        const VerifyWorkItem& w = many->work[i];
-        if (w.partial_row < 0) continue;
-        bool found = false;  // its combine item is in the same pass
-        for (int j = ps.combine_begin; j < ps.combine_begin + ps.combine_count && !found; ++j) {
-          const VerifyCombineItem& c = many->combine[j];
-          found = c.out_row0 == w.q_row0 * 64 + w.fold_begin && w.partial_row >= c.partial_row0 &&
-                  w.partial_row < c.partial_row0 + c.num_splits * many->rows_per_cta;
-        }
-        EXPECT_TRUE(found) << "work item " << i;
-      }
     }
     EXPECT_EQ(work_at, static_cast<int32_t>(many->work.size()));
     EXPECT_EQ(combine_at, static_cast<int32_t>(many->combine.size()));

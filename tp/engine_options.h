@@ -81,10 +81,14 @@ struct EngineOptions {
     // false: the routed experts always take the per-expert cuBLAS path (one host sync per MoE
     // layer), as on GPUs without the grouped kernels (tests, comparisons).
     bool grouped_experts = true;
-    // Batch-invariant steps: a row's logits do not depend on what else shares its step
-    // (GEMMs on one pinned cuBLASLt algorithm per shape, unsplit verify attention with one
-    // fixed kernel variant, the router kernel at every row count). Costs speed (docs/PERF.md).
+    // Batch-invariant steps: a row's logits do not depend on what else shares its step, and a
+    // draft-tree node gets the bits plain decoding gives its token (GEMMs on one pinned
+    // cuBLASLt algorithm per shape, positional verify-attention plans, the router kernel at
+    // every row count, rank-order TP sums). Costs speed (docs/PERF.md).
     bool batch_invariant = false;
+    // With batch_invariant: positional plans whose context splits are shared by a request's
+    // nodes (VerifyPlanOptions::positional_shared_context). Not yet run on a GPU: off.
+    bool shared_context_attention = false;
   } cuda;
 };
 

@@ -50,6 +50,9 @@ ABSL_FLAG(int, warmup, 2, "untimed steps per configuration");
 ABSL_FLAG(int, iters, 5, "timed steps per configuration (median reported)");
 ABSL_FLAG(bool, verify_kernel, true, "use the optimised verify attention kernel");
 ABSL_FLAG(bool, batch_invariant, false, "batch-invariant engine steps (EngineOptions::cuda)");
+ABSL_FLAG(bool, shared_context, false,
+          "with --batch_invariant: context splits shared by a request's nodes "
+          "(EngineOptions::cuda.shared_context_attention)");
 ABSL_FLAG(std::string, json, "", "write the results as JSON here");
 ABSL_FLAG(uint64_t, seed, 1, "weight seed");
 ABSL_FLAG(std::string, commit, "unknown", "source revision recorded in the JSON meta");
@@ -224,6 +227,7 @@ int main(int argc, char** argv) {
   o.kv_slots = max_ctx + max_batch * (max_nodes + 1) + 64;
   o.cuda.use_verify_kernel = absl::GetFlag(FLAGS_verify_kernel);
   o.cuda.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  o.cuda.shared_context_attention = absl::GetFlag(FLAGS_shared_context);
   const auto t_create = std::chrono::steady_clock::now();
   auto created = CudaEngine::Create(o);
   if (!created.ok()) {
@@ -341,6 +345,7 @@ int main(int argc, char** argv) {
   j["layers"] = c.num_hidden_layers;
   j["verify_kernel"] = rows.empty() ? false : rows[0].prof.verify_kernel;
   j["batch_invariant"] = absl::GetFlag(FLAGS_batch_invariant);
+  j["shared_context"] = absl::GetFlag(FLAGS_shared_context);
   for (const Row& r : rows) {
     j["rows"].push_back(
         {{"context", r.context},

@@ -267,6 +267,7 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
       kc::VerifyPlanOptions vo;
       if (rk.batch_invariant) {
         vo.positional = true;  // configuration: PositionalConfigFor(the device)
+        vo.positional_shared_context = rk.shared_context_attention;
         vo.host_tree_mask = plan.tree_mask.data();
       }
       absl::StatusOr<kc::VerifyAttentionPlan> p = kc::PlanVerifyAttention(
@@ -734,6 +735,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   setup.expert_parallel = o.cuda.expert_parallel;
   setup.grouped_experts = o.cuda.grouped_experts;
   setup.batch_invariant = o.cuda.batch_invariant;
+  setup.shared_context_attention = o.cuda.shared_context_attention;
   setup.comm_timeout_ms = o.comm_timeout_ms;
   m.max_rows = setup.max_rows;
   if (o.tp > 1 && shared_device) {

@@ -338,6 +338,7 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
     if (!ws.ok()) return ws.status();
     VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(rk.cublas, *ws, kCublasWs));
     rk.batch_invariant = setup.batch_invariant;
+    rk.shared_context_attention = setup.shared_context_attention;
     if (rk.batch_invariant) {
       VERIFYD_RETURN_IF_ERROR(
           kc::EnableFixedGemmAlgorithms(rk.cublas, *ws, kCublasWs, setup.max_rows));

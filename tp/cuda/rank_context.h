@@ -177,8 +177,9 @@ struct CudaRankContext {
   size_t events_used = 0;
   CudaStepProfile profile;
 
-  size_t free_bytes = 0;         // device memory free after InitRankContext
-  bool batch_invariant = false;  // RankSetup::batch_invariant (GEMMs pinned on `cublas`)
+  size_t free_bytes = 0;                  // device memory free after InitRankContext
+  bool batch_invariant = false;           // RankSetup::batch_invariant (GEMMs pinned on `cublas`)
+  bool shared_context_attention = false;  // RankSetup::shared_context_attention
 
   template <typename T>
   absl::StatusOr<T*> Alloc(int64_t count) {
@@ -207,10 +208,11 @@ struct RankSetup {
   int64_t max_rows = 0;  // max_batch * max_tail_rows
   int max_batch = 0;
   bool use_verify_kernel = true;
-  bool fp8_experts = true;       // EngineOptions::cuda.fp8_experts
-  bool expert_parallel = true;   // EngineOptions::cuda.expert_parallel
-  bool grouped_experts = true;   // EngineOptions::cuda.grouped_experts
-  bool batch_invariant = false;  // EngineOptions::cuda.batch_invariant
+  bool fp8_experts = true;                // EngineOptions::cuda.fp8_experts
+  bool expert_parallel = true;            // EngineOptions::cuda.expert_parallel
+  bool grouped_experts = true;            // EngineOptions::cuda.grouped_experts
+  bool batch_invariant = false;           // EngineOptions::cuda.batch_invariant
+  bool shared_context_attention = false;  // EngineOptions::cuda.shared_context_attention
   // NCCL (TP > 1): the group's unique id and shared failure flag.
   std::string nccl_id;
   std::shared_ptr<NcclGroupState> nccl_group;

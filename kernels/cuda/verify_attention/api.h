@@ -100,6 +100,13 @@ inline constexpr int kPositionalChunkKeys = 512;
 inline constexpr int kPositionalMaxSplits = 32;
 int64_t PositionalSplitKeys(int64_t visible_keys);
 
+// Shared-context positional plans (VerifyPlanOptions::positional_shared_context): the split
+// length of PositionalSplitKeys(the visible key count rounded up to a multiple of
+// kPositionalSharedRound), so that the nodes of a tree (whose counts differ by less than 128)
+// mostly share their split boundaries. Depends on the count alone.
+inline constexpr int kPositionalSharedRound = 4096;
+int64_t PositionalSharedSplitKeys(int64_t visible_keys);
+
 // Positional plans: one index list built on the GPU before a pass's attention:
 // list[0 .. end - begin) = the node's visible keys [begin, end) as slot ids, i.e. for key k
 // kv_indices[src + k] below ctx, else kv_indices[src + ctx + j], j = the (k - ctx)-th set bit
@@ -206,6 +213,14 @@ struct VerifyPlanOptions {
   // A positional plan (see "Positional plans" above; batch-invariant), with `config` (kAuto:
   // PositionalConfigFor the device). Needs host_tree_mask.
   bool positional = false;
+  // Positional plans: the splits of a request's nodes that lie wholly in its context are
+  // shared by those nodes (one work item holds several nodes' heads, the context keys are
+  // read once for all of them, as the default plans do) when the rows per CTA are a multiple
+  // of the head count; only the splits that reach the tail go node by node. A row's keys,
+  // split boundaries (PositionalSharedSplitKeys) and merge order are still functions of the
+  // row alone, so the plan is as batch-invariant as the per-node one. Checked on the host
+  // (kernels_verify_attention_plan_test); not yet run on a GPU, hence off by default.
+  bool positional_shared_context = false;
   // Positional plans only (required there): host copy of params.tree_mask
   // ([total_rows, mask_words]), from which the planner counts each node's visible keys.
   const uint64_t* host_tree_mask = nullptr;

@@ -119,8 +119,120 @@ int64_t PositionalSplitKeys(int64_t n) {
   return detail::CeilDiv(detail::CeilDiv(n, splits), kAlign) * kAlign;
 }
 
+int64_t PositionalSharedSplitKeys(int64_t n) {
+  const int64_t rounded =
+      std::max<int64_t>(1, detail::CeilDiv(n, kPositionalSharedRound)) * kPositionalSharedRound;
+  return PositionalSplitKeys(rounded);
+}
+
 namespace detail {
 namespace {
+
+// What both positional planners share: the checks, the plan's header, the pass bookkeeping
+// (partial rows and index entries handed out per pass; a unit of work is never split across
+// passes), the visible key count of a node, index tasks, and the final capacity check.
+struct PositionalBuilder {
+  const VerifyAttentionParams& params;
+  const VerifyAttentionWorkspace& ws;
+  const VerifyPlanOptions& options;
+  VerifyAttentionPlan plan;
+  VerifyPass pass;
+  int64_t pass_partial = 0, pass_entries = 0;
+
+  PositionalBuilder(const VerifyAttentionParams& p, const VariantInfo& variant,
+                    const VerifyAttentionWorkspace& w, const VerifyPlanOptions& o)
+      : params(p), ws(w), options(o) {
+    plan.config = variant.config;
+    plan.rows_per_cta = variant.rows;
+    plan.keys_per_tile = variant.keys;
+    plan.num_heads = p.num_heads;
+    plan.batch = p.batch;
+    plan.total_rows = p.total_rows;
+    plan.positional = true;
+  }
+
+  absl::Status Check() const {
+    if (64 % plan.keys_per_tile != 0) {
+      return absl::InternalError("verify plan: positional splits need key tiles dividing 64");
+    }
+    if (params.total_rows > 0 && options.host_tree_mask == nullptr) {
+      return absl::InvalidArgumentError(
+          "verify plan: host_tree_mask is required by positional plans");
+    }
+    return absl::OkStatus();
+  }
+
+  // Visible keys of row `row` of a request with n_b rows and ctx context keys.
+  int Visible(int row, int n_b, int ctx) const {
+    const uint64_t* m = options.host_tree_mask + static_cast<int64_t>(row) * params.mask_words;
+    int tail = 0;
+    for (int j = 0; j < n_b; ++j) tail += static_cast<int>((m[j / 64] >> (j % 64)) & 1u);
+    return ctx + tail;
+  }
+
+  void ClosePass() {
+    pass.work_count = static_cast<int32_t>(plan.work.size()) - pass.work_begin;
+    pass.combine_count = static_cast<int32_t>(plan.combine.size()) - pass.combine_begin;
+    pass.task_count = static_cast<int32_t>(plan.index_tasks.size()) - pass.task_begin;
+    if (pass.work_count > 0) plan.passes.push_back(pass);
+    plan.partial_rows = std::max(plan.partial_rows, pass_partial);
+    plan.index_entries = std::max(plan.index_entries, pass_entries);
+    pass = VerifyPass{};
+    pass.work_begin = static_cast<int32_t>(plan.work.size());
+    pass.combine_begin = static_cast<int32_t>(plan.combine.size());
+    pass.task_begin = static_cast<int32_t>(plan.index_tasks.size());
+    pass_partial = 0;
+    pass_entries = 0;
+  }
+
+  // Makes room in the current pass (or a new one) for a unit of work.
+  absl::Status Reserve(int64_t need_partial, int64_t need_entries) {
+    if (need_partial > ws.max_partial_rows || need_entries > ws.max_index_entries) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("verify plan: one node needs ", need_partial, " partial rows and ",
+                       need_entries, " index entries; the workspace holds ", ws.max_partial_rows,
+                       " and ", ws.max_index_entries));
+    }
+    if (pass_partial + need_partial > ws.max_partial_rows ||
+        pass_entries + need_entries > ws.max_index_entries) {
+      ClosePass();
+    }
+    return absl::OkStatus();
+  }
+
+  // An index list for keys [begin, end) of row `row` (request b); returns the work item's
+  // kv_off for it (the list's first entry, encoded as < 0).
+  int32_t AddList(int b, int row, int n_b, int ctx, int64_t begin, int64_t end,
+                  const int32_t* hkv) {
+    VerifyIndexTask task{};
+    task.dst = static_cast<int32_t>(pass_entries);
+    task.src = hkv[b];
+    task.ctx = ctx;
+    task.mask_row = row;
+    task.num_nodes = n_b;
+    task.begin = static_cast<int32_t>(begin);
+    task.end = static_cast<int32_t>(end);
+    plan.index_tasks.push_back(task);
+    const int32_t kv_off = -static_cast<int32_t>(pass_entries) - 1;
+    pass_entries += end - begin;
+    return kv_off;
+  }
+
+  absl::StatusOr<VerifyAttentionPlan> Finish() {
+    ClosePass();
+    if (static_cast<int64_t>(plan.work.size()) > ws.max_work_items ||
+        static_cast<int64_t>(plan.combine.size()) > ws.max_combine_items ||
+        static_cast<int64_t>(plan.index_tasks.size()) > ws.max_index_tasks) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("verify plan: the positional plan needs ", plan.work.size(), " work items, ",
+                       plan.combine.size(), " combine items and ", plan.index_tasks.size(),
+                       " index tasks; the workspace holds ", ws.max_work_items, ", ",
+                       ws.max_combine_items, " and ", ws.max_index_tasks));
+    }
+    if (plan.passes.size() == 1) plan.passes.clear();  // one pass: the plain layout
+    return std::move(plan);
+  }
+};
 
 // Positional plans: per request, per node, per split, per head tile (the head tiles of one
 // split are adjacent, so they stream the same keys together and share them in L2). A node's
@@ -135,52 +247,18 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
                                                    const VariantInfo& variant,
                                                    const VerifyAttentionWorkspace& ws,
                                                    const VerifyPlanOptions& options) {
-  const int B = params.batch;
+  PositionalBuilder pb(params, variant, ws, options);
+  VERIFYD_RETURN_IF_ERROR(pb.Check());
+  VerifyAttentionPlan& plan = pb.plan;
   const int H = params.num_heads;
   const int BM = variant.rows;
-  const int W = params.mask_words;
-  if (64 % variant.keys != 0) {
-    return absl::InternalError("verify plan: positional splits need key tiles dividing 64");
-  }
-  if (params.total_rows > 0 && options.host_tree_mask == nullptr) {
-    return absl::InvalidArgumentError(
-        "verify plan: host_tree_mask is required by positional plans");
-  }
-  VerifyAttentionPlan plan;
-  plan.config = variant.config;
-  plan.rows_per_cta = BM;
-  plan.keys_per_tile = variant.keys;
-  plan.num_heads = H;
-  plan.batch = B;
-  plan.total_rows = params.total_rows;
-  plan.positional = true;
   const int head_tiles = static_cast<int>(CeilDiv(H, BM));
-
-  VerifyPass pass;
-  int64_t pass_partial = 0, pass_entries = 0;
-  auto close_pass = [&] {
-    pass.work_count = static_cast<int32_t>(plan.work.size()) - pass.work_begin;
-    pass.combine_count = static_cast<int32_t>(plan.combine.size()) - pass.combine_begin;
-    pass.task_count = static_cast<int32_t>(plan.index_tasks.size()) - pass.task_begin;
-    if (pass.work_count > 0) plan.passes.push_back(pass);
-    plan.partial_rows = std::max(plan.partial_rows, pass_partial);
-    plan.index_entries = std::max(plan.index_entries, pass_entries);
-    pass = VerifyPass{};
-    pass.work_begin = static_cast<int32_t>(plan.work.size());
-    pass.combine_begin = static_cast<int32_t>(plan.combine.size());
-    pass.task_begin = static_cast<int32_t>(plan.index_tasks.size());
-    pass_partial = 0;
-    pass_entries = 0;
-  };
-  for (int b = 0; b < B; ++b) {
+  for (int b = 0; b < params.batch; ++b) {
     const int n_b = hq[b + 1] - hq[b];
     const int L = hkv[b + 1] - hkv[b];
     const int ctx = L - n_b;
     for (int t = 0; t < n_b; ++t) {
-      const uint64_t* m = options.host_tree_mask + static_cast<int64_t>(hq[b] + t) * W;
-      int tail = 0;
-      for (int j = 0; j < n_b; ++j) tail += static_cast<int>((m[j / 64] >> (j % 64)) & 1u);
-      const int visible = ctx + tail;
+      const int visible = pb.Visible(hq[b] + t, n_b, ctx);
       const int64_t len = PositionalSplitKeys(visible);
       const int s = static_cast<int>(std::max<int64_t>(1, CeilDiv(visible, len)));
       plan.max_splits = std::max(plan.max_splits, s);
@@ -191,23 +269,14 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
         const int64_t end = std::min<int64_t>(visible, (i + 1) * len);
         if (end > ctx) need_entries += end - i * len;
       }
-      if (need_partial > ws.max_partial_rows || need_entries > ws.max_index_entries) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("verify plan: one node needs ", need_partial, " partial rows and ",
-                         need_entries, " index entries; the workspace holds ", ws.max_partial_rows,
-                         " and ", ws.max_index_entries));
-      }
-      if (pass_partial + need_partial > ws.max_partial_rows ||
-          pass_entries + need_entries > ws.max_index_entries) {
-        close_pass();
-      }
+      VERIFYD_RETURN_IF_ERROR(pb.Reserve(need_partial, need_entries));
       if (s > 1) {
         for (int h = 0; h < head_tiles; ++h) {
           VerifyCombineItem ci{};
           ci.out_row0 = (hq[b] + t) * H + h * BM;
           ci.num_rows = std::min(BM, H - h * BM);
           ci.num_splits = s;
-          ci.partial_row0 = static_cast<int32_t>(pass_partial + h * s * BM);
+          ci.partial_row0 = static_cast<int32_t>(pb.pass_partial + h * s * BM);
           plan.combine.push_back(ci);
         }
       }
@@ -218,19 +287,9 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
         w.q_row0 = hq[b];
         w.num_nodes = t + 1;
         if (end > ctx) {  // reaches the tail: the node's own index list
-          VerifyIndexTask task{};
-          task.dst = static_cast<int32_t>(pass_entries);
-          task.src = hkv[b];
-          task.ctx = ctx;
-          task.mask_row = hq[b] + t;
-          task.num_nodes = n_b;
-          task.begin = static_cast<int32_t>(begin);
-          task.end = static_cast<int32_t>(end);
-          plan.index_tasks.push_back(task);
-          w.kv_off = -static_cast<int32_t>(pass_entries) - 1;
+          w.kv_off = pb.AddList(b, hq[b] + t, n_b, ctx, begin, end, hkv);
           w.kv_begin = 0;
           w.kv_end = static_cast<int32_t>(end - begin);
-          pass_entries += end - begin;
         } else {
           w.kv_off = hkv[b];
           w.kv_begin = static_cast<int32_t>(begin);
@@ -239,25 +298,129 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
         w.kv_len = w.kv_end + w.num_nodes;
         for (int h = 0; h < head_tiles; ++h) {
           w.fold_begin = t * H + h * BM;
-          w.partial_row = s > 1 ? static_cast<int32_t>(pass_partial + (h * s + i) * BM) : -1;
+          w.partial_row = s > 1 ? static_cast<int32_t>(pb.pass_partial + (h * s + i) * BM) : -1;
           plan.work.push_back(w);
         }
       }
-      pass_partial += need_partial;
+      pb.pass_partial += need_partial;
     }
   }
-  close_pass();
-  if (static_cast<int64_t>(plan.work.size()) > ws.max_work_items ||
-      static_cast<int64_t>(plan.combine.size()) > ws.max_combine_items ||
-      static_cast<int64_t>(plan.index_tasks.size()) > ws.max_index_tasks) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("verify plan: the positional plan needs ", plan.work.size(), " work items, ",
-                     plan.combine.size(), " combine items and ", plan.index_tasks.size(),
-                     " index tasks; the workspace holds ", ws.max_work_items, ", ",
-                     ws.max_combine_items, " and ", ws.max_index_tasks));
+  return pb.Finish();
+}
+
+// Shared-context positional plans (VerifyPlanOptions::positional_shared_context). Units of
+// work: when the rows per CTA are a multiple of the head count (H < BM), runs of up to BM / H
+// consecutive nodes of a request with the same split length, one tile of rows; otherwise one
+// node and its head tiles. Splits [0, i0) of a unit (i0 = ctx / len) lie wholly in the context:
+// one work item per tile reads them for all the unit's nodes (the request's own slot list).
+// Splits [i0, S_t) of node t reach its tail: per node, through an index list. A node's split
+// s (of S_t) is in partial row base + s * BM + (its row within the tile), whoever wrote it, and
+// one combine item per node (per head tile) merges its S_t splits. Same invariance argument as
+// PlanPositional: a row's keys, split boundaries (PositionalSharedSplitKeys) and merge order
+// depend on the row alone (a CTA's other rows never enter its arithmetic).
+absl::StatusOr<VerifyAttentionPlan> PlanPositionalShared(const VerifyAttentionParams& params,
+                                                         const int32_t* hq, const int32_t* hkv,
+                                                         const VariantInfo& variant,
+                                                         const VerifyAttentionWorkspace& ws,
+                                                         const VerifyPlanOptions& options) {
+  PositionalBuilder pb(params, variant, ws, options);
+  VERIFYD_RETURN_IF_ERROR(pb.Check());
+  VerifyAttentionPlan& plan = pb.plan;
+  const int B = params.batch;
+  const int H = params.num_heads;
+  const int BM = variant.rows;
+  const bool group = H < BM && BM % H == 0;
+  const int head_tiles = group ? 1 : static_cast<int>(CeilDiv(H, BM));
+  std::vector<int> visible, splits;
+  std::vector<int64_t> lens;
+  for (int b = 0; b < B; ++b) {
+    const int n_b = hq[b + 1] - hq[b];
+    const int ctx = (hkv[b + 1] - hkv[b]) - n_b;
+    visible.assign(n_b, 0);
+    splits.assign(n_b, 0);
+    lens.assign(n_b, 0);
+    for (int t = 0; t < n_b; ++t) {
+      visible[t] = pb.Visible(hq[b] + t, n_b, ctx);
+      lens[t] = PositionalSharedSplitKeys(visible[t]);
+      splits[t] = static_cast<int>(std::max<int64_t>(1, CeilDiv(visible[t], lens[t])));
+      plan.max_splits = std::max(plan.max_splits, splits[t]);
+    }
+    for (int t0 = 0; t0 < n_b;) {
+      int t1 = t0 + 1;  // the unit: nodes [t0, t1)
+      if (group) {
+        while (t1 < n_b && (t1 - t0) * H < BM && lens[t1] == lens[t0]) ++t1;
+      }
+      const int64_t len = lens[t0];
+      const int i0 = static_cast<int>(ctx / len);
+      int max_s = 0;
+      int64_t need_entries = 0;
+      for (int t = t0; t < t1; ++t) {
+        max_s = std::max(max_s, splits[t]);
+        for (int i = i0; i < splits[t]; ++i) {
+          const int64_t end = std::min<int64_t>(visible[t], (i + 1) * len);
+          if (end > ctx) need_entries += end - i * len;
+        }
+      }
+      const int64_t need_partial = max_s > 1 ? static_cast<int64_t>(max_s) * head_tiles * BM : 0;
+      VERIFYD_RETURN_IF_ERROR(pb.Reserve(need_partial, need_entries));
+      // Tile k of the unit: its first folded row and its partial block.
+      auto fold_of = [&](int k) { return t0 * H + k * BM; };
+      auto base_of = [&](int k) { return pb.pass_partial + static_cast<int64_t>(k) * max_s * BM; };
+      VerifyWorkItem w{};
+      w.q_row0 = hq[b];
+      // Splits [0, i0): the context only, one work item per tile for all the unit's nodes.
+      for (int i = 0; i < i0; ++i) {
+        for (int k = 0; k < head_tiles; ++k) {
+          w.num_nodes = t1;  // rows: up to the unit's last node
+          w.kv_off = hkv[b];
+          w.kv_begin = static_cast<int32_t>(i * len);
+          w.kv_end = static_cast<int32_t>((i + 1) * len);
+          w.kv_len = w.kv_end + w.num_nodes;
+          w.fold_begin = fold_of(k);
+          w.partial_row = static_cast<int32_t>(base_of(k) + i * BM);
+          plan.work.push_back(w);
+        }
+      }
+      // Splits [i0, S_t): node by node.
+      for (int t = t0; t < t1; ++t) {
+        for (int i = i0; i < splits[t]; ++i) {
+          const int64_t begin = i * len;
+          const int64_t end = std::min<int64_t>(visible[t], (i + 1) * len);
+          w.num_nodes = t + 1;  // rows: this node's
+          if (end > ctx) {
+            w.kv_off = pb.AddList(b, hq[b] + t, n_b, ctx, begin, end, hkv);
+            w.kv_begin = 0;
+            w.kv_end = static_cast<int32_t>(end - begin);
+          } else {  // a row that sees no tail key
+            w.kv_off = hkv[b];
+            w.kv_begin = static_cast<int32_t>(begin);
+            w.kv_end = static_cast<int32_t>(end);
+          }
+          w.kv_len = w.kv_end + w.num_nodes;
+          for (int k = 0; k < head_tiles; ++k) {
+            const int row_in_tile = group ? (t - t0) * H : 0;
+            w.fold_begin = group ? t * H : fold_of(k);
+            w.partial_row =
+                splits[t] > 1 ? static_cast<int32_t>(base_of(k) + i * BM + row_in_tile) : -1;
+            plan.work.push_back(w);
+          }
+        }
+        if (splits[t] > 1) {
+          for (int k = 0; k < head_tiles; ++k) {
+            VerifyCombineItem ci{};
+            ci.out_row0 = (hq[b] + t) * H + (group ? 0 : k * BM);
+            ci.num_rows = group ? H : std::min(BM, H - k * BM);
+            ci.num_splits = splits[t];
+            ci.partial_row0 = static_cast<int32_t>(base_of(k) + (group ? (t - t0) * H : 0));
+            plan.combine.push_back(ci);
+          }
+        }
+      }
+      pb.pass_partial += need_partial;
+      t0 = t1;
+    }
   }
-  if (plan.passes.size() == 1) plan.passes.clear();  // one pass: the plain layout
-  return plan;
+  return pb.Finish();
 }
 
 }  // namespace
@@ -347,7 +510,9 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionPar
                                                         ? PositionalConfigFor(device.cc_major)
                                                         : options.config,
                                                     device));
-    return detail::PlanPositional(params, hq, hkv, variant, ws, options);
+    return options.positional_shared_context
+               ? detail::PlanPositionalShared(params, hq, hkv, variant, ws, options)
+               : detail::PlanPositional(params, hq, hkv, variant, ws, options);
   }
   VERIFYD_ASSIGN_OR_RETURN(const detail::VariantInfo variant,
                            options.config == VerifyKernelConfig::kAuto
