@@ -298,7 +298,8 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   res->ctas = static_cast<int>(plan->work.size());
   res->max_splits = plan->max_splits;
   res->rows_per_cta = plan->rows_per_cta;
-  res->config = std::string(ConfigName(plan->config)) + (plan->positional ? " positional" : "");
+  res->config = std::string(ConfigName(plan->config)) + (plan->positional ? " positional" : "") +
+                (plan->positional && opt.positional_shared_context ? " shared" : "");
 
   cudaStreamDestroy(stream);
   cudaFree(kv);

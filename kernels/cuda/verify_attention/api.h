@@ -45,6 +45,10 @@
 // needs the host copy of the tree mask (VerifyPlanOptions::host_tree_mask). When the partial
 // outputs or the index lists exceed the workspace, the plan runs in several passes (each:
 // index lists, attention, combine); a row's arithmetic does not depend on its pass.
+// Shared-context positional plans (VerifyPlanOptions::positional_shared_context) let a work
+// item hold several nodes for the splits that lie wholly in the context (the same keys at the
+// same positions for all of them), which is still row by row the same arithmetic.
+//
 // Tested on an H200 (sm_90a); the sm_120 build compiles but has not run on a device.
 //
 // Plain C++ header (no CUDA types): includable from host code that is not compiled by nvcc.
