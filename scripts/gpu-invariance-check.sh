@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The batch-invariant mode's checks and costs on a GPU machine, in one call:
 #   scripts/gpu-invariance-check.sh [checks] [server] [sanitize] [kernel] [engine]
-#   (default: all five). Expects the binaries on PATH (gpu_verify_attention_test,
+#   (default: all five; about 15 minutes in all, so within the 10-minute limit of one device
+#   command run `checks server sanitize`, then `kernel engine`). Expects the binaries on PATH (gpu_verify_attention_test,
 #   gpu_batch_invariance_test, gpu_engine_nccl_test, verifyd, verifyctl,
 #   libverifyd_cuda_engine.so beside verifyd, verify_attention_bench, engine_bench,
 #   batch_variance), e.g. from a device bundle: source .device/env.sh first.
