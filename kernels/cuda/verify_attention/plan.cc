@@ -234,14 +234,21 @@ struct PositionalBuilder {
   }
 };
 
-// Positional plans: per request, per node, per split, per head tile (the head tiles of one
-// split are adjacent, so they stream the same keys together and share them in L2). A node's
-// splits depend only on its visible key count. Every work item holds one node's heads
-// (num_nodes = t + 1 makes the kernels' row count H - first head, and kv_len = kv_end +
-// num_nodes puts the whole range before the "tail": nothing is masked but the range's end).
-// A split that reaches the tail reads an index list built on the GPU (VerifyIndexTask).
-// Partial rows and index entries are handed out in passes that fit the workspace; all of a
-// node's work is in one pass.
+// Positional plans. Every work item holds the rows of whole nodes (num_nodes = the last
+// node + 1 makes the kernels' row count end there, and kv_len = kv_end + num_nodes puts the
+// whole range before the "tail": nothing is masked but the range's end). Units of work: one
+// node and its head tiles; or, for shared-context plans (positional_shared_context) when the
+// rows per CTA are a multiple of the head count (H < BM), runs of up to BM / H consecutive
+// nodes of a request with the same split length, one tile of rows. Splits [0, i0) of a unit
+// (i0 = ctx / len) lie wholly in the context: one work item per tile reads them for all the
+// unit's nodes from the request's own slot list. Splits [i0, S_t) of node t reach its tail:
+// per node, through an index list built on the GPU (VerifyIndexTask). A node's split s (of
+// S_t) is in partial row base + s * BM + (its row within the tile), whoever wrote it, and one
+// combine item per node (per head tile) merges its S_t splits. A row's keys, split boundaries
+// (PositionalSplitKeys, or PositionalSharedSplitKeys) and merge order depend on the row
+// alone: a CTA's other rows never enter its arithmetic. Partial rows and index entries are
+// handed out in passes that fit the workspace; a unit's work is never split across passes.
+// (The head tiles of one split are adjacent, so they stream the same keys together.)
 absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& params,
                                                    const int32_t* hq, const int32_t* hkv,
                                                    const VariantInfo& variant,
@@ -250,86 +257,11 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
   PositionalBuilder pb(params, variant, ws, options);
   VERIFYD_RETURN_IF_ERROR(pb.Check());
   VerifyAttentionPlan& plan = pb.plan;
-  const int H = params.num_heads;
-  const int BM = variant.rows;
-  const int head_tiles = static_cast<int>(CeilDiv(H, BM));
-  for (int b = 0; b < params.batch; ++b) {
-    const int n_b = hq[b + 1] - hq[b];
-    const int L = hkv[b + 1] - hkv[b];
-    const int ctx = L - n_b;
-    for (int t = 0; t < n_b; ++t) {
-      const int visible = pb.Visible(hq[b] + t, n_b, ctx);
-      const int64_t len = PositionalSplitKeys(visible);
-      const int s = static_cast<int>(std::max<int64_t>(1, CeilDiv(visible, len)));
-      plan.max_splits = std::max(plan.max_splits, s);
-      // What the node needs in one pass: partial rows (when split) and index entries.
-      const int64_t need_partial = s > 1 ? static_cast<int64_t>(s) * head_tiles * BM : 0;
-      int64_t need_entries = 0;
-      for (int i = 0; i < s; ++i) {
-        const int64_t end = std::min<int64_t>(visible, (i + 1) * len);
-        if (end > ctx) need_entries += end - i * len;
-      }
-      VERIFYD_RETURN_IF_ERROR(pb.Reserve(need_partial, need_entries));
-      if (s > 1) {
-        for (int h = 0; h < head_tiles; ++h) {
-          VerifyCombineItem ci{};
-          ci.out_row0 = (hq[b] + t) * H + h * BM;
-          ci.num_rows = std::min(BM, H - h * BM);
-          ci.num_splits = s;
-          ci.partial_row0 = static_cast<int32_t>(pb.pass_partial + h * s * BM);
-          plan.combine.push_back(ci);
-        }
-      }
-      for (int i = 0; i < s; ++i) {
-        const int64_t begin = i * len;
-        const int64_t end = std::min<int64_t>(visible, (i + 1) * len);
-        VerifyWorkItem w{};
-        w.q_row0 = hq[b];
-        w.num_nodes = t + 1;
-        if (end > ctx) {  // reaches the tail: the node's own index list
-          w.kv_off = pb.AddList(b, hq[b] + t, n_b, ctx, begin, end, hkv);
-          w.kv_begin = 0;
-          w.kv_end = static_cast<int32_t>(end - begin);
-        } else {
-          w.kv_off = hkv[b];
-          w.kv_begin = static_cast<int32_t>(begin);
-          w.kv_end = static_cast<int32_t>(end);
-        }
-        w.kv_len = w.kv_end + w.num_nodes;
-        for (int h = 0; h < head_tiles; ++h) {
-          w.fold_begin = t * H + h * BM;
-          w.partial_row = s > 1 ? static_cast<int32_t>(pb.pass_partial + (h * s + i) * BM) : -1;
-          plan.work.push_back(w);
-        }
-      }
-      pb.pass_partial += need_partial;
-    }
-  }
-  return pb.Finish();
-}
-
-// Shared-context positional plans (VerifyPlanOptions::positional_shared_context). Units of
-// work: when the rows per CTA are a multiple of the head count (H < BM), runs of up to BM / H
-// consecutive nodes of a request with the same split length, one tile of rows; otherwise one
-// node and its head tiles. Splits [0, i0) of a unit (i0 = ctx / len) lie wholly in the context:
-// one work item per tile reads them for all the unit's nodes (the request's own slot list).
-// Splits [i0, S_t) of node t reach its tail: per node, through an index list. A node's split
-// s (of S_t) is in partial row base + s * BM + (its row within the tile), whoever wrote it, and
-// one combine item per node (per head tile) merges its S_t splits. Same invariance argument as
-// PlanPositional: a row's keys, split boundaries (PositionalSharedSplitKeys) and merge order
-// depend on the row alone (a CTA's other rows never enter its arithmetic).
-absl::StatusOr<VerifyAttentionPlan> PlanPositionalShared(const VerifyAttentionParams& params,
-                                                         const int32_t* hq, const int32_t* hkv,
-                                                         const VariantInfo& variant,
-                                                         const VerifyAttentionWorkspace& ws,
-                                                         const VerifyPlanOptions& options) {
-  PositionalBuilder pb(params, variant, ws, options);
-  VERIFYD_RETURN_IF_ERROR(pb.Check());
-  VerifyAttentionPlan& plan = pb.plan;
   const int B = params.batch;
   const int H = params.num_heads;
   const int BM = variant.rows;
-  const bool group = H < BM && BM % H == 0;
+  const bool shared = options.positional_shared_context;
+  const bool group = shared && H < BM && BM % H == 0;
   const int head_tiles = group ? 1 : static_cast<int>(CeilDiv(H, BM));
   std::vector<int> visible, splits;
   std::vector<int64_t> lens;
@@ -341,7 +273,7 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositionalShared(const VerifyAttentionPa
     lens.assign(n_b, 0);
     for (int t = 0; t < n_b; ++t) {
       visible[t] = pb.Visible(hq[b] + t, n_b, ctx);
-      lens[t] = PositionalSharedSplitKeys(visible[t]);
+      lens[t] = shared ? PositionalSharedSplitKeys(visible[t]) : PositionalSplitKeys(visible[t]);
       splits[t] = static_cast<int>(std::max<int64_t>(1, CeilDiv(visible[t], lens[t])));
       plan.max_splits = std::max(plan.max_splits, splits[t]);
     }
@@ -510,9 +442,7 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionPar
                                                         ? PositionalConfigFor(device.cc_major)
                                                         : options.config,
                                                     device));
-    return options.positional_shared_context
-               ? detail::PlanPositionalShared(params, hq, hkv, variant, ws, options)
-               : detail::PlanPositional(params, hq, hkv, variant, ws, options);
+    return detail::PlanPositional(params, hq, hkv, variant, ws, options);
   }
   VERIFYD_ASSIGN_OR_RETURN(const detail::VariantInfo variant,
                            options.config == VerifyKernelConfig::kAuto
