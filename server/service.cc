@@ -205,6 +205,7 @@ grpc::Status VerifyServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoR
   resp->set_tp_size(engine_->tp_size());
   resp->set_backend(engine_->backend());
   resp->set_version(version_);
+  resp->set_exact_lossless(engine_->batch_invariant());
   v1::Limits* l = resp->mutable_limits();
   l->set_max_draft_nodes(limits_.max_draft_nodes);
   l->set_max_context(limits_.max_context);

@@ -167,6 +167,7 @@ TEST(Verifyctl, SubcommandsAndDemoAgainstLiveServer) {
   auto [rc_info, info] = RunCommand(ctl + "info");
   EXPECT_EQ(rc_info, 0) << info;
   EXPECT_THAT(info, HasSubstr("backend: toy"));
+  EXPECT_THAT(info, HasSubstr("exact_lossless: yes"));
   auto [rc_health, health] = RunCommand(ctl + "health");
   EXPECT_EQ(rc_health, 0) << health;
   EXPECT_THAT(health, HasSubstr("SERVING"));

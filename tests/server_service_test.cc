@@ -75,6 +75,18 @@ TEST(ServerService, GetInfoReportsEngineAndLimits) {
   EXPECT_EQ(info->limits().max_context(), 999);
   EXPECT_EQ(info->limits().max_batch(), 16);
   EXPECT_EQ(info->limits().kv_slots(), 777);
+  EXPECT_TRUE(info->exact_lossless());
+}
+
+// exact_lossless reports the engine's batch invariance (a CUDA engine without
+// --batch_invariant reports false).
+TEST(ServerService, GetInfoReportsWhetherLosslessIsExact) {
+  ToyEngineOptions o;
+  o.batch_invariant = false;
+  Fixture f = Start(o, ServerOptions{});
+  auto info = f.t.client->GetInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_FALSE(info->exact_lossless());
 }
 
 TEST(ServerService, BuildAndStartReportsBadOptionsAndBusyPorts) {

@@ -109,6 +109,10 @@ class Engine {
   virtual int tp_size() const = 0;
   virtual int64_t kv_slots() const = 0;  // slots in the latent KV pool
   virtual EngineLimits limits() const = 0;
+  // True when a row's results do not depend on what else shares its step, so that a draft-tree
+  // node gets exactly what plain decoding gives (the CPU backend always; the CUDA backend with
+  // EngineOptions::cuda.batch_invariant).
+  virtual bool batch_invariant() const = 0;
 
   // Runs the forward on every rank: writes the tail rows' latent KV into their tail slots,
   // computes the greedy prediction after every row and, for requests with accept = true,

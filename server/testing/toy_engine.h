@@ -38,6 +38,9 @@ struct ToyEngineOptions {
   int64_t max_context = 2048;
   int tp_size = 1;  // only reported (per-rank timings); there is one "rank"
   uint64_t seed = 1;
+  // Only reported (Engine::batch_invariant): a row's toy state is a function of its own
+  // path either way.
+  bool batch_invariant = true;
 };
 
 class ToyEngine : public tp::Engine {
@@ -46,6 +49,7 @@ class ToyEngine : public tp::Engine {
 
   const tp::ModelConfig& config() const override { return config_; }
   std::string backend() const override { return "toy"; }
+  bool batch_invariant() const override { return options_.batch_invariant; }
   int tp_size() const override { return options_.tp_size; }
   int64_t kv_slots() const override { return options_.kv_slots; }
   tp::EngineLimits limits() const override;

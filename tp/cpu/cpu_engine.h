@@ -63,6 +63,7 @@ class CpuEngine final : public Engine {
 
   const ModelConfig& config() const override { return config_; }
   std::string backend() const override { return "cpu"; }
+  bool batch_invariant() const override { return true; }  // one fixed order per row
   int tp_size() const override { return tp_; }
   int64_t kv_slots() const override { return kv_slots_; }
   EngineLimits limits() const override { return limits_; }

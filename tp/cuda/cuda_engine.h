@@ -73,6 +73,7 @@ class CudaEngine final : public Engine {
   int tp_size() const override;
   int64_t kv_slots() const override;
   EngineLimits limits() const override;
+  bool batch_invariant() const override;  // EngineOptions::cuda.batch_invariant
   bool failed() const override;
 
   absl::StatusOr<std::vector<StepResult>> Step(const std::vector<StepRequest>& batch,
