@@ -27,63 +27,77 @@ namespace {
 class NcclTest : public ::testing::Test {
  protected:
   void SetUp() override { setenv("NCCL_NVLS_ENABLE", "0", 1); }
+
+  // Every visible GPU, one rank each.
+  static std::vector<int> AllDevices() {
+    std::vector<int> devices;
+    for (int d = 0; d < test_util::CudaDeviceCount(); ++d) devices.push_back(d);
+    return devices;
+  }
+
+  // Runs fn(communicator, rank, stream) on one thread per rank (the rank's device current,
+  // a fresh stream) and joins them.
+  template <class F>
+  static void OnEveryRank(std::vector<std::unique_ptr<NcclCommunicator>>& group, F&& fn) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < static_cast<int>(group.size()); ++r) {
+      threads.emplace_back([&, r] {
+        NcclCommunicator& c = *group[r];
+        cudaSetDevice(c.device());
+        cudaStream_t s;
+        cudaStreamCreate(&s);
+        fn(c, r, s);
+        cudaStreamDestroy(s);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
 };
 
 TEST_F(NcclTest, CollectivesGiveExactResults) {
   SKIP_WITHOUT_GPU();
   const int world = test_util::CudaDeviceCount();
-  std::vector<int> devices;
-  for (int d = 0; d < world; ++d) devices.push_back(d);
-  auto group = CreateNcclGroup(devices, 30000);
+  auto group = CreateNcclGroup(AllDevices(), 30000);
   ASSERT_TRUE(group.ok()) << group.status();
   const size_t n = 100003;  // odd count: no alignment luck
   std::vector<absl::Status> st(world);
   std::vector<std::vector<float>> got_f(world), got_g(world);
   std::vector<std::vector<uint16_t>> got_b(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      NcclCommunicator& c = *(*group)[r];
-      cudaSetDevice(c.device());
-      cudaStream_t s;
-      cudaStreamCreate(&s);
-      // f32: element i of rank r = (i % 13) + r -> sum = world * (i % 13) + world(world-1)/2.
-      std::vector<float> hf(n);
-      std::vector<uint16_t> hb(n);
-      for (size_t i = 0; i < n; ++i) {
-        hf[i] = static_cast<float>(i % 13 + r);
-        hb[i] = kernels::FloatToBf16(static_cast<float>(i % 7 + r));
-      }
-      float *df = nullptr, *dg = nullptr;
-      uint16_t* db = nullptr;
-      cudaMalloc(reinterpret_cast<void**>(&df), n * 4);
-      cudaMalloc(reinterpret_cast<void**>(&db), n * 2);
-      cudaMalloc(reinterpret_cast<void**>(&dg), n * 4 * world);
-      cudaMemcpy(df, hf.data(), n * 4, cudaMemcpyHostToDevice);
-      cudaMemcpy(db, hb.data(), n * 2, cudaMemcpyHostToDevice);
-      absl::Status s1 = c.AllReduceSum(df, n, kernels::DType::kFloat32, s);
-      absl::Status s2 = s1.ok() ? c.AllReduceSum(db, n, kernels::DType::kBFloat16, s) : s1;
-      // all-gather of the original f32 values of each rank (recomputed into a fresh buffer)
-      float* dsend = nullptr;
-      cudaMalloc(reinterpret_cast<void**>(&dsend), n * 4);
-      cudaMemcpy(dsend, hf.data(), n * 4, cudaMemcpyHostToDevice);
-      absl::Status s3 = s2.ok() ? c.AllGather(dsend, dg, n * 4, s) : s2;
-      absl::Status s4 = s3.ok() ? c.Synchronize(s) : s3;
-      st[r] = s4;
-      got_f[r].resize(n);
-      got_b[r].resize(n);
-      got_g[r].resize(n * world);
-      cudaMemcpy(got_f[r].data(), df, n * 4, cudaMemcpyDeviceToHost);
-      cudaMemcpy(got_b[r].data(), db, n * 2, cudaMemcpyDeviceToHost);
-      cudaMemcpy(got_g[r].data(), dg, n * 4 * world, cudaMemcpyDeviceToHost);
-      cudaFree(df);
-      cudaFree(db);
-      cudaFree(dg);
-      cudaFree(dsend);
-      cudaStreamDestroy(s);
-    });
-  }
-  for (auto& t : threads) t.join();
+  OnEveryRank(*group, [&](NcclCommunicator& c, int r, cudaStream_t s) {
+    // f32: element i of rank r = (i % 13) + r -> sum = world * (i % 13) + world(world-1)/2.
+    std::vector<float> hf(n);
+    std::vector<uint16_t> hb(n);
+    for (size_t i = 0; i < n; ++i) {
+      hf[i] = static_cast<float>(i % 13 + r);
+      hb[i] = kernels::FloatToBf16(static_cast<float>(i % 7 + r));
+    }
+    float *df = nullptr, *dg = nullptr;
+    uint16_t* db = nullptr;
+    cudaMalloc(reinterpret_cast<void**>(&df), n * 4);
+    cudaMalloc(reinterpret_cast<void**>(&db), n * 2);
+    cudaMalloc(reinterpret_cast<void**>(&dg), n * 4 * world);
+    cudaMemcpy(df, hf.data(), n * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, hb.data(), n * 2, cudaMemcpyHostToDevice);
+    absl::Status s1 = c.AllReduceSum(df, n, kernels::DType::kFloat32, s);
+    absl::Status s2 = s1.ok() ? c.AllReduceSum(db, n, kernels::DType::kBFloat16, s) : s1;
+    // all-gather of the original f32 values of each rank (recomputed into a fresh buffer)
+    float* dsend = nullptr;
+    cudaMalloc(reinterpret_cast<void**>(&dsend), n * 4);
+    cudaMemcpy(dsend, hf.data(), n * 4, cudaMemcpyHostToDevice);
+    absl::Status s3 = s2.ok() ? c.AllGather(dsend, dg, n * 4, s) : s2;
+    absl::Status s4 = s3.ok() ? c.Synchronize(s) : s3;
+    st[r] = s4;
+    got_f[r].resize(n);
+    got_b[r].resize(n);
+    got_g[r].resize(n * world);
+    cudaMemcpy(got_f[r].data(), df, n * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_b[r].data(), db, n * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_g[r].data(), dg, n * 4 * world, cudaMemcpyDeviceToHost);
+    cudaFree(df);
+    cudaFree(db);
+    cudaFree(dg);
+    cudaFree(dsend);
+  });
   const float base = world * (world - 1) / 2.0f;
   for (int r = 0; r < world; ++r) {
     ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
@@ -105,9 +119,7 @@ TEST_F(NcclTest, CollectivesGiveExactResults) {
 TEST_F(NcclTest, RankOrderReduceSumsInRankOrder) {
   SKIP_WITHOUT_GPU();
   const int world = test_util::CudaDeviceCount();
-  std::vector<int> devices;
-  for (int d = 0; d < world; ++d) devices.push_back(d);
-  auto group = CreateNcclGroup(devices, 30000);
+  auto group = CreateNcclGroup(AllDevices(), 30000);
   ASSERT_TRUE(group.ok()) << group.status();
   const size_t n = 50001, prefix = 777;
   auto value = [](int r, size_t i) {
@@ -116,40 +128,31 @@ TEST_F(NcclTest, RankOrderReduceSumsInRankOrder) {
   };
   std::vector<absl::Status> st(world);
   std::vector<std::vector<float>> got(world), got_prefix(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      NcclCommunicator& c = *(*group)[r];
-      cudaSetDevice(c.device());
-      cudaStream_t s;
-      cudaStreamCreate(&s);
-      std::vector<float> h(n);
-      for (size_t i = 0; i < n; ++i) h[i] = value(r, i);
-      float *d = nullptr, *dp = nullptr;
-      cudaMalloc(reinterpret_cast<void**>(&d), n * 4);
-      cudaMalloc(reinterpret_cast<void**>(&dp), prefix * 4);
-      cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice);
-      cudaMemcpy(dp, h.data(), prefix * 4, cudaMemcpyHostToDevice);
-      absl::Status a = c.EnableRankOrderReduce(n * 4);
-      if (a.ok()) a = c.AllReduceSum(d, n, kernels::DType::kFloat32, s);
-      if (a.ok()) a = c.AllReduceSum(dp, prefix, kernels::DType::kFloat32, s);
-      if (a.ok()) a = c.Synchronize(s);
-      st[r] = a;
-      got[r].resize(n);
-      got_prefix[r].resize(prefix);
-      cudaMemcpy(got[r].data(), d, n * 4, cudaMemcpyDeviceToHost);
-      cudaMemcpy(got_prefix[r].data(), dp, prefix * 4, cudaMemcpyDeviceToHost);
-      // Too large for the buffer: refused before anything is enqueued.
-      const absl::Status big = c.AllReduceSum(d, n + 1, kernels::DType::kFloat32, s);
-      if (st[r].ok() && big.code() != absl::StatusCode::kInvalidArgument) {
-        st[r] = absl::InternalError("a message over the buffer was not refused");
-      }
-      cudaFree(d);
-      cudaFree(dp);
-      cudaStreamDestroy(s);
-    });
-  }
-  for (auto& t : threads) t.join();
+  OnEveryRank(*group, [&](NcclCommunicator& c, int r, cudaStream_t s) {
+    std::vector<float> h(n);
+    for (size_t i = 0; i < n; ++i) h[i] = value(r, i);
+    float *d = nullptr, *dp = nullptr;
+    cudaMalloc(reinterpret_cast<void**>(&d), n * 4);
+    cudaMalloc(reinterpret_cast<void**>(&dp), prefix * 4);
+    cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(dp, h.data(), prefix * 4, cudaMemcpyHostToDevice);
+    absl::Status a = c.EnableRankOrderReduce(n * 4);
+    if (a.ok()) a = c.AllReduceSum(d, n, kernels::DType::kFloat32, s);
+    if (a.ok()) a = c.AllReduceSum(dp, prefix, kernels::DType::kFloat32, s);
+    if (a.ok()) a = c.Synchronize(s);
+    st[r] = a;
+    got[r].resize(n);
+    got_prefix[r].resize(prefix);
+    cudaMemcpy(got[r].data(), d, n * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_prefix[r].data(), dp, prefix * 4, cudaMemcpyDeviceToHost);
+    // Too large for the buffer: refused before anything is enqueued.
+    const absl::Status big = c.AllReduceSum(d, n + 1, kernels::DType::kFloat32, s);
+    if (st[r].ok() && big.code() != absl::StatusCode::kInvalidArgument) {
+      st[r] = absl::InternalError("a message over the buffer was not refused");
+    }
+    cudaFree(d);
+    cudaFree(dp);
+  });
   for (int r = 0; r < world; ++r) {
     ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
     for (size_t i = 0; i < n; ++i) {

@@ -206,6 +206,19 @@ void CompareRows(const std::vector<bf16_bits>& out, const std::vector<bf16_bits>
   }
 }
 
+// The scalar fields of a batch's params (pointers left null).
+VerifyAttentionParams ScalarParams(const HostBatch& h) {
+  VerifyAttentionParams p;
+  p.batch = h.batch;
+  p.total_rows = h.total_rows;
+  p.num_heads = h.heads;
+  p.softmax_scale = h.scale;
+  p.dtype = DType::kBFloat16;
+  p.kv_slots = h.kv_slots;
+  p.mask_words = h.mask_words;
+  return p;
+}
+
 // Runs the CUDA path on a batch: device copies, outputs and the whole workspace poisoned with
 // NaN (0xff bytes) before the plan upload writes the work lists (a partial row the kernel
 // fails to write reaches the output as NaN). max_partial_rows > 0: a workspace of that many
@@ -229,14 +242,7 @@ void RunCuda(const HostBatch& h, VerifyPlanOptions opt, bool with_lse, int64_t m
   CUDA_ASSERT(cudaMemset(dout.p, 0xff, out_elems * 2));
   CUDA_ASSERT(cudaMemset(dlse.p, 0xff, lse_elems * 4));
 
-  VerifyAttentionParams dp;
-  dp.batch = h.batch;
-  dp.total_rows = h.total_rows;
-  dp.num_heads = h.heads;
-  dp.softmax_scale = h.scale;
-  dp.dtype = DType::kBFloat16;
-  dp.kv_slots = h.kv_slots;
-  dp.mask_words = h.mask_words;
+  VerifyAttentionParams dp = ScalarParams(h);
   dp.q = dq.p;
   dp.kv = dkv.p;
   dp.q_indptr = dqi.as<int32_t>();
@@ -279,14 +285,7 @@ void RunCase(const Case& c, Errors* err) {
   const size_t out_elems = static_cast<size_t>(h.total_rows) * h.heads * kV;
   const size_t lse_elems = static_cast<size_t>(h.total_rows) * h.heads;
 
-  VerifyAttentionParams p;
-  p.batch = h.batch;
-  p.total_rows = h.total_rows;
-  p.num_heads = h.heads;
-  p.softmax_scale = h.scale;
-  p.dtype = DType::kBFloat16;
-  p.kv_slots = h.kv_slots;
-  p.mask_words = h.mask_words;
+  const VerifyAttentionParams p = ScalarParams(h);
 
   // Reference on host copies.
   std::vector<bf16_bits> ref_out(out_elems, kBf16NaN);
@@ -482,17 +481,11 @@ TEST(VerifyAttentionCuda, GraphReplayMatchesEager) {
   CUDA_ASSERT(cudaMemcpy(dmask.p, h.mask.data(), h.mask.size() * 8, cudaMemcpyHostToDevice));
   cudaStream_t stream;
   CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  VerifyAttentionParams p;
-  p.batch = h.batch;
-  p.total_rows = h.total_rows;
-  p.num_heads = h.heads;
-  p.softmax_scale = h.scale;
-  p.kv_slots = h.kv_slots;
+  VerifyAttentionParams p = ScalarParams(h);
   p.q = dq.p;
   p.kv = dkv.p;
   p.kv_indices = didx.as<int32_t>();
   p.tree_mask = dmask.as<uint64_t>();
-  p.mask_words = h.mask_words;
   p.lse = dlse.as<float>();
   p.stream = stream;
   auto dev = VerifyAttentionDeviceInfo::Query();

@@ -132,7 +132,10 @@ struct VerifyWorkItem {
   int32_t q_row0;      // q_indptr[b]: first query row of the request
   int32_t num_nodes;   // n_b: tail rows of the request
   int32_t kv_off;      // kv_indptr[b]; < 0: the keys are index list entries -kv_off - 1 on
-                       // (positional plans: the workspace's index area)
+                       // (positional plans: the workspace's index area). Positional plans
+                       // also set num_nodes = last node of the tile + 1 (the kernels' row
+                       // count ends there) and kv_len = kv_end + num_nodes (no key of the
+                       // range counts as tail: nothing is masked before kv_end).
   int32_t kv_len;      // L_b (keys = context P_b = L_b - n_b, then n_b tail keys)
   int32_t fold_begin;  // first folded row of this tile (within the request)
   int32_t kv_begin;    // key range [kv_begin, kv_end) within the request

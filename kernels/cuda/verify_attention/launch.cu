@@ -163,7 +163,10 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
   VERIFYD_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
   VERIFYD_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  VERIFYD_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  // The SM count only sizes the combine's grid (one host call per layer saved without splits).
+  if (!plan.combine.empty()) {
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  }
   // The variant of the plan's configuration on this device's architecture (shared memory was
   // checked by the planner).
   const detail::VariantInfo* variant = nullptr;
