@@ -42,8 +42,9 @@ ABSL_FLAG(std::string, config, "auto",
           "kernel configuration: auto, m16 (mma.sync 16-row) or s64 (seesaw wgmma, sm_90a)");
 ABSL_FLAG(bool, positional, false,
           "positional plans (the batch-invariant mode's; --config=auto: the device's choice)");
-ABSL_FLAG(bool, shared_context, false,
-          "with --positional: context splits shared by a request's nodes");
+ABSL_FLAG(bool, shared_context, true,
+          "with --positional: context splits shared by a request's nodes (the engine's "
+          "default; false: per-node plans)");
 ABSL_FLAG(std::string, commit, "unknown", "source revision recorded in the JSON meta");
 ABSL_FLAG(double, copy_gbps, 4242.0, "copy ceiling (GB/s) for the memory floor (H200)");
 ABSL_FLAG(double, mma_tflops, 790.0, "bf16 matrix rate (TFLOP/s) for the compute floor");

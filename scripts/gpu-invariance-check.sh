@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The batch-invariant mode's checks and costs on a GPU machine, in one call:
-#   scripts/gpu-invariance-check.sh [checks] [server] [sanitize] [kernel] [engine]
-#   (default: all five; about 15 minutes in all, so within the 10-minute limit of one device
-#   command run `checks server sanitize`, then `kernel engine`). Expects the binaries on PATH (gpu_verify_attention_test,
+#   scripts/gpu-invariance-check.sh [checks] [server] [sanitize] [kernel] [engine] [long]
+#   (default: all six; about 20 minutes in all, so within the 10-minute limit of one device
+#   command run `checks server sanitize`, then `kernel engine`, then `long`). Expects the binaries on PATH (gpu_verify_attention_test,
 #   gpu_batch_invariance_test, gpu_engine_nccl_test, verifyd, verifyctl,
 #   libverifyd_cuda_engine.so beside verifyd, verify_attention_bench, engine_bench,
 #   batch_variance), e.g. from a device bundle: source .device/env.sh first.
@@ -13,11 +13,12 @@
 #             layers): verifyctl load --sessions=8, greedy and seeded at T 0.8; every run
 #             must report lossless_mismatches=0
 #   sanitize  compute-sanitizer memcheck on the positional kernel tests
-#   kernel    verify_attention_bench --config=auto, then --positional, then --positional
-#             --shared_context (same call)
-#   engine    engine_bench, default then --batch_invariant then --batch_invariant
-#             --shared_context (61 layers; 4k/65k x trees 1/16/64 x batches 1/8/32), then
-#             default and --batch_invariant at 185k x trees 1/64 x batches 1/8
+#   kernel    verify_attention_bench --config=auto, then --positional --shared_context=false
+#             (per-node plans), then --positional (shared-context plans, the default)
+#   engine    engine_bench, default then --batch_invariant --shared_context=false then
+#             --batch_invariant (61 layers; 4k/65k x trees 1/16/64 x batches 1/8/32)
+#   long      engine_bench, default then --batch_invariant (per-node plans, then shared) at
+#             185k x trees 1/64 x batches 1/8
 # JSON goes to $OUT, logs packed into $OUT/logs.tgz (the device tool returns at most 8 files:
 # keep the JSON of the steps you run within that).
 # Env: VERIFYD_COMMIT (recorded in the JSON). Prints a summary last. Never changes clocks,
@@ -27,7 +28,7 @@ OUT=${OUT:-/tmp/verifyd-invariance-out}
 mkdir -p "$OUT"
 LOGS=$(mktemp -d /tmp/verifyd-invariance.XXXXXX)
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(checks server sanitize kernel engine)
+[ ${#steps[@]} -eq 0 ] && steps=(checks server sanitize kernel engine long)
 commit=${VERIFYD_COMMIT:-unknown}
 export NCCL_NVLS_ENABLE=0
 summary=()
@@ -86,27 +87,33 @@ for step in "${steps[@]}"; do
     kernel)
       run kernel_auto 120 verify_attention_bench --iters=20 --warmup=5 --commit="$commit" \
         --json="$OUT/kernel_auto.json"
-      run kernel_positional 120 verify_attention_bench --positional --iters=20 --warmup=5 \
+      run kernel_positional 120 verify_attention_bench --positional --shared_context=false \
+        --iters=20 --warmup=5 \
         --commit="$commit" --json="$OUT/kernel_positional.json"
-      run kernel_shared 120 verify_attention_bench --positional --shared_context --iters=20 \
-        --warmup=5 --commit="$commit" --json="$OUT/kernel_shared.json"
+      run kernel_shared 120 verify_attention_bench --positional --iters=20 --warmup=5 \
+        --commit="$commit" --json="$OUT/kernel_shared.json"
       ;;
     engine)
       flags=(--layers=61 --warmup=1 --iters=2 --commit="$commit")
       # shellcheck disable=SC2054  # the commas separate values inside one flag
       small=(--contexts=4096,65536 --trees=1,16,64 --batches=1,8,32)
+      flags=(--layers=61 --warmup=1 --iters=2 --commit="$commit")
       # shellcheck disable=SC2054
       long=(--contexts=185000 --trees=1,64 --batches=1,8)
       run engine_default 300 engine_bench "${flags[@]}" "${small[@]}" \
         --json="$OUT/engine_default.json"
       run engine_invariant 400 engine_bench "${flags[@]}" "${small[@]}" --batch_invariant \
-        --json="$OUT/engine_invariant.json"
+        --shared_context=false --json="$OUT/engine_invariant.json"
       run engine_shared 400 engine_bench "${flags[@]}" "${small[@]}" --batch_invariant \
-        --shared_context --json="$OUT/engine_shared.json"
+        --json="$OUT/engine_shared.json"
+      ;;
+    long)
       run engine185_default 200 engine_bench "${flags[@]}" "${long[@]}" \
         --json="$OUT/engine185_default.json"
       run engine185_invariant 300 engine_bench "${flags[@]}" "${long[@]}" --batch_invariant \
-        --json="$OUT/engine185_invariant.json"
+        --shared_context=false --json="$OUT/engine185_invariant.json"
+      run engine185_shared 300 engine_bench "${flags[@]}" "${long[@]}" --batch_invariant \
+        --json="$OUT/engine185_shared.json"
       ;;
     *)
       echo "unknown step: $step" >&2

@@ -50,9 +50,9 @@ ABSL_FLAG(int, warmup, 2, "untimed steps per configuration");
 ABSL_FLAG(int, iters, 5, "timed steps per configuration (median reported)");
 ABSL_FLAG(bool, verify_kernel, true, "use the optimised verify attention kernel");
 ABSL_FLAG(bool, batch_invariant, false, "batch-invariant engine steps (EngineOptions::cuda)");
-ABSL_FLAG(bool, shared_context, false,
+ABSL_FLAG(bool, shared_context, true,
           "with --batch_invariant: context splits shared by a request's nodes "
-          "(EngineOptions::cuda.shared_context_attention)");
+          "(EngineOptions::cuda.shared_context_attention; false: per-node plans)");
 ABSL_FLAG(std::string, json, "", "write the results as JSON here");
 ABSL_FLAG(uint64_t, seed, 1, "weight seed");
 ABSL_FLAG(std::string, commit, "unknown", "source revision recorded in the JSON meta");

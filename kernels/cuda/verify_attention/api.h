@@ -226,7 +226,7 @@ struct VerifyPlanOptions {
   // of the head count; only the splits that reach the tail go node by node. A row's keys,
   // split boundaries (PositionalSharedSplitKeys) and merge order are still functions of the
   // row alone, so the plan is as batch-invariant as the per-node one. Checked on the host
-  // (kernels_verify_attention_plan_test); not yet run on a GPU, hence off by default.
+  // (kernels_verify_attention_plan_test) and on an H200 (the GPU tests); the engine's default.
   bool positional_shared_context = false;
   // Positional plans only (required there): host copy of params.tree_mask
   // ([total_rows, mask_words]), from which the planner counts each node's visible keys.
