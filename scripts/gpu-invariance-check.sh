@@ -32,6 +32,11 @@ steps=("$@")
 commit=${VERIFYD_COMMIT:-unknown}
 export NCCL_NVLS_ENABLE=0
 summary=()
+flags=(--layers=61 --warmup=1 --iters=2 --commit="$commit")  # engine_bench
+# shellcheck disable=SC2054  # the commas separate values inside one flag
+small=(--contexts=4096,65536 --trees=1,16,64 --batches=1,8,32)
+# shellcheck disable=SC2054
+long=(--contexts=185000 --trees=1,64 --batches=1,8)
 pack() { tar czf "$OUT/logs.tgz" -C "$LOGS" . 2> /dev/null; }
 run() {  # name, timeout seconds, command...: logs to $LOGS/name.log, one summary line
   local name=$1 limit=$2
@@ -94,12 +99,6 @@ for step in "${steps[@]}"; do
         --commit="$commit" --json="$OUT/kernel_shared.json"
       ;;
     engine)
-      flags=(--layers=61 --warmup=1 --iters=2 --commit="$commit")
-      # shellcheck disable=SC2054  # the commas separate values inside one flag
-      small=(--contexts=4096,65536 --trees=1,16,64 --batches=1,8,32)
-      flags=(--layers=61 --warmup=1 --iters=2 --commit="$commit")
-      # shellcheck disable=SC2054
-      long=(--contexts=185000 --trees=1,64 --batches=1,8)
       run engine_default 300 engine_bench "${flags[@]}" "${small[@]}" \
         --json="$OUT/engine_default.json"
       run engine_invariant 400 engine_bench "${flags[@]}" "${small[@]}" --batch_invariant \
