@@ -1,5 +1,6 @@
-// The MoE layer's grouped expert GEMMs (kernels/cuda/dense/grouped_gemm.h) and FP8 activation
-// quantization (moe.h) against host references, on fresh random inputs: group sizes with
+// The MoE layer's grouped expert GEMMs (kernels/cuda/dense/grouped_gemm.h), FP8 activation
+// quantization (moe.h) and the FP8 SwiGLU MLP of dense layers and shared experts (moe_mlp.h
+// RunFp8Mlp) against host references, on fresh random inputs: group sizes with
 // empty groups, single rows and several M tiles; output rows past the last group poisoned
 // (NaN) and checked untouched.
 #include <cuda_runtime_api.h>
@@ -14,6 +15,7 @@
 #include "kernels/common.h"
 #include "kernels/cuda/dense/grouped_gemm.h"
 #include "kernels/cuda/dense/moe.h"
+#include "kernels/cuda/dense/moe_mlp.h"
 #include "tests/gpu_test_util.h"
 
 namespace verifyd {
@@ -357,6 +359,143 @@ TEST(MoeQuantFp8Test, GatherAndSwiGluMatchHost) {
   cudaFree(d_q);
   cudaFree(d_s);
   cudaFree(d_gu);
+}
+
+// RunFp8Mlp (FP8 dense MLPs and shared experts) on fresh random inputs, stage by stage
+// against fp64 host references fed the device's own quantized operands (the quantizers are
+// checked bit-exact above): gate_up = xq . W_gu^T and out = actq . W_down^T with the block
+// scales, every row; the quantized inputs equal the host's act_quant of x. Rows past `rows`
+// stay poisoned, and a row's output bits do not depend on how many rows run with it.
+TEST(Fp8MlpTest, MatchesHostReferenceStageByStage) {
+  SKIP_WITHOUT_GPU();
+  if (!kc::GroupedGemmAvailable(0)) GTEST_SKIP() << "FP8 MLPs need the grouped GEMMs (sm_90)";
+  std::mt19937 rng(std::random_device{}());
+  const int64_t R = 77, H = 256, I = 384, hb = H / 128, ib = I / 128, pad = 3;
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sc(0.25f, 4.f);
+  auto fp8 = [&] {
+    uint8_t v;
+    do v = static_cast<uint8_t>(byte(rng));
+    while ((v & 0x7f) == 0x7f);
+    return v;
+  };
+  std::vector<uint16_t> x(R * H);
+  for (auto& v : x) v = FloatToBf16(nd(rng));
+  std::vector<uint8_t> wgu(2 * I * H), wdn(H * I);
+  for (auto& v : wgu) v = fp8();
+  for (auto& v : wdn) v = fp8();
+  std::vector<float> sgu(2 * ib * hb), sdn(hb * ib);
+  for (auto& v : sgu) v = sc(rng) / 448.f / 64.f;  // |gate_up| ~ 1: SwiGLU in its curved part
+  for (auto& v : sdn) v = sc(rng) / 448.f;
+  auto gemm_gu = kc::GroupedGemm::Create({kc::GroupedGemmKind::kFp8Block128, 1, 2 * I, H, 0, 64});
+  auto gemm_dn = kc::GroupedGemm::Create({kc::GroupedGemmKind::kFp8Block128, 1, H, I, 0, 64});
+  ASSERT_TRUE(gemm_gu.ok()) << gemm_gu.status();
+  ASSERT_TRUE(gemm_dn.ok()) << gemm_dn.status();
+  uint16_t* d_x = ToDevice(x);
+  uint8_t* d_wgu = ToDevice(wgu);
+  uint8_t* d_wdn = ToDevice(wdn);
+  float* d_sgu = ToDevice(sgu);
+  float* d_sdn = ToDevice(sdn);
+  void *d_off, *d_xq, *d_xqs, *d_gu, *d_aq, *d_aqs, *d_out;
+  CUDA_ASSERT(cudaMalloc(&d_off, 2 * sizeof(int32_t)));
+  CUDA_ASSERT(cudaMalloc(&d_xq, R * H));
+  CUDA_ASSERT(cudaMalloc(&d_xqs, R * hb * sizeof(float)));
+  CUDA_ASSERT(cudaMalloc(&d_gu, R * 2 * I * sizeof(float)));
+  CUDA_ASSERT(cudaMalloc(&d_aq, R * I));
+  CUDA_ASSERT(cudaMalloc(&d_aqs, R * ib * sizeof(float)));
+  CUDA_ASSERT(cudaMalloc(&d_out, (R + pad) * H * sizeof(float)));
+  kc::Fp8MlpArgs f;
+  f.hidden = H;
+  f.inter = I;
+  f.x = d_x;
+  f.gate_up = d_wgu;
+  f.gate_up_scale = d_sgu;
+  f.down = d_wdn;
+  f.down_scale = d_sdn;
+  f.gemm_gate_up = gemm_gu->get();
+  f.gemm_down = gemm_dn->get();
+  f.offsets = static_cast<int32_t*>(d_off);
+  f.xq = static_cast<uint8_t*>(d_xq);
+  f.xq_scale = static_cast<float*>(d_xqs);
+  f.gu = static_cast<float*>(d_gu);
+  f.actq = static_cast<uint8_t*>(d_aq);
+  f.actq_scale = static_cast<float*>(d_aqs);
+  f.out = static_cast<float*>(d_out);
+  auto run = [&](int64_t rows) {
+    CUDA_ASSERT(cudaMemset(d_out, 0xFF, (R + pad) * H * sizeof(float)));
+    f.rows = rows;
+    ASSERT_TRUE(kc::RunFp8Mlp(f).ok());
+    CUDA_ASSERT(cudaDeviceSynchronize());
+  };
+  ASSERT_NO_FATAL_FAILURE(run(R));
+  const std::vector<uint8_t> xq = ToHost(static_cast<uint8_t*>(d_xq), R * H);
+  const std::vector<float> xqs = ToHost(static_cast<float*>(d_xqs), R * hb);
+  const std::vector<float> gu = ToHost(static_cast<float*>(d_gu), R * 2 * I);
+  const std::vector<uint8_t> aq = ToHost(static_cast<uint8_t*>(d_aq), R * I);
+  const std::vector<float> aqs = ToHost(static_cast<float*>(d_aqs), R * ib);
+  const std::vector<float> out = ToHost(static_cast<float*>(d_out), (R + pad) * H);
+  // Stage 1: the inputs quantized as act_quant does (first row, every group).
+  for (int64_t g = 0; g < hb; ++g) {
+    float amax = 0;
+    for (int64_t j = g * 128; j < (g + 1) * 128; ++j) {
+      amax = std::max(amax, std::fabs(Bf16ToFloat(x[j])));
+    }
+    const float want_s = std::max(amax, 1e-10f) / 448.f;
+    ASSERT_EQ(xqs[g], want_s);
+    for (int64_t j = g * 128; j < (g + 1) * 128; ++j) {
+      ASSERT_EQ(xq[j], FloatToE4m3(Bf16ToFloat(x[j]) / want_s)) << "col " << j;
+    }
+  }
+  // A block-scaled GEMM over the device's operands, fp64.
+  auto block_gemm = [](const std::vector<uint8_t>& a, const std::vector<float>& as,
+                       const std::vector<uint8_t>& b, const std::vector<float>& bs, int64_t rows,
+                       int64_t n, int64_t k) {
+    const int64_t kb = k / 128;
+    std::vector<double> d(rows * n);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t q = 0; q < kb; ++q) {
+          double part = 0;
+          for (int64_t t = q * 128; t < (q + 1) * 128; ++t) {
+            part += static_cast<double>(E4m3ToFloat(a[r * k + t])) * E4m3ToFloat(b[j * k + t]);
+          }
+          s += part * as[r * kb + q] * bs[(j / 128) * kb + q];
+        }
+        d[r * n + j] = s;
+      }
+    }
+    return d;
+  };
+  const Compare c1 = CompareRows(gu, block_gemm(xq, xqs, wgu, sgu, R, 2 * I, H));
+  const Compare c2 =
+      CompareRows(std::vector<float>(out.begin(), out.begin() + R * H),
+                  block_gemm(aq, aqs, wdn, sdn, R, H, I));
+  std::printf("fp8 mlp: gate_up rel-L2 %.3g, down rel-L2 %.3g (fp64 references)\n", c1.rel_l2,
+              c2.rel_l2);
+  EXPECT_EQ(c1.nonfinite, 0);
+  EXPECT_EQ(c2.nonfinite, 0);
+  EXPECT_LT(c1.rel_l2, 3e-3);
+  EXPECT_LT(c2.rel_l2, 3e-3);
+  for (int64_t i = R * H; i < (R + pad) * H; ++i) {
+    ASSERT_TRUE(std::isnan(out[i])) << "row " << i / H << " past `rows` was written";
+  }
+  // Fewer rows: the first rows' outputs are bit-identical.
+  ASSERT_NO_FATAL_FAILURE(run(5));
+  const std::vector<float> few = ToHost(static_cast<float*>(d_out), 5 * H);
+  EXPECT_EQ(std::memcmp(few.data(), out.data(), 5 * H * sizeof(float)), 0);
+  // Bad shapes are refused, naming the problem.
+  kc::Fp8MlpArgs bad = f;
+  bad.inter = 200;
+  const absl::Status st = kc::RunFp8Mlp(bad);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("multiples of 128"), std::string::npos) << st;
+  for (void* p : {static_cast<void*>(d_x), static_cast<void*>(d_wgu), static_cast<void*>(d_wdn),
+                  static_cast<void*>(d_sgu), static_cast<void*>(d_sdn), d_off, d_xq, d_xqs, d_gu,
+                  d_aq, d_aqs, d_out}) {
+    cudaFree(p);
+  }
 }
 
 }  // namespace

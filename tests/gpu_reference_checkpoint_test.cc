@@ -5,7 +5,9 @@
 //   moe_yarn      MoE (sigmoid / noaux_tc routing, groups, shared expert) + YaRN, bf16;
 //   moe_yarn_fp8  the same as FP8 (dequantized to bf16 when loaded: its 32-wide experts are not
 //                 whole 128 x 128 blocks);
-//   moe_fp8_block128  FP8 with whole blocks: the routed experts stay FP8 (GpuFp8ExpertsTest).
+//   moe_fp8_block128  FP8 with whole blocks: the routed and shared experts stay FP8
+//                 (GpuFp8ExpertsTest);
+//   moe_fp8_mlp128  the same with a 128-aligned dense MLP: every MLP stays FP8.
 // For the dense checkpoint at TP 1 and at loopback TP 2 and 4 (all ranks on device 0):
 //   - prefill + greedy decoding with empty trees driven by transformers' tokens: every logit
 //     row within 1.5e-2 relative (max |diff| / max |logit| and rel-L2) of transformers' float32
@@ -285,8 +287,14 @@ TEST_P(GpuFp8ExpertsTest, KeepsExpertsInFp8AndMatchesTransformers) {
   ASSERT_NE(e, nullptr);
   int major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  if (major == 9) EXPECT_EQ(e->expert_mode(), "fp8 block-scaled grouped GEMMs");
-  std::printf("%s: experts run as %s\n", label_.c_str(), e->expert_mode().c_str());
+  if (major == 9) {
+    EXPECT_EQ(e->expert_mode(), "fp8 block-scaled grouped GEMMs");
+    // moe_fp8_mlp128's dense MLP (intermediate 256) is 128-aligned on every rank too;
+    // moe_fp8_block128's (160) is not. Both checkpoints' shared experts are (256).
+    EXPECT_EQ(e->fp8_mlps(), name_ == "moe_fp8_mlp128" ? "dense, shared experts" : "shared experts");
+  }
+  std::printf("%s: experts run as %s; other FP8 MLPs: %s\n", label_.c_str(),
+              e->expert_mode().c_str(), e->fp8_mlps().empty() ? "none" : e->fp8_mlps().c_str());
   reftest::GreedyDecodeAndCompare(*e, ref_, label_, kFp8LogitTol, kKvSlots);
 }
 
@@ -309,6 +317,7 @@ TEST_P(GpuFp8ExpertsTest, Fp8ExpertsMatchBf16Experts) {
   ASSERT_NE(f, nullptr);
   ASSERT_NE(b, nullptr);
   EXPECT_NE(b->expert_mode(), "fp8 block-scaled grouped GEMMs");
+  EXPECT_EQ(b->fp8_mlps(), "");
   const int64_t V = f->config().vocab_size;
   LogitsDiff diff;
   for (const PromptRef& pr : ref_.prompts) {
@@ -354,7 +363,8 @@ TEST_P(GpuFp8ExpertsTest, Fp8ExpertsMatchBf16Experts) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fp8, GpuFp8ExpertsTest,
-                         ::testing::Combine(::testing::Values("moe_fp8_block128"),
+                         ::testing::Combine(::testing::Values("moe_fp8_block128",
+                                                              "moe_fp8_mlp128"),
                                             ::testing::Values(1, 2)),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return std::get<0>(info.param) + "_tp" +

@@ -71,8 +71,10 @@ struct EngineOptions {
     double kv_memory_fraction = 0.5;  // used when kv_slots = 0; in (0, 1)
     bool use_verify_kernel = true;    // false: always the fallback attention
     bool profile = false;             // time the step's parts with CUDA events (rank 0)
-    // Routed experts stored in FP8 (128 x 128 blocks) stay FP8 on sm_90 when the dims allow
-    // (tp/cuda/rank_context.h ExpertPath); false: dequantized to bf16 like other FP8 weights.
+    // SwiGLU MLP weights stored in FP8 (128 x 128 blocks: routed experts, shared experts,
+    // dense MLP layers) stay FP8 on sm_90 when the rank's slices are 128-aligned
+    // (tp/cuda/rank_context.h ExpertPath, ChooseFp8Mlps); false: dequantized to bf16 like
+    // the other FP8 weights (attention).
     bool fp8_experts = true;
     // tp > 1 and n_routed_experts % tp == 0: each rank holds E / tp whole routed experts
     // (expert parallelism; the MoE output still meets in the layer's one all-reduce) instead

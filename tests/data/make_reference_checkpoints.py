@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Builds the tiny DeepSeek-V3 reference checkpoints and their Hugging Face transformers outputs.
 
-What it writes, for each of three tiny models made with transformers' DeepseekV3Config /
+What it writes, for each of the tiny models made with transformers' DeepseekV3Config /
 DeepseekV3ForCausalLM (float32, fixed seeds): the checkpoint in tests/data/checkpoints/<name>/
 (config.json and safetensors, nothing else) and its reference outputs in
 tests/data/references/<name>.json and <name>_logits.safetensors.
@@ -32,6 +32,9 @@ tests/data/references/<name>.json and <name>_logits.safetensors.
                 7 and 6) so that the GPU's FP8 expert path is compared with transformers without
                 routing decisions near a tie (routing is what the other MoE checkpoints test).
                 One shard.
+  moe_fp8_mlp128  moe_fp8_block128 with a dense MLP of intermediate 256 (another seed): every
+                SwiGLU MLP (dense layer, routed and shared experts) is whole 128 x 128 blocks,
+                so the CUDA engine keeps all of them in FP8. Routing pinned likewise.
 
 The MoE checkpoints set max_position_embeddings 256 while factor * original is 128: transformers
 warns and uses the explicit factor (4) for both inv_freq and the softmax mscale, so a reader
@@ -199,6 +202,29 @@ CHECKPOINTS = [
         fp8=True,
         shards=1,
         prompt_lengths=[7, 24],
+        pin_routing=True,
+    ),
+    dict(
+        name="moe_fp8_mlp128",
+        seed=5005,
+        config=dict(
+            COMMON,
+            **dict(
+                MOE,
+                intermediate_size=256,
+                moe_intermediate_size=256,
+                n_group=2,
+                topk_group=1,
+            ),
+            hidden_size=128,
+            num_hidden_layers=2,
+            max_position_embeddings=256,
+            rope_parameters=dict(YARN),
+        ),
+        spelling="v4",
+        fp8=True,
+        shards=1,
+        prompt_lengths=[6, 20],
         pin_routing=True,
     ),
 ]

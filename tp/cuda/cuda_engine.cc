@@ -608,6 +608,13 @@ std::string CudaEngine::expert_mode() const {
   return kc::ExpertPathName(impl_->ranks[0]->expert_path);
 }
 
+std::string CudaEngine::fp8_mlps() const {
+  if (impl_->ranks.empty()) return "";
+  const CudaRankContext& rk = *impl_->ranks[0];
+  if (rk.fp8_dense && rk.fp8_shared) return "dense, shared experts";
+  return rk.fp8_dense ? "dense" : rk.fp8_shared ? "shared experts" : "";
+}
+
 absl::StatusOr<std::vector<float>> CudaEngine::LatentRow(int rank, int64_t layer, int32_t slot) {
   Impl& m = *impl_;
   std::lock_guard<std::mutex> step_lock(m.step_mu);

@@ -95,6 +95,9 @@ class CudaEngine final : public Engine {
   // How rank 0 runs the routed experts (kernels/cuda/dense/moe_mlp.h ExpertPath: "fp8 block-scaled
   // grouped GEMMs", "bf16 grouped GEMMs" or "bf16 per-expert cuBLAS GEMMs"); "" without MoE.
   std::string expert_mode() const;
+  // Which other SwiGLU MLPs rank 0 keeps in FP8 (moe_mlp.h RunFp8Mlp): "dense", "shared
+  // experts", "dense, shared experts" or "" (bf16).
+  std::string fp8_mlps() const;
   // Routed experts rank 0 holds: n_routed_experts (a slice of each: tensor-parallel experts)
   // or n_routed_experts / tp (expert parallelism); 0 without MoE.
   int64_t local_experts() const;

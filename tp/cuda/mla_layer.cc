@@ -6,6 +6,7 @@
 #include "kernels/cuda/dense/elementwise.h"
 #include "kernels/cuda/dense/fallback_attention.h"
 #include "kernels/cuda/dense/gemm.h"
+#include "kernels/cuda/dense/moe_mlp.h"
 #include "kernels/cuda/dense/rms_norm.h"
 #include "kernels/cuda/dense/rope.h"
 #include "kernels/status.h"
@@ -217,6 +218,31 @@ absl::Status RunMlaLayer(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
   VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.x, F32, hid, hid, L.post_norm, rk.xn, BF16, hid));
   if (c.IsMoeLayer(layer)) {
     VERIFYD_RETURN_IF_ERROR(RunMoeMlp(s, layer, rk));
+  } else if (Il > 0 && L.gate_up_fp8 != nullptr) {
+    // FP8 weights (W8A8, moe_mlp.h RunFp8Mlp): the MLP writes its partial into part.
+    MarkProfile(rk, ProfileCategory::kGemm);
+    kc::Fp8MlpArgs f;
+    f.rows = R;
+    f.hidden = hid;
+    f.inter = Il;
+    f.x = rk.xn;
+    f.gate_up = L.gate_up_fp8;
+    f.gate_up_scale = L.gate_up_scale;
+    f.down = L.down_fp8;
+    f.down_scale = L.down_scale;
+    f.gemm_gate_up = rk.dense_gemm_gate_up.get();
+    f.gemm_down = rk.dense_gemm_down.get();
+    f.offsets = rk.fp8_offsets;
+    f.xq = rk.fp8_xq;
+    f.xq_scale = rk.fp8_xq_scale;
+    f.gu = rk.gu;
+    f.actq = rk.fp8_actq;
+    f.actq_scale = rk.fp8_actq_scale;
+    f.out = rk.part;
+    f.stream = rk.stream;
+    VERIFYD_RETURN_IF_ERROR(kc::RunFp8Mlp(f));
+    MarkProfile(rk, ProfileCategory::kOther);
+    if (tp1) return kc::AddInPlaceCuda(rk.x, rk.part, R * hid, rk.stream);
   } else if (Il > 0) {
     MarkProfile(rk, ProfileCategory::kGemm);
     VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.xn, hid, L.gate_up, 2 * Il, rk.gu, F32, 0.f));

@@ -64,7 +64,8 @@ absl::Status RunMoeMlp(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
   a.shape.norm_topk_prob = mc.norm_topk_prob;
   a.shape.routed_scaling_factor = static_cast<float>(mc.routed_scaling_factor);
   a.shape.inter = rk.moe_inter.size;
-  a.shape.shared_inter = L.shared_gate_up != nullptr ? rk.moe_shared_inter.size : 0;
+  a.shape.shared_inter =
+      L.shared_gate_up != nullptr || L.shared_gate_up_fp8 != nullptr ? rk.moe_shared_inter.size : 0;
   a.shape.expert_begin = static_cast<int>(rk.expert_begin);
   a.shape.local_experts = static_cast<int>(rk.local_experts);
   a.path = rk.expert_path;
@@ -78,6 +79,17 @@ absl::Status RunMoeMlp(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
   a.weights.down_scale = L.experts_down_scale;
   a.weights.shared_gate_up = L.shared_gate_up;
   a.weights.shared_down = L.shared_down;
+  a.weights.shared_gate_up_fp8 = L.shared_gate_up_fp8;
+  a.weights.shared_gate_up_scale = L.shared_gate_up_scale;
+  a.weights.shared_down_fp8 = L.shared_down_fp8;
+  a.weights.shared_down_scale = L.shared_down_scale;
+  a.buffers.shared_gemm_gate_up = rk.shared_gemm_gate_up.get();
+  a.buffers.shared_gemm_down = rk.shared_gemm_down.get();
+  a.buffers.shared_offsets = rk.fp8_offsets;
+  a.buffers.shared_xq = rk.fp8_xq;
+  a.buffers.shared_xq_scale = rk.fp8_xq_scale;
+  a.buffers.shared_actq = rk.fp8_actq;
+  a.buffers.shared_actq_scale = rk.fp8_actq_scale;
   kc::MoeMlpBuffers& b = a.buffers;
   b.logits = rk.moe_logits;
   b.experts = rk.moe_experts;

@@ -181,6 +181,24 @@ absl::Status FillTensorFp8(const RankWeightInit& source, CudaRankContext& rk,
   return absl::OkStatus();
 }
 
+// A SwiGLU MLP's weights kept in FP8 (prefix: "model.layers.{l}.mlp." or its
+// "shared_experts."): the rank's `inter` columns [i0, +inter) of gate_proj and up_proj as
+// [gate rows | up rows] and of down_proj, with their 128 x 128 block scales.
+absl::Status FillMlpFp8(const RankWeightInit& src, CudaRankContext& rk, const std::string& prefix,
+                        int64_t hid, int64_t inter, int64_t i0, uint8_t** gate_up,
+                        float** gate_up_scale, uint8_t** down, float** down_scale) {
+  const int64_t hb = hid / 128, ib = inter / 128;
+  VERIFYD_ASSIGN_OR_RETURN(*gate_up, rk.Alloc<uint8_t>(2 * inter * hid));
+  VERIFYD_ASSIGN_OR_RETURN(*gate_up_scale, rk.Alloc<float>(2 * ib * hb));
+  VERIFYD_ASSIGN_OR_RETURN(*down, rk.Alloc<uint8_t>(hid * inter));
+  VERIFYD_ASSIGN_OR_RETURN(*down_scale, rk.Alloc<float>(hb * ib));
+  VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, prefix + "gate_proj.weight", *gate_up,
+                                        *gate_up_scale, inter, hid, i0, 0));
+  VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, prefix + "up_proj.weight", *gate_up + inter * hid,
+                                        *gate_up_scale + ib * hb, inter, hid, i0, 0));
+  return FillTensorFp8(src, rk, prefix + "down_proj.weight", *down, *down_scale, hid, inter, 0, i0);
+}
+
 // A device buffer of `count` T with every byte 0xFF (an fp32 / bf16 NaN, an int32 -1), so a
 // read of an element nothing wrote shows up.
 template <typename T>
@@ -238,7 +256,12 @@ absl::Status FillMoeLayer(const RankWeightInit& src, const ModelConfig& c, int64
                                          L.experts_down + le * hid * Il, hid, Il, 0, i0));
     }
   }
-  if (Sl > 0) {
+  if (Sl > 0 && rk.fp8_shared) {
+    const int64_t s0 = rk.moe_shared_inter.begin;
+    VERIFYD_RETURN_IF_ERROR(FillMlpFp8(src, rk, n("mlp.shared_experts."), hid, Sl, s0,
+                                       &L.shared_gate_up_fp8, &L.shared_gate_up_scale,
+                                       &L.shared_down_fp8, &L.shared_down_scale));
+  } else if (Sl > 0) {
     const int64_t s0 = rk.moe_shared_inter.begin;
     VERIFYD_ASSIGN_OR_RETURN(L.shared_gate_up, rk.Alloc<bf16>(2 * Sl * hid));
     VERIFYD_RETURN_IF_ERROR(FillTensor(src, rk, n("mlp.shared_experts.gate_proj.weight"),
@@ -322,6 +345,69 @@ ExpertPath ChooseExpertPath(const RankSetup& setup, const CudaRankContext& rk) {
   return ExpertPath::kBf16PerExpert;
 }
 
+// Which FP8-stored SwiGLU MLPs stay FP8 on this rank (rk.fp8_dense, rk.fp8_shared): those
+// of a checkpoint with 128 x 128 blocks whose rank slice [begin, +size) of the intermediate
+// is 128-aligned (and hidden too), when the GPU runs the grouped kernels and
+// RankSetup::fp8_experts is set. The first dense layer's / first MoE layer's gate_proj
+// decides for all (a checkpoint quantizes every layer alike).
+void ChooseFp8Mlps(const RankSetup& setup, CudaRankContext& rk) {
+  const ModelConfig& c = *setup.config;
+  const tp::WeightSource* host = setup.weights.host;
+  if (!setup.fp8_experts || host == nullptr || c.quant.block_rows != 128 ||
+      c.quant.block_cols != 128 || c.hidden_size % 128 != 0 ||
+      !kc::GroupedGemmAvailable(rk.device)) {
+    return;
+  }
+  auto aligned = [](const ShardRange& r) {
+    return r.size > 0 && r.size % 128 == 0 && r.begin % 128 == 0;
+  };
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.IsMoeLayer(l)) {
+      rk.fp8_shared = aligned(rk.moe_shared_inter) &&
+                      host->StoredAsFp8(LayerTensorName(l, "mlp.shared_experts.gate_proj.weight"));
+      break;
+    }
+  }
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.IsMoeLayer(l)) {
+      rk.fp8_dense =
+          aligned(rk.inter) && host->StoredAsFp8(LayerTensorName(l, "mlp.gate_proj.weight"));
+      break;
+    }
+  }
+}
+
+// The one-group FP8 GEMMs and scratch of RunFp8Mlp for R rows (rk.fp8_dense / fp8_shared).
+absl::Status AllocFp8MlpBuffers(const ModelConfig& c, int64_t R, CudaRankContext& rk) {
+  const int64_t hid = c.hidden_size;
+  const int64_t inter = std::max(rk.fp8_dense ? rk.inter.size : 0,
+                                 rk.fp8_shared ? rk.moe_shared_inter.size : 0);
+  if (inter == 0) return absl::OkStatus();
+  using kc::GroupedGemm;
+  constexpr kc::GroupedGemmKind kFp8 = kc::GroupedGemmKind::kFp8Block128;
+  VERIFYD_ASSIGN_OR_RETURN(rk.fp8_offsets, AllocPoisoned<int32_t>(rk, 2));
+  VERIFYD_ASSIGN_OR_RETURN(rk.fp8_xq, AllocPoisoned<uint8_t>(rk, R * hid));
+  VERIFYD_ASSIGN_OR_RETURN(rk.fp8_xq_scale, AllocPoisoned<float>(rk, R * hid / 128));
+  VERIFYD_ASSIGN_OR_RETURN(rk.fp8_actq, AllocPoisoned<uint8_t>(rk, R * inter));
+  VERIFYD_ASSIGN_OR_RETURN(rk.fp8_actq_scale, AllocPoisoned<float>(rk, R * inter / 128));
+  // 64-row tiles, as the routed experts' (few rows per step at verify batch sizes).
+  if (rk.fp8_dense) {
+    const int64_t I = rk.inter.size;
+    VERIFYD_ASSIGN_OR_RETURN(rk.dense_gemm_gate_up,
+                             GroupedGemm::Create({kFp8, 1, 2 * I, hid, rk.device, 64}));
+    VERIFYD_ASSIGN_OR_RETURN(rk.dense_gemm_down,
+                             GroupedGemm::Create({kFp8, 1, hid, I, rk.device, 64}));
+  }
+  if (rk.fp8_shared) {
+    const int64_t S = rk.moe_shared_inter.size;
+    VERIFYD_ASSIGN_OR_RETURN(rk.shared_gemm_gate_up,
+                             GroupedGemm::Create({kFp8, 1, 2 * S, hid, rk.device, 64}));
+    VERIFYD_ASSIGN_OR_RETURN(rk.shared_gemm_down,
+                             GroupedGemm::Create({kFp8, 1, hid, S, rk.device, 64}));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
@@ -377,6 +463,7 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
       IntermediateShard(c.moe.moe_intermediate_size * c.moe.n_shared_experts, tp, rk.rank);
   rk.vmax = CeilShardMax(c.vocab_size, tp);
   if (c.moe.n_routed_experts > 0) rk.expert_path = ChooseExpertPath(setup, rk);
+  ChooseFp8Mlps(setup, rk);
   const int64_t hid = c.hidden_size, qk = c.qk_head_dim(), nope = c.qk_nope_head_dim;
   const int64_t v = c.v_head_dim, kvl = c.kv_lora_rank, lat = c.latent_dim();
   const int64_t Hl = rk.heads.size, h0 = rk.heads.begin, Il = rk.inter.size;
@@ -426,6 +513,10 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
                                        L.post_norm, 1, hid, 0, 0));
     if (c.IsMoeLayer(l)) {
       VERIFYD_RETURN_IF_ERROR(FillMoeLayer(setup.weights, c, l, rk, L));
+    } else if (Il > 0 && rk.fp8_dense) {
+      VERIFYD_RETURN_IF_ERROR(FillMlpFp8(setup.weights, rk, n("mlp."), hid, Il, rk.inter.begin,
+                                         &L.gate_up_fp8, &L.gate_up_scale, &L.down_fp8,
+                                         &L.down_scale));
     } else if (Il > 0) {
       // [gate rows | up rows] of the local intermediate columns: one GEMM for both.
       VERIFYD_ASSIGN_OR_RETURN(L.gate_up, rk.Alloc<bf16>(2 * Il * hid));
@@ -479,6 +570,7 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
   bool has_moe = false;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) has_moe = has_moe || c.IsMoeLayer(l);
   if (has_moe) VERIFYD_RETURN_IF_ERROR(AllocMoeBuffers(c, R, rk));
+  VERIFYD_RETURN_IF_ERROR(AllocFp8MlpBuffers(c, R, rk));
   {
     // Plain RoPE: RopeInvFreq (factor 1); YaRN: the reference's table and cos / sin factor.
     std::vector<float> inv;
@@ -556,6 +648,10 @@ void FreeRankContext(CudaRankContext& rk) {
   rk.comm.reset();
   rk.moe_gemm_gate_up.reset();
   rk.moe_gemm_down.reset();
+  rk.dense_gemm_gate_up.reset();
+  rk.dense_gemm_down.reset();
+  rk.shared_gemm_gate_up.reset();
+  rk.shared_gemm_down.reset();
   if (rk.vk_ws.device != nullptr) (void)rk.vk_ws.Free();
   for (cudaEvent_t e : rk.events) cudaEventDestroy(e);
   rk.events.clear();

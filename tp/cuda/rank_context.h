@@ -84,6 +84,17 @@ struct CudaLayerWeights {
   float* experts_down_scale = nullptr;     // [E, hidden / 128, Ie_l / 128]
   bf16* shared_gate_up = nullptr;          // [2 Is_l, hidden]
   bf16* shared_down = nullptr;             // [hidden, Is_l]
+  // FP8 MLP weights (CudaRankContext::fp8_dense / fp8_shared), in place of the bf16 arrays:
+  // the checkpoint's e4m3 bytes and 128 x 128 block scales of the dense MLP's [gate | up] and
+  // down, and of the shared experts'.
+  uint8_t* gate_up_fp8 = nullptr;         // [2 I_l, hidden]
+  float* gate_up_scale = nullptr;         // [2 I_l / 128, hidden / 128]
+  uint8_t* down_fp8 = nullptr;            // [hidden, I_l]
+  float* down_scale = nullptr;            // [hidden / 128, I_l / 128]
+  uint8_t* shared_gate_up_fp8 = nullptr;  // [2 Is_l, hidden]
+  float* shared_gate_up_scale = nullptr;  // [2 Is_l / 128, hidden / 128]
+  uint8_t* shared_down_fp8 = nullptr;     // [hidden, Is_l]
+  float* shared_down_scale = nullptr;     // [hidden / 128, Is_l / 128]
 };
 
 // How a rank runs its routed experts (kernels/cuda/dense/moe_mlp.h ExpertPath), chosen at
@@ -150,6 +161,17 @@ struct CudaRankContext {
   float* moe_xq_scale = nullptr;    //   [P, hidden / 128]
   uint8_t* moe_actq = nullptr;      //   [P, Ie_l] e4m3 SwiGLU output
   float* moe_actq_scale = nullptr;  //   [P, Ie_l / 128]
+  // FP8 dense MLPs and shared experts (ChooseFp8Mlps in rank_context.cc: an FP8 checkpoint
+  // with 128 x 128 blocks, 128-aligned slices, the grouped kernels on this GPU and
+  // RankSetup::fp8_experts): kernels/cuda/dense/moe_mlp.h RunFp8Mlp with one-group GEMMs.
+  bool fp8_dense = false, fp8_shared = false;
+  std::unique_ptr<kernels::cuda::GroupedGemm> dense_gemm_gate_up, dense_gemm_down;
+  std::unique_ptr<kernels::cuda::GroupedGemm> shared_gemm_gate_up, shared_gemm_down;
+  int32_t* fp8_offsets = nullptr;   // [2]
+  uint8_t* fp8_xq = nullptr;        // [R, hidden] e4m3 MLP inputs
+  float* fp8_xq_scale = nullptr;    //   [R, hidden / 128]
+  uint8_t* fp8_actq = nullptr;      // [R, max(I_l, Is_l)] e4m3 SwiGLU outputs
+  float* fp8_actq_scale = nullptr;  //   [R, max(I_l, Is_l) / 128]
 
   char* plan_dev = nullptr;  // the step plan's device arena (grown on demand)
   size_t plan_dev_bytes = 0;
@@ -208,7 +230,7 @@ struct RankSetup {
   int64_t max_rows = 0;  // max_batch * max_tail_rows
   int max_batch = 0;
   bool use_verify_kernel = true;
-  bool fp8_experts = true;                // EngineOptions::cuda.fp8_experts
+  bool fp8_experts = true;                // EngineOptions::cuda.fp8_experts (all FP8 MLPs)
   bool expert_parallel = true;            // EngineOptions::cuda.expert_parallel
   bool grouped_experts = true;            // EngineOptions::cuda.grouped_experts
   bool batch_invariant = false;           // EngineOptions::cuda.batch_invariant

@@ -523,4 +523,23 @@ absl::Status Bf16ToFloatCuda(const bf16_bits* in, float* out, int64_t n, void* s
   return absl::OkStatus();
 }
 
+namespace {
+__global__ void SingleGroupOffsetsKernel(int32_t* offsets, int32_t rows) {
+  offsets[0] = 0;
+  offsets[1] = rows;
+}
+}  // namespace
+
+absl::Status SingleGroupOffsetsCuda(int32_t* offsets, int64_t rows, void* stream) {
+  if (offsets == nullptr || rows < 0 || rows > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("single-group offsets: offsets set and 0 <= rows < 2^31 needed (rows=", rows,
+                     ")"));
+  }
+  SingleGroupOffsetsKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
+      offsets, static_cast<int32_t>(rows));
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("SingleGroupOffsetsKernel");
+  return absl::OkStatus();
+}
+
 }  // namespace verifyd::kernels::cuda

@@ -138,6 +138,10 @@ struct SwiGluQuantFp8Params {
 };
 absl::Status SwiGluQuantFp8Cuda(const SwiGluQuantFp8Params& p);
 
+// offsets = {0, rows}: the device offsets of a one-group GEMM (grouped_gemm.h) over `rows`
+// rows (an FP8 dense layer: moe_mlp.h RunFp8Mlp), written by a kernel on the stream.
+absl::Status SingleGroupOffsetsCuda(int32_t* offsets, int64_t rows, void* stream);
+
 // v[r, j] = sum over k in ascending experts[r, k] of weights[r, k] * y[pair_pos[r, k], j]
 //           (+ shared[r, j] when shared is set);
 // out[r, j] = accumulate ? out[r, j] + v[r, j] : v[r, j].

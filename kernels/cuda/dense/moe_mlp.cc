@@ -278,8 +278,30 @@ absl::Status RunMoeMlp(const MoeMlpArgs& a) {
   }
   // Shared experts over every row (after the routed experts: they reuse gate_up / act).
   mark(MoePhase::kShared);
-  const bool shared = s.shared_inter > 0 && w.shared_gate_up != nullptr;
-  if (shared) {
+  const bool shared_fp8 = s.shared_inter > 0 && w.shared_gate_up_fp8 != nullptr;
+  const bool shared = shared_fp8 || (s.shared_inter > 0 && w.shared_gate_up != nullptr);
+  if (shared_fp8) {
+    Fp8MlpArgs f;
+    f.rows = s.rows;
+    f.hidden = s.hidden;
+    f.inter = s.shared_inter;
+    f.x = a.xn;
+    f.gate_up = w.shared_gate_up_fp8;
+    f.gate_up_scale = w.shared_gate_up_scale;
+    f.down = w.shared_down_fp8;
+    f.down_scale = w.shared_down_scale;
+    f.gemm_gate_up = b.shared_gemm_gate_up;
+    f.gemm_down = b.shared_gemm_down;
+    f.offsets = b.shared_offsets;
+    f.xq = b.shared_xq;
+    f.xq_scale = b.shared_xq_scale;
+    f.gu = b.gate_up;
+    f.actq = b.shared_actq;
+    f.actq_scale = b.shared_actq_scale;
+    f.out = b.shared;
+    f.stream = a.stream;
+    VERIFYD_RETURN_IF_ERROR(RunFp8Mlp(f));
+  } else if (shared) {
     VERIFYD_RETURN_IF_ERROR(DenseMlp(a.cublas, a.stream, s.rows, s.hidden, s.shared_inter, a.xn,
                                      w.shared_gate_up, w.shared_down, b.gate_up, b.act, b.shared));
   }
@@ -302,6 +324,69 @@ absl::Status RunMoeMlp(const MoeMlpArgs& a) {
   VERIFYD_RETURN_IF_ERROR(MoeCombineCuda(p));
   mark(MoePhase::kDone);
   return absl::OkStatus();
+}
+
+absl::Status RunFp8Mlp(const Fp8MlpArgs& a) {
+  if (a.rows < 0 || a.hidden <= 0 || a.hidden % 128 != 0 || a.inter <= 0 || a.inter % 128 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fp8 mlp: rows >= 0 and hidden, inter positive multiples of 128 needed (rows=",
+                     a.rows, " hidden=", a.hidden, " inter=", a.inter, ")"));
+  }
+  if (a.rows == 0) return absl::OkStatus();
+  if (a.gemm_gate_up == nullptr || a.gemm_down == nullptr || a.offsets == nullptr) {
+    return absl::InvalidArgumentError("fp8 mlp: gemm_gate_up, gemm_down and offsets must be set");
+  }
+  const GroupedGemmShape& g = a.gemm_gate_up->shape();
+  const GroupedGemmShape& d = a.gemm_down->shape();
+  if (g.kind != GroupedGemmKind::kFp8Block128 || g.groups != 1 || g.n != 2 * a.inter ||
+      g.k != a.hidden || d.kind != GroupedGemmKind::kFp8Block128 || d.groups != 1 ||
+      d.n != a.hidden || d.k != a.inter) {
+    return absl::InvalidArgumentError(
+        "fp8 mlp: the GEMMs must be one-group kFp8Block128 of (2 inter, hidden) and (hidden, "
+        "inter)");
+  }
+  VERIFYD_RETURN_IF_ERROR(SingleGroupOffsetsCuda(a.offsets, a.rows, a.stream));
+  {
+    MoeGatherQuantFp8Params p;
+    p.n = a.rows;
+    p.cols = a.hidden;
+    p.x = a.x;
+    p.ldx = a.hidden;
+    p.out = a.xq;
+    p.out_scale = a.xq_scale;
+    p.stream = a.stream;
+    VERIFYD_RETURN_IF_ERROR(MoeGatherQuantFp8Cuda(p));
+  }
+  GroupedGemmArgs gu;
+  gu.offsets = a.offsets;
+  gu.a = a.xq;
+  gu.a_scale = a.xq_scale;
+  gu.b = a.gate_up;
+  gu.b_scale = a.gate_up_scale;
+  gu.d = a.gu;
+  gu.stream = a.stream;
+  VERIFYD_RETURN_IF_ERROR(a.gemm_gate_up->Run(gu));
+  {
+    SwiGluQuantFp8Params p;
+    p.rows = a.rows;
+    p.cols = a.inter;
+    p.gate_up = a.gu;
+    p.ld_in = 2 * a.inter;
+    p.up_offset = a.inter;
+    p.out = a.actq;
+    p.out_scale = a.actq_scale;
+    p.stream = a.stream;
+    VERIFYD_RETURN_IF_ERROR(SwiGluQuantFp8Cuda(p));
+  }
+  GroupedGemmArgs dn;
+  dn.offsets = a.offsets;
+  dn.a = a.actq;
+  dn.a_scale = a.actq_scale;
+  dn.b = a.down;
+  dn.b_scale = a.down_scale;
+  dn.d = a.out;
+  dn.stream = a.stream;
+  return a.gemm_down->Run(dn);
 }
 
 }  // namespace verifyd::kernels::cuda

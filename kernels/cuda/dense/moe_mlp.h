@@ -9,7 +9,8 @@
 //   gate_up  the routed experts' [gate | up] projections over their rows
 //   swiglu   SwiGLU (and, for FP8, quantized per 128 columns)
 //   down     the routed experts' down projections into y
-//   shared   the shared experts over every row (bf16 cuBLAS)
+//   shared   the shared experts over every row: bf16 cuBLAS, or (FP8 shared weights)
+//            RunFp8Mlp below
 //   combine  MoeCombineCuda: per row, weight x expert output in ascending expert index, +
 //            shared; into out (or added to it)
 //
@@ -75,6 +76,11 @@ struct MoeMlpWeights {
   // Shared experts: [2 shared_inter, H] and [H, shared_inter], or null.
   const bf16_bits* shared_gate_up = nullptr;
   const bf16_bits* shared_down = nullptr;
+  // ... or as e4m3 bytes with 128 x 128 block scales (used when set; RunFp8Mlp).
+  const uint8_t* shared_gate_up_fp8 = nullptr;
+  const float* shared_gate_up_scale = nullptr;
+  const uint8_t* shared_down_fp8 = nullptr;
+  const float* shared_down_scale = nullptr;
 };
 
 // Scratch for up to R rows (P = R * K pairs); device memory unless noted.
@@ -100,6 +106,15 @@ struct MoeMlpBuffers {
   // inter) of the path's kind.
   GroupedGemm* gemm_gate_up = nullptr;
   GroupedGemm* gemm_down = nullptr;
+  // FP8 shared experts: one-group kFp8Block128 GEMMs (2 shared_inter, H) and (H,
+  // shared_inter), their offsets [2], and the quantized inputs / SwiGLU outputs.
+  GroupedGemm* shared_gemm_gate_up = nullptr;
+  GroupedGemm* shared_gemm_down = nullptr;
+  int32_t* shared_offsets = nullptr;
+  uint8_t* shared_xq = nullptr;        // [R, H]
+  float* shared_xq_scale = nullptr;    // [R, H / 128]
+  uint8_t* shared_actq = nullptr;      // [R, shared_inter]
+  float* shared_actq_scale = nullptr;  // [R, shared_inter / 128]
 };
 
 struct MoeMlpArgs {
@@ -125,5 +140,34 @@ struct MoeMlpArgs {
 
 // Enqueues the whole MLP on args.stream (kBf16PerExpert also waits once, in host_sync).
 absl::Status RunMoeMlp(const MoeMlpArgs& args);
+
+// A SwiGLU MLP whose weights stay in FP8 (DeepSeek-V3's e4m3 with 128 x 128 block scales):
+// the shared experts and the dense MLP layers of FP8 checkpoints on sm_90. W8A8 as the routed
+// experts' kFp8Grouped path:
+//   xq = quant(x) per row and 128 columns          (MoeGatherQuantFp8Cuda, no permutation)
+//   gu = xq . gate_up^T                            (one-group block-scaled GEMM, fp32)
+//   actq = quant(silu(gu[:, :I]) * gu[:, I:])      (SwiGluQuantFp8Cuda)
+//   out = actq . down^T                            (one-group block-scaled GEMM, fp32)
+// hidden and inter must be multiples of 128. A row's result does not depend on the other rows
+// (the grouped kernel's tiles never split k).
+struct Fp8MlpArgs {
+  int64_t rows = 0, hidden = 0, inter = 0;
+  const bf16_bits* x = nullptr;  // [rows, hidden]
+  const uint8_t* gate_up = nullptr;
+  const float* gate_up_scale = nullptr;  // [2 inter, hidden] e4m3, [2 inter / 128, hidden / 128]
+  const uint8_t* down = nullptr;
+  const float* down_scale = nullptr;  // [hidden, inter] e4m3, [hidden / 128, inter / 128]
+  GroupedGemm* gemm_gate_up = nullptr;  // kFp8Block128, 1 group, n = 2 inter, k = hidden
+  GroupedGemm* gemm_down = nullptr;     // kFp8Block128, 1 group, n = hidden, k = inter
+  int32_t* offsets = nullptr;           // device [2] scratch
+  uint8_t* xq = nullptr;                // [rows, hidden]
+  float* xq_scale = nullptr;            // [rows, hidden / 128]
+  float* gu = nullptr;                  // [rows, 2 inter]
+  uint8_t* actq = nullptr;              // [rows, inter]
+  float* actq_scale = nullptr;          // [rows, inter / 128]
+  float* out = nullptr;                 // [rows, hidden] (overwritten)
+  void* stream = nullptr;
+};
+absl::Status RunFp8Mlp(const Fp8MlpArgs& args);
 
 }  // namespace verifyd::kernels::cuda
