@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/common.h"
+#include "kernels/cuda/dense/fallback_attention.h"
 #include "kernels/cuda/verify_attention/api.h"
 #include "kernels/verify_attention.h"
 #include "tests/gpu_test_util.h"
@@ -277,6 +278,45 @@ void RunCuda(const HostBatch& h, VerifyPlanOptions opt, bool with_lse, int64_t m
   CUDA_ASSERT(cudaMemcpy(out->data(), dout.p, out_elems * 2, cudaMemcpyDeviceToHost));
   CUDA_ASSERT(cudaMemcpy(lse->data(), dlse.p, lse_elems * 4, cudaMemcpyDeviceToHost));
   ASSERT_TRUE(ws->Free().ok());
+}
+
+// Runs the fallback attention (kernels/cuda/dense/fallback_attention.h, the engine's path for
+// latent widths other than 576) on a batch, output poisoned with NaN first.
+void RunFallback(const HostBatch& h, std::vector<bf16_bits>* out) {
+  const size_t out_elems = static_cast<size_t>(h.total_rows) * h.heads * kV;
+  DevBuf dq(h.q.size() * 2), dkv(h.kv.size() * 2), dqi(h.q_indptr.size() * 4),
+      dki(h.kv_indptr.size() * 4), didx(h.kv_indices.size() * 4), dmask(h.mask.size() * 8),
+      dout(out_elems * 2);
+  ASSERT_NE(dkv.p, nullptr);
+  CUDA_ASSERT(cudaMemcpy(dq.p, h.q.data(), h.q.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_ASSERT(cudaMemcpy(dkv.p, h.kv.data(), h.kv.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_ASSERT(cudaMemcpy(dqi.p, h.q_indptr.data(), h.q_indptr.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_ASSERT(
+      cudaMemcpy(dki.p, h.kv_indptr.data(), h.kv_indptr.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_ASSERT(
+      cudaMemcpy(didx.p, h.kv_indices.data(), h.kv_indices.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_ASSERT(cudaMemcpy(dmask.p, h.mask.data(), h.mask.size() * 8, cudaMemcpyHostToDevice));
+  CUDA_ASSERT(cudaMemset(dout.p, 0xff, out_elems * 2));
+  kernels::cuda::FallbackAttentionParams p;
+  p.batch = h.batch;
+  p.total_rows = h.total_rows;
+  p.num_heads = h.heads;
+  p.qk_dim = kQk;
+  p.v_dim = kV;
+  p.softmax_scale = h.scale;
+  p.q = dq.p;
+  p.kv = dkv.p;
+  p.q_indptr = dqi.as<int32_t>();
+  p.kv_indptr = dki.as<int32_t>();
+  p.kv_indices = didx.as<int32_t>();
+  p.tree_mask = dmask.as<uint64_t>();
+  p.mask_words = h.mask_words;
+  p.out = dout.p;
+  const absl::Status st = kernels::cuda::FallbackAttentionCuda(p);
+  ASSERT_TRUE(st.ok()) << st;
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  out->resize(out_elems);
+  CUDA_ASSERT(cudaMemcpy(out->data(), dout.p, out_elems * 2, cudaMemcpyDeviceToHost));
 }
 
 // Runs the reference and the CUDA path for one case; returns the errors.
@@ -686,6 +726,68 @@ TEST(VerifyAttentionCuda, PositionalMatchesReference) {
   }
 }
 
+// The chains of a tree batch: one request per tree node (in reverse order) holding the
+// node's context, its visible tail rows (ancestors) as context and itself as the only tail
+// row; then two unrelated requests from another random batch (slots moved past the tree's).
+// source_row[i]: the tree row of chain row i (-1: unrelated).
+HostBatch ChainsOf(const HostBatch& tree, int heads, std::vector<int>* source_row_out) {
+  std::vector<int>& source_row = *source_row_out;
+  Case other_case;
+  other_case.heads = heads;
+  other_case.nodes = {12, 1};
+  other_case.ctx = {777, 30000};
+  other_case.seed = 99;
+  const HostBatch other = MakeBatch(other_case);
+  HostBatch chain;
+  chain.heads = heads;
+  chain.scale = tree.scale;
+  chain.kv_slots = tree.kv_slots + other.kv_slots;
+  chain.kv = tree.kv;
+  chain.kv.insert(chain.kv.end(), other.kv.begin(), other.kv.end());
+  chain.q_indptr = {0};
+  chain.kv_indptr = {0};
+  for (int r = tree.total_rows - 1; r >= 0; --r) {
+    const int b = static_cast<int>(std::upper_bound(tree.q_indptr.begin(), tree.q_indptr.end(), r) -
+                                   tree.q_indptr.begin()) -
+                  1;
+    const int n = tree.q_indptr[b + 1] - tree.q_indptr[b];
+    const int ctx = tree.kv_indptr[b + 1] - tree.kv_indptr[b] - n;
+    const int t = r - tree.q_indptr[b];
+    const int32_t* slots = tree.kv_indices.data() + tree.kv_indptr[b];
+    chain.kv_indices.insert(chain.kv_indices.end(), slots, slots + ctx);
+    const uint64_t* m = tree.mask.data() + static_cast<size_t>(r) * tree.mask_words;
+    for (int j = 0; j < t; ++j) {
+      if ((m[j / 64] >> (j % 64)) & 1) chain.kv_indices.push_back(slots[ctx + j]);
+    }
+    chain.kv_indices.push_back(slots[ctx + t]);
+    chain.q.insert(chain.q.end(), tree.q.begin() + static_cast<size_t>(r) * heads * kQk,
+                   tree.q.begin() + static_cast<size_t>(r + 1) * heads * kQk);
+    chain.mask.push_back(1);
+    chain.mask.push_back(0);
+    chain.q_indptr.push_back(chain.q_indptr.back() + 1);
+    chain.kv_indptr.push_back(static_cast<int32_t>(chain.kv_indices.size()));
+    source_row.push_back(r);
+  }
+  for (int b = 0; b < other.batch; ++b) {
+    for (int i = other.kv_indptr[b]; i < other.kv_indptr[b + 1]; ++i) {
+      chain.kv_indices.push_back(other.kv_indices[i] + static_cast<int32_t>(tree.kv_slots));
+    }
+    for (int r = other.q_indptr[b]; r < other.q_indptr[b + 1]; ++r) {
+      chain.mask.push_back(other.mask[2 * r]);
+      chain.mask.push_back(other.mask[2 * r + 1]);
+      source_row.push_back(-1);
+    }
+    chain.q.insert(chain.q.end(),
+                   other.q.begin() + static_cast<size_t>(other.q_indptr[b]) * heads * kQk,
+                   other.q.begin() + static_cast<size_t>(other.q_indptr[b + 1]) * heads * kQk);
+    chain.q_indptr.push_back(chain.q_indptr.back() + other.q_indptr[b + 1] - other.q_indptr[b]);
+    chain.kv_indptr.push_back(static_cast<int32_t>(chain.kv_indices.size()));
+  }
+  chain.batch = static_cast<int>(chain.q_indptr.size()) - 1;
+  chain.total_rows = chain.q_indptr.back();
+  return chain;
+}
+
 // The point of the configuration: a draft-tree node's output and LSE are bit-identical to the
 // same query decoded as a one-row chain (context = the request's context + the node's
 // ancestors, in order), whatever else shares the batch: the chains of every node of several
@@ -717,63 +819,8 @@ TEST(VerifyAttentionCuda, PositionalTreeEqualsChain) {
       opt.positional_shared_context = shared;
       ASSERT_NO_FATAL_FAILURE(RunCuda(tree, opt, true, 0, &tree_out, &tree_lse));
 
-      // Chains: one request per tree node (reverse order), then two unrelated requests from
-      // another random batch (its slots moved past the tree's).
-      Case other_case;
-      other_case.heads = heads;
-      other_case.nodes = {12, 1};
-      other_case.ctx = {777, 30000};
-      other_case.seed = 99;
-      const HostBatch other = MakeBatch(other_case);
-      HostBatch chain;
-      chain.heads = heads;
-      chain.scale = tree.scale;
-      chain.kv_slots = tree.kv_slots + other.kv_slots;
-      chain.kv = tree.kv;
-      chain.kv.insert(chain.kv.end(), other.kv.begin(), other.kv.end());
-      chain.q_indptr = {0};
-      chain.kv_indptr = {0};
       std::vector<int> source_row;  // tree row of each chain row (-1: unrelated)
-      for (int r = tree.total_rows - 1; r >= 0; --r) {
-        const int b =
-            static_cast<int>(std::upper_bound(tree.q_indptr.begin(), tree.q_indptr.end(), r) -
-                             tree.q_indptr.begin()) -
-            1;
-        const int n = tree.q_indptr[b + 1] - tree.q_indptr[b];
-        const int ctx = tree.kv_indptr[b + 1] - tree.kv_indptr[b] - n;
-        const int t = r - tree.q_indptr[b];
-        const int32_t* slots = tree.kv_indices.data() + tree.kv_indptr[b];
-        chain.kv_indices.insert(chain.kv_indices.end(), slots, slots + ctx);
-        const uint64_t* m = tree.mask.data() + static_cast<size_t>(r) * tree.mask_words;
-        for (int j = 0; j < t; ++j) {
-          if ((m[j / 64] >> (j % 64)) & 1) chain.kv_indices.push_back(slots[ctx + j]);
-        }
-        chain.kv_indices.push_back(slots[ctx + t]);
-        chain.q.insert(chain.q.end(), tree.q.begin() + static_cast<size_t>(r) * heads * kQk,
-                       tree.q.begin() + static_cast<size_t>(r + 1) * heads * kQk);
-        chain.mask.push_back(1);
-        chain.mask.push_back(0);
-        chain.q_indptr.push_back(chain.q_indptr.back() + 1);
-        chain.kv_indptr.push_back(static_cast<int32_t>(chain.kv_indices.size()));
-        source_row.push_back(r);
-      }
-      for (int b = 0; b < other.batch; ++b) {
-        for (int i = other.kv_indptr[b]; i < other.kv_indptr[b + 1]; ++i) {
-          chain.kv_indices.push_back(other.kv_indices[i] + static_cast<int32_t>(tree.kv_slots));
-        }
-        for (int r = other.q_indptr[b]; r < other.q_indptr[b + 1]; ++r) {
-          chain.mask.push_back(other.mask[2 * r]);
-          chain.mask.push_back(other.mask[2 * r + 1]);
-          source_row.push_back(-1);
-        }
-        chain.q.insert(chain.q.end(),
-                       other.q.begin() + static_cast<size_t>(other.q_indptr[b]) * heads * kQk,
-                       other.q.begin() + static_cast<size_t>(other.q_indptr[b + 1]) * heads * kQk);
-        chain.q_indptr.push_back(chain.q_indptr.back() + other.q_indptr[b + 1] - other.q_indptr[b]);
-        chain.kv_indptr.push_back(static_cast<int32_t>(chain.kv_indices.size()));
-      }
-      chain.batch = static_cast<int>(chain.q_indptr.size()) - 1;
-      chain.total_rows = chain.q_indptr.back();
+      const HostBatch chain = ChainsOf(tree, heads, &source_row);
       std::vector<bf16_bits> chain_out;
       std::vector<float> chain_lse;
       ASSERT_NO_FATAL_FAILURE(RunCuda(chain, opt, true, 5000, &chain_out, &chain_lse));
@@ -798,6 +845,61 @@ TEST(VerifyAttentionCuda, PositionalTreeEqualsChain) {
       EXPECT_EQ(compared, static_cast<int64_t>(tree.total_rows) * heads);
       EXPECT_EQ(differing, 0) << "heads " << heads << " shared " << shared;
     }
+  }
+}
+
+// The fallback attention is positional too: a tree node's output is bit-identical to the
+// same query decoded as a one-row chain next to other requests (its visible keys go to the
+// same warps in the same order), and it matches the C++ reference. Many (row, head, column)
+// outputs: a kernel whose key order moved with the tree would flip some bf16 roundings.
+TEST(VerifyAttentionCuda, FallbackTreeEqualsChainAndReference) {
+  SKIP_WITHOUT_GPU();
+  for (const int heads : {8, 16}) {
+    Case c;
+    c.heads = heads;
+    c.nodes = {33, 1, 65, 7};
+    c.ctx = {2000, 5000, 100, 900};
+    c.seed = 4321 + heads;
+    const HostBatch tree = MakeBatch(c);
+    std::vector<bf16_bits> tree_out, chain_out;
+    ASSERT_NO_FATAL_FAILURE(RunFallback(tree, &tree_out));
+    std::vector<int> source_row;
+    const HostBatch chain = ChainsOf(tree, heads, &source_row);
+    ASSERT_NO_FATAL_FAILURE(RunFallback(chain, &chain_out));
+    int64_t differing = 0, compared = 0;
+    for (size_t i = 0; i < source_row.size(); ++i) {
+      const int r = source_row[i];
+      if (r < 0) continue;
+      for (int h = 0; h < heads; ++h) {
+        const size_t a = static_cast<size_t>(r) * heads + h, z = i * heads + h;
+        ++compared;
+        differing += !std::equal(tree_out.begin() + a * kV, tree_out.begin() + (a + 1) * kV,
+                                 chain_out.begin() + z * kV);
+      }
+    }
+    // Against the reference (as the optimised kernel's cases).
+    std::vector<bf16_bits> ref_out(tree_out.size(), kBf16NaN);
+    VerifyAttentionParams rp = ScalarParams(tree);
+    rp.q = tree.q.data();
+    rp.kv = tree.kv.data();
+    rp.q_indptr = tree.q_indptr.data();
+    rp.kv_indptr = tree.kv_indptr.data();
+    rp.kv_indices = tree.kv_indices.data();
+    rp.tree_mask = tree.mask.data();
+    rp.out = ref_out.data();
+    ASSERT_TRUE(VerifyAttentionReference(rp).ok());
+    Errors err;
+    CompareRows(tree_out, ref_out, nullptr, nullptr, &err);
+    std::printf(
+        "  fallback, heads %d: %lld (row, head) pairs, %lld differ from their chain; rel_l2 "
+        "%.2e max_abs %.2e against the reference\n",
+        heads, static_cast<long long>(compared), static_cast<long long>(differing), err.rel_l2,
+        err.max_abs);
+    EXPECT_EQ(compared, static_cast<int64_t>(tree.total_rows) * heads);
+    EXPECT_EQ(differing, 0) << "heads " << heads;
+    EXPECT_EQ(err.nan_mismatch, 0);
+    EXPECT_LT(err.rel_l2, kRelL2Tol);
+    EXPECT_LT(err.max_abs, kMaxAbsTol);
   }
 }
 

@@ -15,7 +15,7 @@ constexpr int kWarps = 4;
 constexpr int kMaxQk = 1024;
 constexpr int kMaxVPerLane = 16;  // v_dim <= 512
 
-// One CTA per (row, head). Warp w handles keys w, w + kWarps, ...: the 32 lanes split the
+// One CTA per (row, head). Warp w handles visible keys w, w + kWarps, ...: the 32 lanes split the
 // dot product over qk_dim and the value columns (lane owns columns lane + 32 i); each warp
 // keeps its own running max / sum / accumulator, merged at the end (log-sum-exp merge).
 __global__ void __launch_bounds__(kWarps * 32) FallbackAttentionKernel(
@@ -49,11 +49,7 @@ __global__ void __launch_bounds__(kWarps * 32) FallbackAttentionKernel(
 #pragma unroll
   for (int i = 0; i < kMaxVPerLane; ++i) acc[i] = 0.f;
   const int vper = (v_dim + 31) / 32;
-  for (int j = warp; j < L; j += kWarps) {
-    if (j >= P) {
-      const int tj = j - P;
-      if (((mrow[tj / 64] >> (tj % 64)) & 1ull) == 0) continue;
-    }
+  auto attend = [&](int j) {
     const __nv_bfloat16* k = kv + static_cast<int64_t>(kv_indices[kv0 + j]) * qk_dim;
     float s = 0.f;
     for (int i = lane; i < qk_dim; i += 32) s += qs[i] * __bfloat162float(k[i]);
@@ -72,6 +68,17 @@ __global__ void __launch_bounds__(kWarps * 32) FallbackAttentionKernel(
       }
     }
     m = m_new;
+  };
+  // The row's visible keys in position order (context, then its visible tail rows in index
+  // order: ancestors, then itself); visible key number t goes to warp t % kWarps. The row's
+  // arithmetic is then a function of its visible keys alone: a draft-tree node computes what
+  // its token computes decoded as a chain (masked siblings shift no key to another warp).
+  for (int j = warp; j < P; j += kWarps) attend(j);
+  int t = P;
+  for (int tj = 0; tj < n; ++tj) {
+    if (((mrow[tj / 64] >> (tj % 64)) & 1ull) == 0) continue;
+    if (t % kWarps == warp) attend(P + tj);
+    ++t;
   }
   if (lane == 0) {
     wm[warp] = m;

@@ -4,8 +4,10 @@
 //
 // Semantics as kernels/verify_attention.h (bf16 query, latent cache and output; no lse): row
 // r of request b attends to the request's context slots and to the tail rows its tree-mask
-// row marks. One CTA per (row, head); warps stride over the keys with an online softmax, fp32
-// math, merged across warps at the end. A row that sees no key writes zeros.
+// row marks. One CTA per (row, head); warps stride over the row's visible keys in position
+// order with an online softmax, fp32 math, merged across warps in a fixed order at the end:
+// a row's result depends on its query and visible keys alone (batch-invariant; a tree node
+// equals its token decoded as a chain). A row that sees no key writes zeros.
 //
 // Host header (no CUDA code). Thread-safety: the launcher is reentrant.
 #pragma once
