@@ -469,9 +469,8 @@ TEST(Fp8MlpTest, MatchesHostReferenceStageByStage) {
     return d;
   };
   const Compare c1 = CompareRows(gu, block_gemm(xq, xqs, wgu, sgu, R, 2 * I, H));
-  const Compare c2 =
-      CompareRows(std::vector<float>(out.begin(), out.begin() + R * H),
-                  block_gemm(aq, aqs, wdn, sdn, R, H, I));
+  const Compare c2 = CompareRows(std::vector<float>(out.begin(), out.begin() + R * H),
+                                 block_gemm(aq, aqs, wdn, sdn, R, H, I));
   std::printf("fp8 mlp: gate_up rel-L2 %.3g, down rel-L2 %.3g (fp64 references)\n", c1.rel_l2,
               c2.rel_l2);
   EXPECT_EQ(c1.nonfinite, 0);

@@ -265,17 +265,20 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, GpuReferenceCheckpointTest,
                          });
 
 // moe_fp8_block128 (FP8, whole 128 x 128 blocks in the experts): the engine opened from the
-// checkpoint directory keeps the routed experts in FP8 (e4m3 + block scales, grouped GEMMs) and
-// quantizes their inputs per 128 columns (W8A8, as DeepSeek-V3's own inference does), while
-// transformers' reference holds the dequantized weights in float32: hence kFp8LogitTol. Greedy
-// tokens must still equal transformers' except at counted near-ties, and draft trees must
-// accept exactly the reference tokens. An e4m3 rounding has a relative error of rms ~3.6 %
-// (uniform within half of a 1/8 step); the expert inputs are rounded twice (gate_up and down
-// inputs), so the MoE output, and this checkpoint's logits (its MoE layer is the last), move by
-// ~5 % (measured on an H200: rel-L2 5.3e-2, max rel 7.7e-2 against the bf16-expert engine;
-// 8.4e-2 max rel against transformers): hence 0.1. The checkpoint's routing is pinned
+// checkpoint directory keeps the routed and shared experts in FP8 (e4m3 + block scales,
+// block-scaled GEMMs) and quantizes their inputs per 128 columns (W8A8, as DeepSeek-V3's own
+// inference does), while transformers' reference holds the dequantized weights in float32:
+// hence Fp8LogitTol. Greedy tokens must still equal transformers' except at counted near-ties,
+// and draft trees must accept exactly the reference tokens. An e4m3 rounding has a relative
+// error of rms ~3.6 % (uniform within half of a 1/8 step); an MLP's inputs are rounded twice
+// (gate_up and down inputs), so its output moves by ~5 %. moe_fp8_block128 quantizes one MLP
+// layer (its last, MoE), measured on an H200: rel-L2 5.3e-2, max rel 7.7e-2 against the
+// bf16-MLP engine, 8.3e-2 max rel against transformers: hence 0.1. moe_fp8_mlp128 quantizes
+// both of its MLP layers (the dense layer 0 too, whose error then passes through layer 1):
+// measured rel-L2 0.107, max rel 0.134 against the bf16-MLP engine, 0.133 against
+// transformers: hence 0.15. Both checkpoints' routing is pinned
 // (tests/data/make_reference_checkpoints.py), so no routing decision can flip.
-constexpr double kFp8LogitTol = 0.1;
+double Fp8LogitTol(const std::string& name) { return name == "moe_fp8_mlp128" ? 0.15 : 0.1; }
 // The same checkpoint with the experts in bf16 (bf16 activations through the MoE MLP as well
 // as attention): measured 3.5e-2 against transformers (the dense checkpoint: 1.2e-2).
 constexpr double kMoeBf16LogitTol = 5e-2;
@@ -291,26 +294,26 @@ TEST_P(GpuFp8ExpertsTest, KeepsExpertsInFp8AndMatchesTransformers) {
     EXPECT_EQ(e->expert_mode(), "fp8 block-scaled grouped GEMMs");
     // moe_fp8_mlp128's dense MLP (intermediate 256) is 128-aligned on every rank too;
     // moe_fp8_block128's (160) is not. Both checkpoints' shared experts are (256).
-    EXPECT_EQ(e->fp8_mlps(), name_ == "moe_fp8_mlp128" ? "dense, shared experts" : "shared experts");
+    EXPECT_EQ(e->fp8_mlps(),
+              name_ == "moe_fp8_mlp128" ? "dense, shared experts" : "shared experts");
   }
   std::printf("%s: experts run as %s; other FP8 MLPs: %s\n", label_.c_str(),
               e->expert_mode().c_str(), e->fp8_mlps().empty() ? "none" : e->fp8_mlps().c_str());
-  reftest::GreedyDecodeAndCompare(*e, ref_, label_, kFp8LogitTol, kKvSlots);
+  reftest::GreedyDecodeAndCompare(*e, ref_, label_, Fp8LogitTol(name_), kKvSlots);
 }
 
 TEST_P(GpuFp8ExpertsTest, DraftTreesAcceptTheReferenceTokens) {
   std::unique_ptr<CudaEngine> e = MakeEngine(name_, tp_);
   ASSERT_NE(e, nullptr);
-  reftest::DraftTreesAcceptTheReferenceTokens(*e, ref_, label_, kFp8LogitTol, kKvSlots, kTreeDepth);
+  reftest::DraftTreesAcceptTheReferenceTokens(*e, ref_, label_, Fp8LogitTol(name_), kKvSlots,
+                                              kTreeDepth);
 }
 
-// FP8 experts against the same engine with the experts dequantized to bf16, on the reference
-// prompts (prefill + greedy steps driven by transformers' tokens). The checkpoint's only MoE
-// layer is its last, so both engines route every row identically and the difference is the
-// W8A8 expert GEMMs alone. Asserted: every logit row within kFp8VsBf16Tol (rel-L2 and max
-// |diff| / max |logit|); printed: the bf16 engine against transformers for comparison.
-constexpr double kFp8VsBf16Tol = 0.1;
-
+// FP8 MLPs against the same engine with them dequantized to bf16, on the reference prompts
+// (prefill + greedy steps driven by transformers' tokens). The checkpoints' routing is pinned
+// and their only MoE layer is the last, so both engines route every row identically and the
+// difference is the W8A8 MLP GEMMs alone. Asserted: every logit row within Fp8LogitTol (rel-L2 and
+// max |diff| / max |logit|); printed: the bf16 engine against transformers for comparison.
 TEST_P(GpuFp8ExpertsTest, Fp8ExpertsMatchBf16Experts) {
   std::unique_ptr<CudaEngine> f = MakeEngine(name_, tp_, /*fp8_experts=*/true);
   std::unique_ptr<CudaEngine> b = MakeEngine(name_, tp_, /*fp8_experts=*/false);
@@ -355,16 +358,15 @@ TEST_P(GpuFp8ExpertsTest, Fp8ExpertsMatchBf16Experts) {
       label_.c_str(), static_cast<long long>(diff.rows), diff.max_rel_l2, diff.max_rel,
       static_cast<long long>(diff.flips), static_cast<long long>(diff.unexplained));
   EXPECT_GT(diff.rows, 0);
-  EXPECT_LT(diff.max_rel_l2, kFp8VsBf16Tol);
-  EXPECT_LT(diff.max_rel, kFp8VsBf16Tol);
+  EXPECT_LT(diff.max_rel_l2, Fp8LogitTol(name_));
+  EXPECT_LT(diff.max_rel, Fp8LogitTol(name_));
   EXPECT_EQ(diff.unexplained, 0);
   // The bf16-expert engine against transformers, as strictly as the dense checkpoint.
   reftest::GreedyDecodeAndCompare(*b, ref_, label_ + " bf16 experts", kMoeBf16LogitTol, kKvSlots);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fp8, GpuFp8ExpertsTest,
-                         ::testing::Combine(::testing::Values("moe_fp8_block128",
-                                                              "moe_fp8_mlp128"),
+                         ::testing::Combine(::testing::Values("moe_fp8_block128", "moe_fp8_mlp128"),
                                             ::testing::Values(1, 2)),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return std::get<0>(info.param) + "_tp" +

@@ -380,8 +380,8 @@ void ChooseFp8Mlps(const RankSetup& setup, CudaRankContext& rk) {
 // The one-group FP8 GEMMs and scratch of RunFp8Mlp for R rows (rk.fp8_dense / fp8_shared).
 absl::Status AllocFp8MlpBuffers(const ModelConfig& c, int64_t R, CudaRankContext& rk) {
   const int64_t hid = c.hidden_size;
-  const int64_t inter = std::max(rk.fp8_dense ? rk.inter.size : 0,
-                                 rk.fp8_shared ? rk.moe_shared_inter.size : 0);
+  const int64_t inter =
+      std::max(rk.fp8_dense ? rk.inter.size : 0, rk.fp8_shared ? rk.moe_shared_inter.size : 0);
   if (inter == 0) return absl::OkStatus();
   using kc::GroupedGemm;
   constexpr kc::GroupedGemmKind kFp8 = kc::GroupedGemmKind::kFp8Block128;

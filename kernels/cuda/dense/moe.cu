@@ -532,9 +532,8 @@ __global__ void SingleGroupOffsetsKernel(int32_t* offsets, int32_t rows) {
 
 absl::Status SingleGroupOffsetsCuda(int32_t* offsets, int64_t rows, void* stream) {
   if (offsets == nullptr || rows < 0 || rows > INT32_MAX) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("single-group offsets: offsets set and 0 <= rows < 2^31 needed (rows=", rows,
-                     ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "single-group offsets: offsets set and 0 <= rows < 2^31 needed (rows=", rows, ")"));
   }
   SingleGroupOffsetsKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
       offsets, static_cast<int32_t>(rows));

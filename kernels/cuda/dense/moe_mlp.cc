@@ -328,9 +328,9 @@ absl::Status RunMoeMlp(const MoeMlpArgs& a) {
 
 absl::Status RunFp8Mlp(const Fp8MlpArgs& a) {
   if (a.rows < 0 || a.hidden <= 0 || a.hidden % 128 != 0 || a.inter <= 0 || a.inter % 128 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("fp8 mlp: rows >= 0 and hidden, inter positive multiples of 128 needed (rows=",
-                     a.rows, " hidden=", a.hidden, " inter=", a.inter, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fp8 mlp: rows >= 0 and hidden, inter positive multiples of 128 needed (rows=", a.rows,
+        " hidden=", a.hidden, " inter=", a.inter, ")"));
   }
   if (a.rows == 0) return absl::OkStatus();
   if (a.gemm_gate_up == nullptr || a.gemm_down == nullptr || a.offsets == nullptr) {

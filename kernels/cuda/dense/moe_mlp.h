@@ -156,7 +156,7 @@ struct Fp8MlpArgs {
   const uint8_t* gate_up = nullptr;
   const float* gate_up_scale = nullptr;  // [2 inter, hidden] e4m3, [2 inter / 128, hidden / 128]
   const uint8_t* down = nullptr;
-  const float* down_scale = nullptr;  // [hidden, inter] e4m3, [hidden / 128, inter / 128]
+  const float* down_scale = nullptr;    // [hidden, inter] e4m3, [hidden / 128, inter / 128]
   GroupedGemm* gemm_gate_up = nullptr;  // kFp8Block128, 1 group, n = 2 inter, k = hidden
   GroupedGemm* gemm_down = nullptr;     // kFp8Block128, 1 group, n = hidden, k = inter
   int32_t* offsets = nullptr;           // device [2] scratch
