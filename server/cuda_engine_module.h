@@ -25,8 +25,8 @@ namespace verifyd::server {
 // Bumped whenever what crosses the boundary changes (2: the create call takes
 // tp::EngineOptions; 3: EngineOptions::source, a tp::WeightSource verifyd opened: the module
 // calls its virtual methods, which run verifyd's code; 4: EngineOptions::cuda grew
-// shared_context_attention).
-inline constexpr int kCudaEngineModuleAbi = 4;
+// shared_context_attention; 5: EngineOptions::kv_dtype).
+inline constexpr int kCudaEngineModuleAbi = 5;
 inline constexpr char kCudaEngineModuleFile[] = "libverifyd_cuda_engine.so";
 
 struct CudaEngineModule {

@@ -48,6 +48,10 @@ ABSL_FLAG(bool, batch_invariant, false,
           "of the step, so speculative output equals plain greedy decoding bit for bit at the "
           "cost measured in docs/PERF.md)");
 ABSL_FLAG(int64_t, kv_slots, 65536, "latent KV pool capacity in tokens");
+ABSL_FLAG(std::string, kv_dtype, "auto",
+          "latent KV cache storage: auto (float32 on the cpu backend, bf16 on cuda) or fp8 "
+          "(e4m3 with a scale per 128 columns, bf16 RoPE part: 656 bytes a token for "
+          "DeepSeek-V3; cpu backend only for now)");
 ABSL_FLAG(int, max_batch, 64, "requests per engine step");
 ABSL_FLAG(int, max_queue, 1024, "requests waiting for the engine before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, session_ttl_s, 600, "idle seconds before a session expires; 0 disables");
@@ -120,6 +124,15 @@ int main(int argc, char** argv) {
   spec.engine.preset_layers = absl::GetFlag(FLAGS_preset_layers);
   spec.engine.tp = absl::GetFlag(FLAGS_tp);
   spec.engine.kv_slots = absl::GetFlag(FLAGS_kv_slots);
+  {
+    absl::StatusOr<verifyd::tp::KvDtype> kv =
+        verifyd::tp::ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype));
+    if (!kv.ok()) {
+      std::fprintf(stderr, "verifyd: --%s\n", std::string(kv.status().message()).c_str());
+      return 2;
+    }
+    spec.engine.kv_dtype = *kv;
+  }
   spec.engine.limits.max_batch = absl::GetFlag(FLAGS_max_batch);
   for (absl::string_view d :
        absl::StrSplit(absl::GetFlag(FLAGS_cuda_devices), ',', absl::SkipEmpty())) {
@@ -135,8 +148,9 @@ int main(int argc, char** argv) {
   spec.engine.cuda.expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
   spec.engine.cuda.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   spec.testing_fault = absl::GetFlag(FLAGS_testing_fault);
-  spdlog::info("loading model={} backend={} tp={} kv_slots={}", spec.engine.model, spec.backend,
-               spec.engine.tp, spec.engine.kv_slots);
+  spdlog::info("loading model={} backend={} tp={} kv_slots={} kv_dtype={}", spec.engine.model,
+               spec.backend, spec.engine.tp, spec.engine.kv_slots,
+               verifyd::tp::KvDtypeName(spec.engine.kv_dtype));
   auto engine = verifyd::server::CreateEngine(spec);
   if (!engine.ok()) {
     spdlog::critical("engine: {}", engine.status().ToString());

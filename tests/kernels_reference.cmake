@@ -15,3 +15,6 @@ verifyd_add_test(kernels_verify_attention_plan_test LABEL cpu
 verifyd_add_test(kernels_moe_test LABEL cpu
   SOURCES kernels_moe_test.cc
   LIBS verifyd_kernels_ref)
+verifyd_add_test(kernels_kv_fp8_test LABEL cpu
+  SOURCES kernels_kv_fp8_test.cc
+  LIBS verifyd_kernels_ref)

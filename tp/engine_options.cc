@@ -55,4 +55,12 @@ absl::StatusOr<EngineModel> ResolveEngineModel(const EngineOptions& o) {
   return m;
 }
 
+const char* KvDtypeName(KvDtype d) { return d == KvDtype::kFp8 ? "fp8" : "auto"; }
+
+absl::StatusOr<KvDtype> ParseKvDtype(const std::string& s) {
+  if (s == "auto") return KvDtype::kAuto;
+  if (s == "fp8") return KvDtype::kFp8;
+  return absl::InvalidArgumentError(absl::StrCat("kv_dtype: '", s, "' is not one of auto, fp8"));
+}
+
 }  // namespace verifyd::tp

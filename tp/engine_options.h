@@ -25,6 +25,11 @@
 
 namespace verifyd::tp {
 
+enum class KvDtype { kAuto, kFp8 };
+// "auto" / "fp8" (the --kv_dtype spelling); ParseKvDtype: InvalidArgument naming the flag.
+const char* KvDtypeName(KvDtype d);
+absl::StatusOr<KvDtype> ParseKvDtype(const std::string& s);
+
 struct EngineOptions {
   // The model, the first that is set wins:
   //   source   where to read the weights (config inside): a CheckpointWeightSource
@@ -55,7 +60,13 @@ struct EngineOptions {
   // config's max_position_embeddings, never above it).
   EngineLimits limits;
   int comm_timeout_ms = 60000;  // collective / stream wait before a rank is declared hung
-  RankFaultHook fault_hook;     // optional fault injection (tests)
+  // Storage of the latent KV cache: kAuto, the backend's own (float32 on the CPU, bf16 on the
+  // GPU), or kFp8 (kernels/kv_fp8.h: e4m3 c_kv with a float32 scale per 128 columns, bf16
+  // k_pe; 656 bytes a token for DeepSeek-V3 against 1,152). The CPU backend rounds every latent
+  // row it writes through the format (the reference of its accuracy); the CUDA backend does
+  // not implement it yet (Unimplemented at Create).
+  KvDtype kv_dtype = KvDtype::kAuto;
+  RankFaultHook fault_hook;  // optional fault injection (tests)
 
   struct Cpu {
     // > 0: a Step whose ranks have not all finished after this long fails (Unavailable,

@@ -59,8 +59,8 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const EngineOptions
   // One rank after another: the peak is the shards built so far plus one block of scratch.
   for (int r = 0; r < o.tp; ++r) {
     VERIFYD_ASSIGN_OR_RETURN(RankWeights shard, ShardWeights(*model.source, o.tp, r));
-    e->forwards_.push_back(
-        std::make_unique<RankForward>(config, std::move(shard), e->comms_[r].get(), o.kv_slots));
+    e->forwards_.push_back(std::make_unique<RankForward>(
+        config, std::move(shard), e->comms_[r].get(), o.kv_slots, o.kv_dtype == KvDtype::kFp8));
   }
   e->group_ = std::make_unique<RankGroup>(o.tp);
   return e;

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/kv_fp8.h"
 #include "kernels/reference/ops.h"
 #include "kernels/reference/yarn.h"
 #include "kernels/status.h"
@@ -166,11 +167,12 @@ absl::Status AbsorbedMlaAttention(const ModelConfig& c, int64_t heads, const Bat
 }
 
 RankForward::RankForward(const ModelConfig& config, RankWeights weights, Communicator* comm,
-                         int64_t kv_slots)
+                         int64_t kv_slots, bool kv_fp8)
     : config_(config),
       w_(std::move(weights)),
       comm_(comm),
       kv_slots_(kv_slots),
+      kv_fp8_(kv_fp8),
       // Unused slots hold NaN: a stray read poisons the output and fails loudly.
       kv_(config.num_hidden_layers * kv_slots * config.latent_dim(),
           std::numeric_limits<float>::quiet_NaN()) {
@@ -235,8 +237,9 @@ absl::Status RankForward::Forward(const BatchPlan& plan, std::vector<int32_t>* p
     Rope(kva.data(), R, 1, lat, kvl, plan.positions.data());
     float* cache = kv_layer_mut(l);
     for (int64_t r = 0; r < R; ++r) {
-      std::memcpy(cache + int64_t{plan.tail_slots[r]} * lat, kva.data() + r * lat,
-                  lat * sizeof(float));
+      float* row = cache + int64_t{plan.tail_slots[r]} * lat;
+      std::memcpy(row, kva.data() + r * lat, lat * sizeof(float));
+      if (kv_fp8_) kernels::KvFp8RoundTrip(row, kvl, rope, kernels::kKvFp8Group);
     }
     if (absl::Status s = AbsorbedMlaAttention(c, Hl, plan, q.data(), L.w_uk_t.data(), L.w_uv.data(),
                                               cache, kv_slots_, attn.data());

@@ -115,7 +115,9 @@ struct ForwardExtras {
 // ([layers][kv_slots][kv_lora + rope] float, unused slots NaN) and its communicator.
 class RankForward {
  public:
-  RankForward(const ModelConfig& config, RankWeights weights, Communicator* comm, int64_t kv_slots);
+  // kv_fp8: every latent row written is rounded through the FP8 KV format (kernels/kv_fp8.h).
+  RankForward(const ModelConfig& config, RankWeights weights, Communicator* comm, int64_t kv_slots,
+              bool kv_fp8 = false);
 
   // Runs the plan: writes the tail rows' latent KV, fills predictions [total_rows] (identical
   // on every rank) and, when logits != nullptr, the full logits [total_rows, vocab] (gathered
@@ -148,6 +150,7 @@ class RankForward {
   const RankWeights w_;
   Communicator* const comm_;
   const int64_t kv_slots_;
+  const bool kv_fp8_;
   std::vector<float> kv_;
   std::vector<float> yarn_inv_freq_;  // [rope / 2] under YaRN, else empty (plain RoPE)
   float yarn_attention_factor_ = 1.0f;

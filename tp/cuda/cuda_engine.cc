@@ -680,6 +680,11 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
     return bad("kv_memory_fraction: ", kv_fraction, " must be in (0, 1)");
   }
   if (o.comm_timeout_ms <= 0) return bad("comm_timeout_ms must be > 0");
+  if (o.kv_dtype == KvDtype::kFp8) {
+    return absl::UnimplementedError(
+        "kv_dtype: fp8 is implemented by the cpu backend only (the CUDA kernels read a bf16 "
+        "latent cache)");
+  }
   const int ndev = CudaDeviceCount();
   if (ndev == 0) return absl::FailedPreconditionError("cuda engine: no CUDA device is visible");
   std::vector<int> devices = o.cuda.devices;

@@ -1,0 +1,88 @@
+// The FP8 latent KV format (`--kv_dtype=fp8`): its one definition. The C++ reference (the CPU
+// backend) rounds every latent row it writes through it and computes with the dequantized
+// values; GPU kernels must store and read exactly these bytes.
+//
+// A latent row [kv_lora + rope] (the normed c_kv, then the roped k_pe) is stored as
+//   codes   kv_lora bytes: e4m3 (float8_e4m3fn) of c_kv[j] / scale[j / group]
+//   scales  ceil(kv_lora / group) float32: scale[g] = max(amax(c_kv over group g), 1e-10) / 448
+//   rope    rope bf16 values of k_pe (round to nearest even)
+// i.e. 512 + 4 x 4 + 64 x 2 = 656 bytes for DeepSeek-V3 / Kimi-K2 (kv_lora 512, rope 64,
+// group 128) against 1,152 in bf16: 1.76x less to read per key. This is the layout FlashMLA
+// uses for its FP8 cache; verifyd keeps its scales per token (page size 1: a token's bytes
+// never change once written, so a row's keys are the same whatever shares its page).
+// Dequantized: c_kv[j] = float(e4m3) * scale[j / group], k_pe = float(bf16).
+// The group is kKvFp8Group columns (the last group of a kv_lora that is not a multiple holds
+// the rest): measured against one scale per row on the reference checkpoints (docs/PERF.md).
+//
+// e4m3 encoding (Fp8E4m3FromFloat; decoding: kernels/common.h Fp8E4m3ToFloat): the nearest
+// finite e4m3 value, ties to the even code, saturating at +-448: the device's
+// __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) for finite x.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/common.h"  // Fp8E4m3ToFloat, RoundToBf16
+
+namespace verifyd::kernels {
+
+inline constexpr int kKvFp8Group = 128;    // c_kv columns per scale
+inline constexpr float kE4m3Max = 448.0f;  // largest finite e4m3
+inline constexpr float kKvFp8MinAmax = 1e-10f;
+
+// Bytes of one latent row in the FP8 format.
+inline int64_t KvFp8RowBytes(int64_t kv_lora, int64_t rope, int64_t group) {
+  return kv_lora + 4 * ((kv_lora + group - 1) / group) + 2 * rope;
+}
+
+// Round half to even of a value whose fractional part is a multiple of 1/2^k (exact here).
+inline float RoundHalfEven(float x) {
+  const float f = std::floor(x);
+  const float d = x - f;
+  if (d > 0.5f) return f + 1.0f;
+  if (d < 0.5f) return f;
+  return std::fmod(f, 2.0f) == 0.0f ? f : f + 1.0f;
+}
+
+// The nearest finite e4m3 code (ties to even), saturating; NaN input -> 0x7f.
+inline uint8_t Fp8E4m3FromFloat(float x) {
+  if (x != x) return 0x7f;
+  const uint8_t sign = std::copysign(1.0f, x) < 0.0f ? 0x80 : 0;
+  const float a = std::fabs(x);
+  if (a >= kE4m3Max) return sign | 0x7e;
+  if (a < 0.015625f) {  // below 2^-6: subnormals m * 2^-9 (code m; 8 is the first normal)
+    return sign | static_cast<uint8_t>(RoundHalfEven(a * 512.0f));
+  }
+  int e2 = 0;
+  const float f = std::frexp(a, &e2);  // a = f * 2^e2, f in [0.5, 1)
+  int u = e2 - 1;                      // a = (2 f) * 2^u, u in [-6, 8]
+  int m = static_cast<int>(RoundHalfEven((2.0f * f - 1.0f) * 8.0f));
+  if (m == 8) {
+    m = 0;
+    ++u;
+  }
+  if (u > 8 || (u == 8 && m == 7)) return sign | 0x7e;  // above 448 rounds to 448
+  return sign | static_cast<uint8_t>(((u + 7) << 3) | m);
+}
+
+// The scale of c_kv columns [begin, end) of a row.
+inline float KvFp8Scale(const float* c_kv, int64_t begin, int64_t end) {
+  float amax = 0.0f;
+  for (int64_t j = begin; j < end; ++j) amax = std::fmax(amax, std::fabs(c_kv[j]));
+  return std::fmax(amax, kKvFp8MinAmax) / kE4m3Max;
+}
+
+// Rounds a latent row [kv_lora + rope] to what the FP8 format stores, in place: c_kv through
+// e4m3 with its group scales, k_pe through bf16. (The value the kernels dequantize.)
+inline void KvFp8RoundTrip(float* row, int64_t kv_lora, int64_t rope, int64_t group) {
+  for (int64_t g0 = 0; g0 < kv_lora; g0 += group) {
+    const int64_t g1 = g0 + group < kv_lora ? g0 + group : kv_lora;
+    const float s = KvFp8Scale(row, g0, g1);
+    for (int64_t j = g0; j < g1; ++j) row[j] = Fp8E4m3ToFloat(Fp8E4m3FromFloat(row[j] / s)) * s;
+  }
+  for (int64_t j = kv_lora; j < kv_lora + rope; ++j) row[j] = RoundToBf16(row[j]);
+}
+
+}  // namespace verifyd::kernels
