@@ -23,6 +23,8 @@ Table kinds:
                     PyTorch's grouped GEMMs of the same run (bench/peers/torch_grouped_moe.py).
   verify_attention_change, engine_change
                     the same benchmark of two builds in one GPU run (before / after a change).
+  kv_fp8_accuracy   bench/kv_fp8_accuracy (CPU): the FP8 latent KV format's attention error
+                    for two scale layouts, and the CPU engine's greedy tokens with it.
 Only the Python standard library: runs on the CI machine.
 """
 import argparse
@@ -313,10 +315,35 @@ def moe_layer_table(spec):
     return "\n".join(out)
 
 
+def kv_fp8_accuracy_table(spec):
+    """bench/kv_fp8_accuracy: attention output / LSE error against float32 keys for scales per
+    128 columns (the format) and per token; then the engine's greedy tokens."""
+    d = load(spec["json"])
+    out = ["| context | channels | scales | out rel-L2 mean | out rel-L2 max | LSE abs mean | "
+           "LSE abs max |", "|---|---|---|---|---|---|---|"]
+    for a in d["attention"]:
+        for k, label in (("scale_per_128", "per 128 columns"), ("scale_per_token", "per token")):
+            r = a[k]
+            out.append(f"| {a['context']:,} | {a['channels']} | {label} | "
+                       f"{r['out_rel_l2_mean']:.2e} | {r['out_rel_l2_max']:.2e} | "
+                       f"{r['lse_abs_mean']:.2e} | {r['lse_abs_max']:.2e} |")
+    out += ["", "| seed | layers | prompt | decode positions | greedy tokens differ | of them "
+            "not at a near-tie | logit rel-L2 mean | logit rel-L2 max |",
+            "|---|---|---|---|---|---|---|---|"]
+    for e in d["engine"]:
+        out.append(f"| {e['seed']} | {e['layers']} | {e['prompt']} | {e['positions']} | "
+                   f"{e['greedy_differ']} | {e['greedy_differ_not_near_tie']} | "
+                   f"{e['logit_rel_l2_mean']:.2e} | {e['logit_rel_l2_max']:.2e} |")
+    m = d.get("meta", {})
+    out += ["", f"- `{spec['json']}`, {m.get('machine', '?')}, {m.get('date', '?')}, commit "
+            f"`{m.get('commit', '?')}`: `{m.get('command', '')}`"]
+    return "\n".join(out)
+
+
 KINDS = {"verify_attention": verify_attention_table, "engine": engine_table,
          "moe_layer": moe_layer_table, "engine_extras": engine_extras_table,
          "verify_attention_change": verify_attention_change_table,
-         "engine_change": engine_change_table}
+         "engine_change": engine_change_table, "kv_fp8_accuracy": kv_fp8_accuracy_table}
 
 
 def render(name, spec):
