@@ -152,6 +152,30 @@ TEST(VerifydMain, BadFlagValueFailsNamingTheFlag) {
   const pid_t pid = Spawn({VERIFYD_BINARY, "--backend=quantum", "--metrics_listen="}, log);
   EXPECT_NE(WaitExit(pid, absl::Seconds(20)), 0);
   EXPECT_THAT(ReadFile(log), HasSubstr("--backend"));
+  const std::string kv_log = TempPath("badkv.log");
+  const pid_t kv = Spawn({VERIFYD_BINARY, "--kv_dtype=fp4", "--metrics_listen="}, kv_log);
+  EXPECT_EQ(WaitExit(kv, absl::Seconds(20)), 2);
+  EXPECT_THAT(ReadFile(kv_log), HasSubstr("--kv_dtype: 'fp4' is not one of auto, fp8"));
+}
+
+// --kv_dtype=fp8 on the cpu backend: the server loads the tiny preset, serves a session (the
+// format's accuracy is tested by tp_reference_checkpoint_test) and exits 0 on SIGTERM.
+TEST(VerifydMain, Fp8KvCacheServes) {
+  const int port = FreePort();
+  const std::string log = TempPath("kvfp8.log");
+  const pid_t pid =
+      Spawn({VERIFYD_BINARY, "--backend=cpu", "--kv_dtype=fp8",
+             absl::StrCat("--listen=127.0.0.1:", port), "--metrics_listen=", "--kv_slots=4096"},
+            log);
+  ASSERT_GT(pid, 0);
+  verifyd::client::VerifyClient c(absl::StrCat("127.0.0.1:", port), absl::Seconds(5));
+  ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << ReadFile(log);
+  auto s = c.Open({1, 2, 3});
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(c.Verify(s->session_id, {}).ok());
+  EXPECT_THAT(ReadFile(log), HasSubstr("kv_dtype=fp8"));
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  EXPECT_EQ(WaitExit(pid, absl::Seconds(30)), 0) << ReadFile(log);
 }
 
 TEST(Verifyctl, SubcommandsAndDemoAgainstLiveServer) {
