@@ -181,9 +181,23 @@ absl::Status FillTensorFp8(const RankWeightInit& source, CudaRankContext& rk,
   return absl::OkStatus();
 }
 
-// A SwiGLU MLP's weights kept in FP8 (prefix: "model.layers.{l}.mlp." or its
-// "shared_experts."): the rank's `inter` columns [i0, +inter) of gate_proj and up_proj as
-// [gate rows | up rows] and of down_proj, with their 128 x 128 block scales.
+// A SwiGLU MLP's weights kept in FP8 (prefix: "model.layers.{l}.mlp.", its
+// "shared_experts." or "experts.{e}."): the rank's `inter` columns [i0, +inter) of gate_proj
+// and up_proj as [gate rows | up rows] ([2 inter, hid] bytes, [2 inter / 128, hid / 128]
+// scales) and of down_proj ([hid, inter], [hid / 128, inter / 128]), into device memory.
+absl::Status FillMlpFp8Into(const RankWeightInit& src, CudaRankContext& rk,
+                            const std::string& prefix, int64_t hid, int64_t inter, int64_t i0,
+                            uint8_t* gate_up, float* gate_up_scale, uint8_t* down,
+                            float* down_scale) {
+  const int64_t hb = hid / 128, ib = inter / 128;
+  VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, prefix + "gate_proj.weight", gate_up,
+                                        gate_up_scale, inter, hid, i0, 0));
+  VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, prefix + "up_proj.weight", gate_up + inter * hid,
+                                        gate_up_scale + ib * hb, inter, hid, i0, 0));
+  return FillTensorFp8(src, rk, prefix + "down_proj.weight", down, down_scale, hid, inter, 0, i0);
+}
+
+// The same into new device arrays (dense MLPs, shared experts).
 absl::Status FillMlpFp8(const RankWeightInit& src, CudaRankContext& rk, const std::string& prefix,
                         int64_t hid, int64_t inter, int64_t i0, uint8_t** gate_up,
                         float** gate_up_scale, uint8_t** down, float** down_scale) {
@@ -192,11 +206,8 @@ absl::Status FillMlpFp8(const RankWeightInit& src, CudaRankContext& rk, const st
   VERIFYD_ASSIGN_OR_RETURN(*gate_up_scale, rk.Alloc<float>(2 * ib * hb));
   VERIFYD_ASSIGN_OR_RETURN(*down, rk.Alloc<uint8_t>(hid * inter));
   VERIFYD_ASSIGN_OR_RETURN(*down_scale, rk.Alloc<float>(hb * ib));
-  VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, prefix + "gate_proj.weight", *gate_up,
-                                        *gate_up_scale, inter, hid, i0, 0));
-  VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, prefix + "up_proj.weight", *gate_up + inter * hid,
-                                        *gate_up_scale + ib * hb, inter, hid, i0, 0));
-  return FillTensorFp8(src, rk, prefix + "down_proj.weight", *down, *down_scale, hid, inter, 0, i0);
+  return FillMlpFp8Into(src, rk, prefix, hid, inter, i0, *gate_up, *gate_up_scale, *down,
+                        *down_scale);
 }
 
 // A device buffer of `count` T with every byte 0xFF (an fp32 / bf16 NaN, an int32 -1), so a
@@ -234,15 +245,10 @@ absl::Status FillMoeLayer(const RankWeightInit& src, const ModelConfig& c, int64
     VERIFYD_ASSIGN_OR_RETURN(L.experts_down_fp8, rk.Alloc<uint8_t>(El * hid * Il));
     VERIFYD_ASSIGN_OR_RETURN(L.experts_down_scale, rk.Alloc<float>(El * hb * ib));
     for (int64_t le = 0; le < El; ++le) {
-      uint8_t* gu = L.experts_gate_up_fp8 + le * 2 * Il * hid;
-      float* gus = L.experts_gate_up_scale + le * 2 * ib * hb;
-      VERIFYD_RETURN_IF_ERROR(
-          FillTensorFp8(src, rk, expert(le, "gate_proj"), gu, gus, Il, hid, i0, 0));
-      VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, expert(le, "up_proj"), gu + Il * hid,
-                                            gus + ib * hb, Il, hid, i0, 0));
-      VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, expert(le, "down_proj"),
-                                            L.experts_down_fp8 + le * hid * Il,
-                                            L.experts_down_scale + le * hb * ib, hid, Il, 0, i0));
+      VERIFYD_RETURN_IF_ERROR(FillMlpFp8Into(
+          src, rk, n(absl::StrCat("mlp.experts.", rk.expert_begin + le, ".")), hid, Il, i0,
+          L.experts_gate_up_fp8 + le * 2 * Il * hid, L.experts_gate_up_scale + le * 2 * ib * hb,
+          L.experts_down_fp8 + le * hid * Il, L.experts_down_scale + le * hb * ib));
     }
   } else if (Il > 0) {
     VERIFYD_ASSIGN_OR_RETURN(L.experts_gate_up, rk.Alloc<bf16>(El * 2 * Il * hid));
