@@ -25,6 +25,8 @@ Table kinds:
                     the same benchmark of two builds in one GPU run (before / after a change).
   kv_fp8_accuracy   bench/kv_fp8_accuracy (CPU): the FP8 latent KV format's attention error
                     for two scale layouts, and the CPU engine's greedy tokens with it.
+  bf16_floor        bench/transformers_bf16_floor.py: transformers in bfloat16 against its own
+                    float32 logits on the reference checkpoints.
 Only the Python standard library: runs on the CI machine.
 """
 import argparse
@@ -340,10 +342,26 @@ def kv_fp8_accuracy_table(spec):
     return "\n".join(out)
 
 
+def bf16_floor_table(spec):
+    d = load(spec["json"])
+    out = ["| checkpoint | transformers dtype | max rel logit error | max rel-L2 | argmax changes |",
+           "|---|---|---|---|---|"]
+    for r in d["results"]:
+        for dt in ("float32", "bfloat16"):
+            m = r[dt]
+            out.append(f"| {r['checkpoint']} | {dt} | {m['max_rel']:.3g} | {m['max_rel_l2']:.3g} | "
+                       f"{m['argmax_changes']} of {m['rows']} |")
+    m = d.get("meta", {})
+    out += ["", f"- `{spec['json']}`: {m.get('device', '?')}, {m.get('date', '?')}, torch "
+            f"{m.get('torch', '?')}, transformers {m.get('transformers', '?')}"]
+    return "\n".join(out)
+
+
 KINDS = {"verify_attention": verify_attention_table, "engine": engine_table,
          "moe_layer": moe_layer_table, "engine_extras": engine_extras_table,
          "verify_attention_change": verify_attention_change_table,
-         "engine_change": engine_change_table, "kv_fp8_accuracy": kv_fp8_accuracy_table}
+         "engine_change": engine_change_table, "kv_fp8_accuracy": kv_fp8_accuracy_table,
+         "bf16_floor": bf16_floor_table}
 
 
 def render(name, spec):
