@@ -118,7 +118,8 @@ int CmdInfo(VerifyClient& c) {
   const auto& l = info->limits();
   std::printf("backend: %s  tp: %d  version: %s\n", info->backend().c_str(), info->tp_size(),
               info->version().c_str());
-  std::printf("exact_lossless: %s\n", info->exact_lossless() ? "yes" : "no");
+  std::printf("exact_lossless: %s  kv_cache: %s\n", info->exact_lossless() ? "yes" : "no",
+              info->kv_cache_dtype().c_str());
   std::printf(
       "limits: max_draft_nodes=%d max_context=%lld max_batch=%d kv_slots=%lld "
       "max_sessions=%d max_prompt_tokens=%d\n",

@@ -25,7 +25,7 @@ namespace verifyd::server {
 // Bumped whenever what crosses the boundary changes (2: the create call takes
 // tp::EngineOptions; 3: EngineOptions::source, a tp::WeightSource verifyd opened: the module
 // calls its virtual methods, which run verifyd's code; 4: EngineOptions::cuda grew
-// shared_context_attention; 5: EngineOptions::kv_dtype).
+// shared_context_attention; 5: EngineOptions::kv_dtype, Engine::kv_cache_dtype).
 inline constexpr int kCudaEngineModuleAbi = 5;
 inline constexpr char kCudaEngineModuleFile[] = "libverifyd_cuda_engine.so";
 

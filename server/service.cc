@@ -206,6 +206,7 @@ grpc::Status VerifyServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoR
   resp->set_backend(engine_->backend());
   resp->set_version(version_);
   resp->set_exact_lossless(engine_->batch_invariant());
+  resp->set_kv_cache_dtype(engine_->kv_cache_dtype());
   v1::Limits* l = resp->mutable_limits();
   l->set_max_draft_nodes(limits_.max_draft_nodes);
   l->set_max_context(limits_.max_context);

@@ -170,6 +170,10 @@ TEST(VerifydMain, Fp8KvCacheServes) {
   ASSERT_GT(pid, 0);
   verifyd::client::VerifyClient c(absl::StrCat("127.0.0.1:", port), absl::Seconds(5));
   ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << ReadFile(log);
+  auto info = c.GetInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->kv_cache_dtype(), "fp8_e4m3");
+  EXPECT_TRUE(info->exact_lossless());
   auto s = c.Open({1, 2, 3});
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_TRUE(c.Verify(s->session_id, {}).ok());
@@ -191,7 +195,7 @@ TEST(Verifyctl, SubcommandsAndDemoAgainstLiveServer) {
   auto [rc_info, info] = RunCommand(ctl + "info");
   EXPECT_EQ(rc_info, 0) << info;
   EXPECT_THAT(info, HasSubstr("backend: toy"));
-  EXPECT_THAT(info, HasSubstr("exact_lossless: yes"));
+  EXPECT_THAT(info, HasSubstr("exact_lossless: yes  kv_cache: none"));
   auto [rc_health, health] = RunCommand(ctl + "health");
   EXPECT_EQ(rc_health, 0) << health;
   EXPECT_THAT(health, HasSubstr("SERVING"));

@@ -76,6 +76,7 @@ TEST(ServerService, GetInfoReportsEngineAndLimits) {
   EXPECT_EQ(info->limits().max_batch(), 16);
   EXPECT_EQ(info->limits().kv_slots(), 777);
   EXPECT_TRUE(info->exact_lossless());
+  EXPECT_EQ(info->kv_cache_dtype(), "none");
 }
 
 // exact_lossless reports the engine's batch invariance (a CUDA engine without

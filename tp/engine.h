@@ -113,6 +113,9 @@ class Engine {
   // node gets exactly what plain decoding gives (the CPU backend always; the CUDA backend with
   // EngineOptions::cuda.batch_invariant).
   virtual bool batch_invariant() const = 0;
+  // How the latent KV cache stores a token (GetInfoResponse.kv_cache_dtype): "float32",
+  // "bfloat16" or "fp8_e4m3" (EngineOptions::kv_dtype).
+  virtual std::string kv_cache_dtype() const = 0;
 
   // Runs the forward on every rank: writes the tail rows' latent KV into their tail slots,
   // computes the greedy prediction after every row and, for requests with accept = true,

@@ -50,6 +50,7 @@ class ToyEngine : public tp::Engine {
   const tp::ModelConfig& config() const override { return config_; }
   std::string backend() const override { return "toy"; }
   bool batch_invariant() const override { return options_.batch_invariant; }
+  std::string kv_cache_dtype() const override { return "none"; }
   int tp_size() const override { return options_.tp_size; }
   int64_t kv_slots() const override { return options_.kv_slots; }
   tp::EngineLimits limits() const override;

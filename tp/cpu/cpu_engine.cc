@@ -47,6 +47,7 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const EngineOptions
   e->config_ = config;
   e->tp_ = o.tp;
   e->kv_slots_ = o.kv_slots;
+  e->kv_fp8_ = o.kv_dtype == KvDtype::kFp8;
   e->limits_.max_tail_rows = lim.max_tail_rows;
   e->limits_.max_batch = lim.max_batch;
   e->limits_.max_context = lim.max_context == 0

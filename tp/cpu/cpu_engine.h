@@ -64,6 +64,7 @@ class CpuEngine final : public Engine {
   const ModelConfig& config() const override { return config_; }
   std::string backend() const override { return "cpu"; }
   bool batch_invariant() const override { return true; }  // one fixed order per row
+  std::string kv_cache_dtype() const override { return kv_fp8_ ? "fp8_e4m3" : "float32"; }
   int tp_size() const override { return tp_; }
   int64_t kv_slots() const override { return kv_slots_; }
   EngineLimits limits() const override { return limits_; }
@@ -91,6 +92,7 @@ class CpuEngine final : public Engine {
   ModelConfig config_;
   int tp_ = 1;
   int64_t kv_slots_ = 0;
+  bool kv_fp8_ = false;  // EngineOptions::kv_dtype == kFp8
   EngineLimits limits_;
   int comm_timeout_ms_ = 60000;
   int64_t step_timeout_ms_ = 0;

@@ -74,6 +74,7 @@ class CudaEngine final : public Engine {
   int64_t kv_slots() const override;
   EngineLimits limits() const override;
   bool batch_invariant() const override;  // EngineOptions::cuda.batch_invariant
+  std::string kv_cache_dtype() const override { return "bfloat16"; }
   bool failed() const override;
 
   absl::StatusOr<std::vector<StepResult>> Step(const std::vector<StepRequest>& batch,

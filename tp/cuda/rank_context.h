@@ -26,6 +26,9 @@
 //     expert path kBf16PerExpert only)
 //   moe_xq [P, hidden] e4m3 + moe_xq_scale, moe_actq [P, Ie_l] e4m3 + moe_actq_scale
 //     (expert path kFp8Grouped: the quantized expert inputs and SwiGLU outputs)
+// FP8 dense MLPs / shared experts (fp8_dense, fp8_shared): fp8_offsets [2] (the one group's
+//   rows), fp8_xq [R, hidden] e4m3 + fp8_xq_scale, fp8_actq [R, max(I_l, Is_l)] e4m3 +
+//   fp8_actq_scale; gate_up in gu / moe_gu (fp32), the output in part / moe_shared.
 //
 // Thread-safety: a CudaRankContext is used only by its rank's thread once created (the
 // engine reads the results in out_host / profile after the rank finished its job).

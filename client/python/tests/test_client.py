@@ -20,6 +20,7 @@ def test_info_and_health(client: verifyd.Client) -> None:
     assert info.limits.max_draft_nodes > 0
     assert info.limits.max_prompt_tokens == info.limits.max_context - 1
     assert info.exact_lossless  # the CPU backend is batch-invariant
+    assert info.kv_cache_dtype == "float32"
 
 
 def test_open_verify_close(client: verifyd.Client) -> None:
