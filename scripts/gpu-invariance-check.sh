@@ -10,8 +10,10 @@
 #             engine's tree-node == plain-decoding test, the NCCL rank-order reduction;
 #             batch_variance --batch_invariant (61 layers, 4k and 65k tokens)
 #   server    verifyd --batch_invariant at TP 1 and loopback TP 2, 4, 8 (kimi-k2-attn, 4
-#             layers): verifyctl load --sessions=8, greedy and seeded at T 0.8; every run
-#             must report lossless_mismatches=0
+#             layers) and at TP 1 and 2 on tests/data/checkpoints/moe_fp8_mlp128 (the
+#             fallback attention, FP8 MLPs; run from the repository root): verifyctl load
+#             --sessions=8, greedy and seeded at T 0.8; every run must report
+#             lossless_mismatches=0
 #   sanitize  compute-sanitizer memcheck on the positional kernel tests
 #   kernel    verify_attention_bench --config=auto, then --positional --shared_context=false
 #             (per-node plans), then --positional (shared-context plans, the default)
@@ -60,12 +62,19 @@ for step in "${steps[@]}"; do
       tail -14 "$LOGS/batch_variance.log"
       ;;
     server)
+      # kimi-k2-attn (the verify kernel's positional plans) at TP 1 and loopback 2, 4, 8; a
+      # transformers-made FP8 checkpoint (latent width 48: the fallback attention; FP8 MLPs)
+      # at TP 1 and 2.
       port=50079
-      for tp in 1 2 4 8; do
+      for target in kimi:1 kimi:2 kimi:4 kimi:8 fp8:1 fp8:2; do
+        tp=${target#*:}
+        model=(--model=kimi-k2-attn --preset_layers=4)
+        [ "${target%%:*}" = fp8 ] && model=(--model=tests/data/checkpoints/moe_fp8_mlp128)
+        name=${target/:/_tp}
         devices=$(yes 0 | head -"$tp" | paste -sd,)
-        verifyd --backend=cuda --model=kimi-k2-attn --preset_layers=4 --tp="$tp" \
-          --cuda_devices="$devices" --batch_invariant --listen=127.0.0.1:$port \
-          --metrics_listen= > "$LOGS/verifyd_tp$tp.log" 2>&1 &
+        verifyd --backend=cuda "${model[@]}" --tp="$tp" --cuda_devices="$devices" \
+          --batch_invariant --listen=127.0.0.1:$port --metrics_listen= \
+          > "$LOGS/verifyd_$name.log" 2>&1 &
         pid=$!
         for _ in $(seq 1 240); do
           verifyctl --target=127.0.0.1:$port info > /dev/null 2>&1 && break
@@ -75,9 +84,9 @@ for step in "${steps[@]}"; do
           extra=()
           [ "$mode" = sampled ] && extra=(--temperature=0.8 --seed=7)
           timeout 120 verifyctl --target=127.0.0.1:$port load --sessions=8 --rounds=64 \
-            "${extra[@]}" > "$LOGS/load_tp${tp}_$mode.txt" 2>&1
-          line=$(grep -o "lossless_mismatches=[0-9]*" "$LOGS/load_tp${tp}_$mode.txt")
-          summary+=("server tp=$tp $mode: ${line:-no report}")
+            "${extra[@]}" > "$LOGS/load_${name}_$mode.txt" 2>&1
+          line=$(grep -o "lossless_mismatches=[0-9]*" "$LOGS/load_${name}_$mode.txt")
+          summary+=("server $name $mode: ${line:-no report}")
         done
         kill -TERM $pid
         wait $pid
