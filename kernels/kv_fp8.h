@@ -37,28 +37,20 @@ inline int64_t KvFp8RowBytes(int64_t kv_lora, int64_t rope, int64_t group) {
   return kv_lora + 4 * ((kv_lora + group - 1) / group) + 2 * rope;
 }
 
-// Round half to even of a value whose fractional part is a multiple of 1/2^k (exact here).
-inline float RoundHalfEven(float x) {
-  const float f = std::floor(x);
-  const float d = x - f;
-  if (d > 0.5f) return f + 1.0f;
-  if (d < 0.5f) return f;
-  return std::fmod(f, 2.0f) == 0.0f ? f : f + 1.0f;
-}
-
-// The nearest finite e4m3 code (ties to even), saturating; NaN input -> 0x7f.
+// The nearest finite e4m3 code (ties to even: std::nearbyint in the default rounding mode;
+// the scaled values are exact), saturating; NaN input -> 0x7f.
 inline uint8_t Fp8E4m3FromFloat(float x) {
   if (x != x) return 0x7f;
   const uint8_t sign = std::copysign(1.0f, x) < 0.0f ? 0x80 : 0;
   const float a = std::fabs(x);
   if (a >= kE4m3Max) return sign | 0x7e;
   if (a < 0.015625f) {  // below 2^-6: subnormals m * 2^-9 (code m; 8 is the first normal)
-    return sign | static_cast<uint8_t>(RoundHalfEven(a * 512.0f));
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
   }
   int e2 = 0;
   const float f = std::frexp(a, &e2);  // a = f * 2^e2, f in [0.5, 1)
   int u = e2 - 1;                      // a = (2 f) * 2^u, u in [-6, 8]
-  int m = static_cast<int>(RoundHalfEven((2.0f * f - 1.0f) * 8.0f));
+  int m = static_cast<int>(std::nearbyint((2.0f * f - 1.0f) * 8.0f));
   if (m == 8) {
     m = 0;
     ++u;

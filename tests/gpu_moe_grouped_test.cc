@@ -105,6 +105,35 @@ Compare CompareRows(const std::vector<float>& got, const std::vector<double>& re
   return c;
 }
 
+// fp64 reference of the block-scaled grouped GEMM (grouped_gemm.h kFp8Block128): for group g
+// and its rows [off[g], off[g + 1]), d[r, j] = sum over 128-deep k blocks q of
+// a_scale[r, q] * b_scale[g, j / 128, q] * (e4m3 a . e4m3 b over the block).
+std::vector<double> BlockScaledGemmRef(const std::vector<int32_t>& off,
+                                       const std::vector<uint8_t>& a, const std::vector<float>& sa,
+                                       const std::vector<uint8_t>& b, const std::vector<float>& sb,
+                                       int64_t n, int64_t k) {
+  const int64_t kb = k / 128, nb = n / 128;
+  const int groups = static_cast<int>(off.size()) - 1;
+  std::vector<double> ref(static_cast<size_t>(off[groups]) * n);
+  for (int g = 0; g < groups; ++g) {
+    for (int64_t r = off[g]; r < off[g + 1]; ++r) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t q = 0; q < kb; ++q) {
+          double part = 0;
+          for (int64_t t = q * 128; t < (q + 1) * 128; ++t) {
+            part += static_cast<double>(E4m3ToFloat(a[r * k + t])) *
+                    E4m3ToFloat(b[(static_cast<int64_t>(g) * n + j) * k + t]);
+          }
+          s += part * sa[r * kb + q] * sb[(static_cast<int64_t>(g) * nb + j / 128) * kb + q];
+        }
+        ref[r * n + j] = s;
+      }
+    }
+  }
+  return ref;
+}
+
 class GroupedGemmTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -200,23 +229,7 @@ TEST_F(GroupedGemmTest, Fp8BlockScaledMatchesReference) {
   CUDA_ASSERT(cudaMemset(d_d, 0xFF, (rows + pad) * n * sizeof(float)));
 
   kc::GroupedGemmShape shape{kc::GroupedGemmKind::kFp8Block128, G, n, k, 0};
-  std::vector<double> ref(rows * n);
-  for (int g = 0; g < G; ++g) {
-    for (int64_t r = off[g]; r < off[g + 1]; ++r) {
-      for (int64_t j = 0; j < n; ++j) {
-        double s = 0;
-        for (int64_t q = 0; q < kb; ++q) {
-          double part = 0;
-          for (int64_t t = q * 128; t < (q + 1) * 128; ++t) {
-            part += static_cast<double>(E4m3ToFloat(a[r * k + t])) *
-                    E4m3ToFloat(b[(static_cast<int64_t>(g) * n + j) * k + t]);
-          }
-          s += part * sa[r * kb + q] * sb[(static_cast<int64_t>(g) * nb + j / 128) * kb + q];
-        }
-        ref[r * n + j] = s;
-      }
-    }
-  }
+  const std::vector<double> ref = BlockScaledGemmRef(off, a, sa, b, sb, n, k);
   std::vector<float> first;
   for (const int tile_m : {128, 64}) {
     CUDA_ASSERT(cudaMemset(d_d, 0xFF, (rows + pad) * n * sizeof(float)));
@@ -447,30 +460,11 @@ TEST(Fp8MlpTest, MatchesHostReferenceStageByStage) {
       ASSERT_EQ(xq[j], FloatToE4m3(Bf16ToFloat(x[j]) / want_s)) << "col " << j;
     }
   }
-  // A block-scaled GEMM over the device's operands, fp64.
-  auto block_gemm = [](const std::vector<uint8_t>& a, const std::vector<float>& as,
-                       const std::vector<uint8_t>& b, const std::vector<float>& bs, int64_t rows,
-                       int64_t n, int64_t k) {
-    const int64_t kb = k / 128;
-    std::vector<double> d(rows * n);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t j = 0; j < n; ++j) {
-        double s = 0;
-        for (int64_t q = 0; q < kb; ++q) {
-          double part = 0;
-          for (int64_t t = q * 128; t < (q + 1) * 128; ++t) {
-            part += static_cast<double>(E4m3ToFloat(a[r * k + t])) * E4m3ToFloat(b[j * k + t]);
-          }
-          s += part * as[r * kb + q] * bs[(j / 128) * kb + q];
-        }
-        d[r * n + j] = s;
-      }
-    }
-    return d;
-  };
-  const Compare c1 = CompareRows(gu, block_gemm(xq, xqs, wgu, sgu, R, 2 * I, H));
+  // The block-scaled GEMMs over the device's own operands, fp64 (one group of R rows).
+  const std::vector<int32_t> one = {0, static_cast<int32_t>(R)};
+  const Compare c1 = CompareRows(gu, BlockScaledGemmRef(one, xq, xqs, wgu, sgu, 2 * I, H));
   const Compare c2 = CompareRows(std::vector<float>(out.begin(), out.begin() + R * H),
-                                 block_gemm(aq, aqs, wdn, sdn, R, H, I));
+                                 BlockScaledGemmRef(one, aq, aqs, wdn, sdn, H, I));
   std::printf("fp8 mlp: gate_up rel-L2 %.3g, down rel-L2 %.3g (fp64 references)\n", c1.rel_l2,
               c2.rel_l2);
   EXPECT_EQ(c1.nonfinite, 0);

@@ -220,38 +220,51 @@ VerifyAttentionParams ScalarParams(const HostBatch& h) {
   return p;
 }
 
+// A batch's device copies (inputs uploaded by Upload) and its outputs, poisoned with NaN
+// (0xff bytes): out [rows, heads, 512] bf16, lse [rows, heads] fp32.
+struct DeviceBatch {
+  DevBuf q, kv, q_indptr, kv_indptr, kv_indices, mask, out, lse;
+  explicit DeviceBatch(const HostBatch& h)
+      : q(h.q.size() * 2),
+        kv(h.kv.size() * 2),
+        q_indptr(h.q_indptr.size() * 4),
+        kv_indptr(h.kv_indptr.size() * 4),
+        kv_indices(h.kv_indices.size() * 4),
+        mask(h.mask.size() * 8),
+        out(static_cast<size_t>(h.total_rows) * h.heads * kV * 2),
+        lse(static_cast<size_t>(h.total_rows) * h.heads * 4) {}
+  void Upload(const HostBatch& h) {
+    ASSERT_NE(kv.p, nullptr);
+    CUDA_ASSERT(cudaMemcpy(q.p, h.q.data(), q.bytes, cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMemcpy(kv.p, h.kv.data(), kv.bytes, cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMemcpy(q_indptr.p, h.q_indptr.data(), q_indptr.bytes, cudaMemcpyHostToDevice));
+    CUDA_ASSERT(
+        cudaMemcpy(kv_indptr.p, h.kv_indptr.data(), kv_indptr.bytes, cudaMemcpyHostToDevice));
+    CUDA_ASSERT(
+        cudaMemcpy(kv_indices.p, h.kv_indices.data(), kv_indices.bytes, cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMemcpy(mask.p, h.mask.data(), mask.bytes, cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMemset(out.p, 0xff, out.bytes));
+    CUDA_ASSERT(cudaMemset(lse.p, 0xff, lse.bytes));
+  }
+};
+
 // Runs the CUDA path on a batch: device copies, outputs and the whole workspace poisoned with
 // NaN (0xff bytes) before the plan upload writes the work lists (a partial row the kernel
 // fails to write reaches the output as NaN). max_partial_rows > 0: a workspace of that many
 // partial rows (else the default one). opt.host_tree_mask is set to the batch's mask.
 void RunCuda(const HostBatch& h, VerifyPlanOptions opt, bool with_lse, int64_t max_partial_rows,
              std::vector<bf16_bits>* out, std::vector<float>* lse) {
-  const size_t out_elems = static_cast<size_t>(h.total_rows) * h.heads * kV;
-  const size_t lse_elems = static_cast<size_t>(h.total_rows) * h.heads;
-  DevBuf dq(h.q.size() * 2), dkv(h.kv.size() * 2), dqi(h.q_indptr.size() * 4),
-      dki(h.kv_indptr.size() * 4), didx(h.kv_indices.size() * 4), dmask(h.mask.size() * 8),
-      dout(out_elems * 2), dlse(lse_elems * 4);
-  ASSERT_NE(dkv.p, nullptr);
-  CUDA_ASSERT(cudaMemcpy(dq.p, h.q.data(), h.q.size() * 2, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(cudaMemcpy(dkv.p, h.kv.data(), h.kv.size() * 2, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(cudaMemcpy(dqi.p, h.q_indptr.data(), h.q_indptr.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(
-      cudaMemcpy(dki.p, h.kv_indptr.data(), h.kv_indptr.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(
-      cudaMemcpy(didx.p, h.kv_indices.data(), h.kv_indices.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(cudaMemcpy(dmask.p, h.mask.data(), h.mask.size() * 8, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(cudaMemset(dout.p, 0xff, out_elems * 2));
-  CUDA_ASSERT(cudaMemset(dlse.p, 0xff, lse_elems * 4));
-
+  DeviceBatch d(h);
+  ASSERT_NO_FATAL_FAILURE(d.Upload(h));
   VerifyAttentionParams dp = ScalarParams(h);
-  dp.q = dq.p;
-  dp.kv = dkv.p;
-  dp.q_indptr = dqi.as<int32_t>();
-  dp.kv_indptr = dki.as<int32_t>();
-  dp.kv_indices = didx.as<int32_t>();
-  dp.tree_mask = dmask.as<uint64_t>();
-  dp.out = dout.p;
-  dp.lse = with_lse ? dlse.as<float>() : nullptr;
+  dp.q = d.q.p;
+  dp.kv = d.kv.p;
+  dp.q_indptr = d.q_indptr.as<int32_t>();
+  dp.kv_indptr = d.kv_indptr.as<int32_t>();
+  dp.kv_indices = d.kv_indices.as<int32_t>();
+  dp.tree_mask = d.mask.as<uint64_t>();
+  dp.out = d.out.p;
+  dp.lse = with_lse ? d.lse.as<float>() : nullptr;
 
   auto dev = VerifyAttentionDeviceInfo::Query();
   ASSERT_TRUE(dev.ok()) << dev.status();
@@ -273,30 +286,18 @@ void RunCuda(const HostBatch& h, VerifyPlanOptions opt, bool with_lse, int64_t m
     std::printf("  positional plan: %zu work items, %zu passes\n", plan->work.size(),
                 plan->passes.size());
   }
-  out->resize(out_elems);
-  lse->resize(lse_elems);
-  CUDA_ASSERT(cudaMemcpy(out->data(), dout.p, out_elems * 2, cudaMemcpyDeviceToHost));
-  CUDA_ASSERT(cudaMemcpy(lse->data(), dlse.p, lse_elems * 4, cudaMemcpyDeviceToHost));
+  out->resize(d.out.bytes / 2);
+  lse->resize(d.lse.bytes / 4);
+  CUDA_ASSERT(cudaMemcpy(out->data(), d.out.p, d.out.bytes, cudaMemcpyDeviceToHost));
+  CUDA_ASSERT(cudaMemcpy(lse->data(), d.lse.p, d.lse.bytes, cudaMemcpyDeviceToHost));
   ASSERT_TRUE(ws->Free().ok());
 }
 
 // Runs the fallback attention (kernels/cuda/dense/fallback_attention.h, the engine's path for
 // latent widths other than 576) on a batch, output poisoned with NaN first.
 void RunFallback(const HostBatch& h, std::vector<bf16_bits>* out) {
-  const size_t out_elems = static_cast<size_t>(h.total_rows) * h.heads * kV;
-  DevBuf dq(h.q.size() * 2), dkv(h.kv.size() * 2), dqi(h.q_indptr.size() * 4),
-      dki(h.kv_indptr.size() * 4), didx(h.kv_indices.size() * 4), dmask(h.mask.size() * 8),
-      dout(out_elems * 2);
-  ASSERT_NE(dkv.p, nullptr);
-  CUDA_ASSERT(cudaMemcpy(dq.p, h.q.data(), h.q.size() * 2, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(cudaMemcpy(dkv.p, h.kv.data(), h.kv.size() * 2, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(cudaMemcpy(dqi.p, h.q_indptr.data(), h.q_indptr.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(
-      cudaMemcpy(dki.p, h.kv_indptr.data(), h.kv_indptr.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(
-      cudaMemcpy(didx.p, h.kv_indices.data(), h.kv_indices.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(cudaMemcpy(dmask.p, h.mask.data(), h.mask.size() * 8, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(cudaMemset(dout.p, 0xff, out_elems * 2));
+  DeviceBatch d(h);
+  ASSERT_NO_FATAL_FAILURE(d.Upload(h));
   kernels::cuda::FallbackAttentionParams p;
   p.batch = h.batch;
   p.total_rows = h.total_rows;
@@ -304,19 +305,19 @@ void RunFallback(const HostBatch& h, std::vector<bf16_bits>* out) {
   p.qk_dim = kQk;
   p.v_dim = kV;
   p.softmax_scale = h.scale;
-  p.q = dq.p;
-  p.kv = dkv.p;
-  p.q_indptr = dqi.as<int32_t>();
-  p.kv_indptr = dki.as<int32_t>();
-  p.kv_indices = didx.as<int32_t>();
-  p.tree_mask = dmask.as<uint64_t>();
+  p.q = d.q.p;
+  p.kv = d.kv.p;
+  p.q_indptr = d.q_indptr.as<int32_t>();
+  p.kv_indptr = d.kv_indptr.as<int32_t>();
+  p.kv_indices = d.kv_indices.as<int32_t>();
+  p.tree_mask = d.mask.as<uint64_t>();
   p.mask_words = h.mask_words;
-  p.out = dout.p;
+  p.out = d.out.p;
   const absl::Status st = kernels::cuda::FallbackAttentionCuda(p);
   ASSERT_TRUE(st.ok()) << st;
   CUDA_ASSERT(cudaDeviceSynchronize());
-  out->resize(out_elems);
-  CUDA_ASSERT(cudaMemcpy(out->data(), dout.p, out_elems * 2, cudaMemcpyDeviceToHost));
+  out->resize(d.out.bytes / 2);
+  CUDA_ASSERT(cudaMemcpy(out->data(), d.out.p, d.out.bytes, cudaMemcpyDeviceToHost));
 }
 
 // Runs the reference and the CUDA path for one case; returns the errors.

@@ -204,30 +204,13 @@ CHECKPOINTS = [
         prompt_lengths=[7, 24],
         pin_routing=True,
     ),
-    dict(
-        name="moe_fp8_mlp128",
-        seed=5005,
-        config=dict(
-            COMMON,
-            **dict(
-                MOE,
-                intermediate_size=256,
-                moe_intermediate_size=256,
-                n_group=2,
-                topk_group=1,
-            ),
-            hidden_size=128,
-            num_hidden_layers=2,
-            max_position_embeddings=256,
-            rope_parameters=dict(YARN),
-        ),
-        spelling="v4",
-        fp8=True,
-        shards=1,
-        prompt_lengths=[6, 20],
-        pin_routing=True,
-    ),
 ]
+
+# moe_fp8_block128 with a dense MLP of whole 128 x 128 blocks too (another seed and prompts).
+_BLOCK128 = next(c for c in CHECKPOINTS if c["name"] == "moe_fp8_block128")
+CHECKPOINTS.append(dict(_BLOCK128, name="moe_fp8_mlp128", seed=5005,
+                        config=dict(_BLOCK128["config"], intermediate_size=256),
+                        prompt_lengths=[6, 20]))
 
 
 # ---- weights ---------------------------------------------------------------------------------
