@@ -10,9 +10,9 @@
 #             engine's tree-node == plain-decoding test, the NCCL rank-order reduction;
 #             batch_variance --batch_invariant (61 layers, 4k and 65k tokens)
 #   server    verifyd --batch_invariant at TP 1 and loopback TP 2, 4, 8 (kimi-k2-attn, 4
-#             layers) and at TP 1 and 2 on tests/data/checkpoints/moe_fp8_mlp128 (the
-#             fallback attention, FP8 MLPs; run from the repository root): verifyctl load
-#             --sessions=8, greedy and seeded at T 0.8; every run must report
+#             layers) and at TP 1 and 2 on tests/data/checkpoints/moe_fp8_attn128 (the
+#             fallback attention, every FP8 linear in FP8; run from the repository root):
+#             verifyctl load --sessions=8, greedy and seeded at T 0.8; every run must report
 #             lossless_mismatches=0
 #   sanitize  compute-sanitizer memcheck on the positional kernel tests
 #   kernel    verify_attention_bench --config=auto, then --positional --shared_context=false
@@ -63,13 +63,13 @@ for step in "${steps[@]}"; do
       ;;
     server)
       # kimi-k2-attn (the verify kernel's positional plans) at TP 1 and loopback 2, 4, 8; a
-      # transformers-made FP8 checkpoint (latent width 48: the fallback attention; FP8 MLPs)
+      # transformers-made FP8 checkpoint (latent width 192: the fallback attention; FP8 linears)
       # at TP 1 and 2.
       port=50079
       for target in kimi:1 kimi:2 kimi:4 kimi:8 fp8:1 fp8:2; do
         tp=${target#*:}
         model=(--model=kimi-k2-attn --preset_layers=4)
-        [ "${target%%:*}" = fp8 ] && model=(--model=tests/data/checkpoints/moe_fp8_mlp128)
+        [ "${target%%:*}" = fp8 ] && model=(--model=tests/data/checkpoints/moe_fp8_attn128)
         name=${target/:/_tp}
         devices=$(yes 0 | head -"$tp" | paste -sd,)
         verifyd --backend=cuda "${model[@]}" --tp="$tp" --cuda_devices="$devices" \

@@ -438,6 +438,7 @@ TEST(Fp8MlpTest, MatchesHostReferenceStageByStage) {
   auto run = [&](int64_t rows) {
     CUDA_ASSERT(cudaMemset(d_out, 0xFF, (R + pad) * H * sizeof(float)));
     f.rows = rows;
+    ASSERT_TRUE(kc::SingleGroupOffsetsCuda(static_cast<int32_t*>(d_off), rows, nullptr).ok());
     ASSERT_TRUE(kc::RunFp8Mlp(f).ok());
     CUDA_ASSERT(cudaDeviceSynchronize());
   };
@@ -487,6 +488,112 @@ TEST(Fp8MlpTest, MatchesHostReferenceStageByStage) {
   for (void* p : {static_cast<void*>(d_x), static_cast<void*>(d_wgu), static_cast<void*>(d_wdn),
                   static_cast<void*>(d_sgu), static_cast<void*>(d_sdn), d_off, d_xq, d_xqs, d_gu,
                   d_aq, d_aqs, d_out}) {
+    cudaFree(p);
+  }
+}
+
+// FloatToBf16Cuda rounds as the host's FloatToBf16 (nearest even), specials included, on
+// fresh random floats spread over the exponent range.
+TEST(Fp8LinearTest, FloatToBf16MatchesHost) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(std::random_device{}());
+  std::vector<float> x(100003);
+  for (auto& v : x) {
+    uint32_t bits = static_cast<uint32_t>(rng());
+    std::memcpy(&v, &bits, 4);
+    if (std::isnan(v)) v = 1.5f;
+  }
+  x[0] = INFINITY, x[1] = -INFINITY, x[2] = 0.f, x[3] = -0.f, x[4] = 1.00390625f;  // a tie
+  float* d_in = ToDevice(x);
+  void* d_raw = nullptr;
+  CUDA_ASSERT(cudaMalloc(&d_raw, x.size() * sizeof(uint16_t)));
+  uint16_t* d_out = static_cast<uint16_t*>(d_raw);
+  ASSERT_TRUE(kc::FloatToBf16Cuda(d_in, d_out, static_cast<int64_t>(x.size()), nullptr).ok());
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got = ToHost(d_out, x.size());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], FloatToBf16(x[i])) << x[i];
+  cudaFree(d_in);
+  cudaFree(d_out);
+}
+
+// RunFp8Linear (the FP8 attention projections) on fresh random inputs: a strided input
+// (ldx > k, as the attention's projections read a column block), quantized per row and 128
+// columns, then the block-scaled GEMM, against the fp64 reference over the device's own
+// quantized operands; rows past `rows` stay poisoned; a bad GEMM is refused.
+TEST(Fp8LinearTest, StridedInputMatchesHostReference) {
+  SKIP_WITHOUT_GPU();
+  if (!kc::GroupedGemmAvailable(0)) GTEST_SKIP() << "FP8 linears need the grouped GEMMs (sm_90)";
+  std::mt19937 rng(std::random_device{}());
+  const int64_t R = 45, K = 384, N = 640, ldx = K + 128, kb = K / 128, nb = N / 128, pad = 2;
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sc(0.25f, 4.f);
+  std::vector<uint16_t> x(R * ldx);
+  for (auto& v : x) v = FloatToBf16(nd(rng));
+  std::vector<uint8_t> w(N * K);
+  for (auto& v : w) {
+    do v = static_cast<uint8_t>(byte(rng));
+    while ((v & 0x7f) == 0x7f);
+  }
+  std::vector<float> ws(nb * kb);
+  for (auto& v : ws) v = sc(rng) / 448.f;
+  auto gemm = kc::GroupedGemm::Create({kc::GroupedGemmKind::kFp8Block128, 1, N, K, 0, 64});
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  uint16_t* d_x = ToDevice(x);
+  uint8_t* d_w = ToDevice(w);
+  float* d_ws = ToDevice(ws);
+  void *d_off, *d_xq, *d_xqs, *d_out;
+  CUDA_ASSERT(cudaMalloc(&d_off, 2 * sizeof(int32_t)));
+  CUDA_ASSERT(cudaMalloc(&d_xq, R * K));
+  CUDA_ASSERT(cudaMalloc(&d_xqs, R * kb * sizeof(float)));
+  CUDA_ASSERT(cudaMalloc(&d_out, (R + pad) * N * sizeof(float)));
+  CUDA_ASSERT(cudaMemset(d_out, 0xFF, (R + pad) * N * sizeof(float)));
+  ASSERT_TRUE(kc::SingleGroupOffsetsCuda(static_cast<int32_t*>(d_off), R, nullptr).ok());
+  kc::Fp8LinearArgs a;
+  a.rows = R;
+  a.x = d_x;
+  a.ldx = ldx;
+  a.w = d_w;
+  a.w_scale = d_ws;
+  a.gemm = gemm->get();
+  a.offsets = static_cast<int32_t*>(d_off);
+  a.xq = static_cast<uint8_t*>(d_xq);
+  a.xq_scale = static_cast<float*>(d_xqs);
+  a.out = static_cast<float*>(d_out);
+  ASSERT_TRUE(kc::RunFp8Linear(a).ok());
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  const std::vector<uint8_t> xq = ToHost(static_cast<uint8_t*>(d_xq), R * K);
+  const std::vector<float> xqs = ToHost(static_cast<float*>(d_xqs), R * kb);
+  const std::vector<float> out = ToHost(static_cast<float*>(d_out), (R + pad) * N);
+  // The last row's quantized input is its own first K columns (not the stride's tail).
+  const int64_t r = R - 1;
+  for (int64_t g = 0; g < kb; ++g) {
+    float amax = 0;
+    for (int64_t j = g * 128; j < (g + 1) * 128; ++j) {
+      amax = std::max(amax, std::fabs(Bf16ToFloat(x[r * ldx + j])));
+    }
+    const float want_s = std::max(amax, 1e-10f) / 448.f;
+    ASSERT_EQ(xqs[r * kb + g], want_s);
+    for (int64_t j = g * 128; j < (g + 1) * 128; ++j) {
+      ASSERT_EQ(xq[r * K + j], FloatToE4m3(Bf16ToFloat(x[r * ldx + j]) / want_s)) << j;
+    }
+  }
+  const std::vector<int32_t> one = {0, static_cast<int32_t>(R)};
+  const Compare c = CompareRows(std::vector<float>(out.begin(), out.begin() + R * N),
+                                BlockScaledGemmRef(one, xq, xqs, w, ws, N, K));
+  std::printf("fp8 linear: rel-L2 %.3g (fp64 reference)\n", c.rel_l2);
+  EXPECT_EQ(c.nonfinite, 0);
+  EXPECT_LT(c.rel_l2, 3e-3);
+  for (int64_t i = R * N; i < (R + pad) * N; ++i) {
+    ASSERT_TRUE(std::isnan(out[i])) << "row " << i / N << " past `rows` was written";
+  }
+  kc::Fp8LinearArgs bad = a;
+  bad.ldx = K - 128;
+  const absl::Status st = kc::RunFp8Linear(bad);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("ldx"), std::string::npos) << st;
+  for (void* p : {static_cast<void*>(d_x), static_cast<void*>(d_w), static_cast<void*>(d_ws), d_off,
+                  d_xq, d_xqs, d_out}) {
     cudaFree(p);
   }
 }

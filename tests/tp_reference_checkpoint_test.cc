@@ -6,6 +6,8 @@
 //   moe_yarn_fp8  the same architecture as DeepSeek-V3 publishes FP8 (128x128 blocks).
 //   moe_fp8_block128  FP8 with whole 128x128 blocks in the experts (hidden 128, two layers).
 //   moe_fp8_mlp128  the same with whole blocks in the dense MLP too (intermediate 256).
+//   moe_fp8_attn128  the same with 128-aligned attention projections too (kv_a ends in a
+//                 partial block).
 // For every checkpoint and TP 1, 2, 4:
 //   - the parsed config gives transformers' RoPE inv_freq and attention softmax scale;
 //   - prefill + greedy decoding with empty trees (driven by the reference tokens): every
@@ -203,8 +205,8 @@ TEST_P(ReferenceCheckpointTest, HiddenStatesAndLogprobsMatchTransformers) {
   reftest::HiddenStatesAndLogprobsMatchTransformers(*e, ref_, label_, kLogitTol, kKvSlots);
 }
 
-const std::vector<std::string> kCheckpoints = {"dense", "moe_yarn", "moe_yarn_fp8",
-                                               "moe_fp8_block128", "moe_fp8_mlp128"};
+const std::vector<std::string> kCheckpoints = {
+    "dense", "moe_yarn", "moe_yarn_fp8", "moe_fp8_block128", "moe_fp8_mlp128", "moe_fp8_attn128"};
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, ReferenceConfigTest, ::testing::ValuesIn(kCheckpoints),
                          [](const ::testing::TestParamInfo<std::string>& info) {

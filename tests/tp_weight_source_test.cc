@@ -17,6 +17,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -267,6 +269,42 @@ TEST(CheckpointDecode, Fp8BlockDequantWithPartialEdgeBlocks) {
         ASSERT_EQ(bits[r * 300 + c], kernels::FloatToBf16(w.Expected(r, c)));
       }
     }
+  }
+}
+
+// The raw FP8 read (engines that keep FP8 on the device): bytes and scales as stored; a block
+// may end in a partial row block only at the tensor's last row (kv_a_proj_with_mqa: 576 rows).
+TEST(CheckpointDecode, Fp8RawBlocksWithPartialLastRowBlock) {
+  const std::string dir = TempDir("fp8raw");
+  const Fp8Weight w = MakeFp8(200, 256, 128, 128, 9);
+  WriteRaw(dir + "/m.safetensors", {{"w", "F8_E4M3", {200, 256}, Bytes(w.codes)},
+                                    F32("w_scale_inv", {w.srows, w.scols}, w.scale)});
+  auto src = OpenOk(dir, RawOptions());
+  ASSERT_NE(src, nullptr);
+  ASSERT_TRUE(src->StoredAsFp8("w"));
+  for (auto [r0, nr] : {std::pair<int64_t, int64_t>{0, 200}, {128, 72}, {0, 128}}) {
+    std::vector<uint8_t> bytes(nr * 128, 0);
+    std::vector<float> scale((nr + 127) / 128, -1.f);
+    ASSERT_TRUE(src->ReadBlockFp8("w", r0, nr, 128, 128, bytes.data(), scale.data()).ok())
+        << r0 << "+" << nr;
+    for (int64_t r = 0; r < nr; ++r) {
+      for (int64_t c = 0; c < 128; ++c) {
+        ASSERT_EQ(bytes[r * 128 + c], w.codes[(r0 + r) * 256 + 128 + c]) << r << ", " << c;
+      }
+    }
+    for (int64_t b = 0; b < (nr + 127) / 128; ++b) {
+      EXPECT_EQ(scale[b], w.scale[(r0 / 128 + b) * w.scols + 1]) << r0 << " block " << b;
+    }
+  }
+  // A partial row block anywhere else, or misaligned columns: InvalidArgument naming the tensor.
+  std::vector<uint8_t> bytes(200 * 256);
+  std::vector<float> scale(4);
+  for (auto [r0, nr, c0, nc] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{0, 72, 0, 128},
+                                {64, 136, 0, 128},
+                                {0, 200, 0, 100}}) {
+    const absl::Status st = src->ReadBlockFp8("w", r0, nr, c0, nc, bytes.data(), scale.data());
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << r0 << "+" << nr;
+    EXPECT_THAT(st.message(), HasSubstr("'w'"));
   }
 }
 

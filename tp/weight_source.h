@@ -53,10 +53,11 @@ class WeightSource {
 
   // FP8 block-scaled tensors as stored, for engines that keep them in FP8 (the CUDA engine's
   // routed experts): the e4m3 bytes of block [row0, +rows) x [col0, +cols) into dst[rows *
-  // cols] and the float32 value of its `_scale_inv` entries, [rows / 128][cols / 128] into
-  // scale_dst. row0, rows, col0 and cols must be multiples of 128 and the tensor's scale
-  // blocks 128 x 128. Unimplemented when the tensor is not stored as F8_E4M3 (or the source
-  // keeps no FP8 bytes); InvalidArgument naming the tensor for a misaligned block.
+  // cols] and the float32 value of its `_scale_inv` entries, [ceil(rows / 128)][cols / 128]
+  // into scale_dst. row0, col0 and cols must be multiples of 128, rows too unless the block
+  // ends at the tensor's last row (a partial last block, as kv_a_proj_with_mqa's 576 rows),
+  // and the tensor's scale blocks 128 x 128. Unimplemented when the tensor is not stored as F8_E4M3
+  // (or the source keeps no FP8 bytes); InvalidArgument naming the tensor for a misaligned block.
   virtual bool StoredAsFp8(const std::string& name) const {
     (void)name;
     return false;

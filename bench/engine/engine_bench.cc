@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
@@ -41,7 +42,11 @@
 #include "tp/cuda/cuda_engine.h"
 #include "tp/presets.h"
 
-ABSL_FLAG(std::string, model, "kimi-k2-attn", "preset name");
+ABSL_FLAG(std::string, model, "kimi-k2-attn",
+          "preset name, or a checkpoint directory (e.g. bench/engine/make_fp8_checkpoint.py's)");
+ABSL_FLAG(bool, fp8_weights, true,
+          "FP8-stored weights of a checkpoint stay FP8 (EngineOptions::cuda.fp8_experts); "
+          "false: dequantized to bf16");
 ABSL_FLAG(int64_t, layers, 61, "decoder layers of the preset (Kimi-K2 has 61)");
 ABSL_FLAG(std::string, contexts, "4096,16384,65536,185000", "committed context lengths");
 ABSL_FLAG(std::string, trees, "1,8,16,64", "draft nodes per tree (rows = nodes + 1)");
@@ -228,6 +233,7 @@ int main(int argc, char** argv) {
   o.cuda.use_verify_kernel = absl::GetFlag(FLAGS_verify_kernel);
   o.cuda.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   o.cuda.shared_context_attention = absl::GetFlag(FLAGS_shared_context);
+  o.cuda.fp8_experts = absl::GetFlag(FLAGS_fp8_weights);
   const auto t_create = std::chrono::steady_clock::now();
   auto created = CudaEngine::Create(o);
   if (!created.ok()) {
@@ -346,6 +352,16 @@ int main(int argc, char** argv) {
   j["verify_kernel"] = rows.empty() ? false : rows[0].prof.verify_kernel;
   j["batch_invariant"] = absl::GetFlag(FLAGS_batch_invariant);
   j["shared_context"] = absl::GetFlag(FLAGS_shared_context);
+  {
+    // A preset's weights are generated; a checkpoint is named by its directory's last part.
+    const std::string m = absl::GetFlag(FLAGS_model);
+    const std::vector<std::string> presets = verifyd::tp::PresetNames();
+    j["weights"] = std::find(presets.begin(), presets.end(), m) != presets.end()
+                       ? absl::StrCat("generated (", m, ", seed ", absl::GetFlag(FLAGS_seed), ")")
+                       : absl::StrCat("checkpoint ", std::filesystem::path(m).filename().string());
+  }
+  j["fp8_attention"] = e.fp8_attention();
+  j["fp8_mlps"] = e.fp8_mlps();
   for (const Row& r : rows) {
     j["rows"].push_back(
         {{"context", r.context},

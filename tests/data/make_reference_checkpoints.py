@@ -35,6 +35,11 @@ tests/data/references/<name>.json and <name>_logits.safetensors.
   moe_fp8_mlp128  moe_fp8_block128 with a dense MLP of intermediate 256 (another seed): every
                 SwiGLU MLP (dense layer, routed and shared experts) is whole 128 x 128 blocks,
                 so the CUDA engine keeps all of them in FP8. Routing pinned likewise.
+  moe_fp8_attn128  moe_fp8_mlp128 with 128-aligned attention projections too (another seed):
+                q_lora_rank 128, qk_nope_head_dim 112 (q_b_proj rows 4 x 128), v_head_dim 128
+                (o_proj columns 4 x 128) and kv_lora_rank 176 (kv_a_proj_with_mqa's 192 rows:
+                one whole and one partial block, as DeepSeek-V3's 576 = 4.5 blocks), so the CUDA
+                engine keeps every FP8 linear in FP8 at TP 1, 2 and 4. Routing pinned likewise.
 
 The MoE checkpoints set max_position_embeddings 256 while factor * original is 128: transformers
 warns and uses the explicit factor (4) for both inv_freq and the softmax mscale, so a reader
@@ -211,6 +216,12 @@ _BLOCK128 = next(c for c in CHECKPOINTS if c["name"] == "moe_fp8_block128")
 CHECKPOINTS.append(dict(_BLOCK128, name="moe_fp8_mlp128", seed=5005,
                         config=dict(_BLOCK128["config"], intermediate_size=256),
                         prompt_lengths=[6, 20]))
+# ... and with 128-aligned attention projections (kv_a's rows end in a partial block).
+_MLP128 = CHECKPOINTS[-1]
+CHECKPOINTS.append(dict(_MLP128, name="moe_fp8_attn128", seed=6006,
+                        config=dict(_MLP128["config"], q_lora_rank=128, qk_nope_head_dim=112,
+                                    v_head_dim=128, kv_lora_rank=176),
+                        prompt_lengths=[8, 19]))
 
 
 # ---- weights ---------------------------------------------------------------------------------

@@ -289,6 +289,10 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
   }
   const int64_t hid = c.hidden_size;
   VERIFYD_RETURN_IF_ERROR(EmbedTokens(step, rk));
+  // The FP8 linears' one-group offsets {0, R}: once per step for every layer.
+  if (rk.fp8_offsets != nullptr) {
+    VERIFYD_RETURN_IF_ERROR(kc::SingleGroupOffsetsCuda(rk.fp8_offsets, R, rk.stream));
+  }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     VERIFYD_RETURN_IF_ERROR(RunMlaLayer(step, l, rk));
     if (!capture) continue;
@@ -613,6 +617,10 @@ std::string CudaEngine::fp8_mlps() const {
   const CudaRankContext& rk = *impl_->ranks[0];
   if (rk.fp8_dense && rk.fp8_shared) return "dense, shared experts";
   return rk.fp8_dense ? "dense" : rk.fp8_shared ? "shared experts" : "";
+}
+
+bool CudaEngine::fp8_attention() const {
+  return !impl_->ranks.empty() && impl_->ranks[0]->fp8_attention;
 }
 
 absl::StatusOr<std::vector<float>> CudaEngine::LatentRow(int rank, int64_t layer, int32_t slot) {

@@ -99,6 +99,9 @@ class CudaEngine final : public Engine {
   // Which other SwiGLU MLPs rank 0 keeps in FP8 (moe_mlp.h RunFp8Mlp): "dense", "shared
   // experts", "dense, shared experts" or "" (bf16).
   std::string fp8_mlps() const;
+  // Whether rank 0 keeps the attention projections (q_a, kv_a, q_b / q_proj, o_proj) in FP8
+  // (moe_mlp.h RunFp8Linear; rank_context.h fp8_attention).
+  bool fp8_attention() const;
   // Routed experts rank 0 holds: n_routed_experts (a slice of each: tensor-parallel experts)
   // or n_routed_experts / tp (expert parallelism); 0 without MoE.
   int64_t local_experts() const;

@@ -6,6 +6,7 @@
 #include "kernels/cuda/dense/elementwise.h"
 #include "kernels/cuda/dense/fallback_attention.h"
 #include "kernels/cuda/dense/gemm.h"
+#include "kernels/cuda/dense/moe.h"
 #include "kernels/cuda/dense/moe_mlp.h"
 #include "kernels/cuda/dense/rms_norm.h"
 #include "kernels/cuda/dense/rope.h"
@@ -43,6 +44,25 @@ absl::Status Norm(const MlaStep& s, CudaRankContext& rk, const void* x, kernels:
 absl::Status Gemm(const MlaStep& s, CudaRankContext& rk, const bf16* x, int64_t k, const bf16* w,
                   int64_t n, void* y, kernels::DType yt, float beta) {
   return kc::GemmBf16Packed(rk.cublas, s.rows, x, k, w, n, y, yt, beta);
+}
+
+// out[R, n] (fp32) = x[R, k] . W^T with the FP8 weight W (moe_mlp.h RunFp8Linear, the
+// rank's one-group GEMM of shape (n, k)); x read with row stride ldx (0: k).
+absl::Status Fp8Linear(const MlaStep& s, CudaRankContext& rk, const bf16* x, int64_t ldx,
+                       const uint8_t* w, const float* w_scale, kc::GroupedGemm* gemm, float* out) {
+  kc::Fp8LinearArgs a;
+  a.rows = s.rows;
+  a.x = x;
+  a.ldx = ldx;
+  a.w = w;
+  a.w_scale = w_scale;
+  a.gemm = gemm;
+  a.offsets = rk.fp8_offsets;
+  a.xq = rk.fp8_xq;
+  a.xq_scale = rk.fp8_xq_scale;
+  a.out = out;
+  a.stream = rk.stream;
+  return kc::RunFp8Linear(a);
 }
 
 // x += AllReduce(part) (TP > 1); at TP = 1 the GEMM accumulated into x already.
@@ -115,7 +135,31 @@ absl::Status RunMlaLayer(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
   MarkProfile(rk, ProfileCategory::kOther);
   VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.x, F32, hid, hid, L.input_norm, rk.xn, BF16, hid));
   MarkProfile(rk, ProfileCategory::kGemm);
-  if (ql > 0) {
+  // kv_a's output (fp32, row stride ld_kva): its own buffer, or a column block of the fused
+  // FP8 q_a | kv_a output.
+  const float* kva = rk.kva;
+  int64_t ld_kva = lat;
+  if (rk.fp8_attention) {
+    // FP8 weights (W8A8): one GEMM for q_a and kv_a (xn quantized once), q_b's fp32 output
+    // rounded to bf16 as cuBLAS rounds the bf16 path's.
+    const int64_t na = rk.fp8_qkv_a_cols;
+    VERIFYD_RETURN_IF_ERROR(Fp8Linear(s, rk, rk.xn, hid, L.qkv_a_fp8, L.qkv_a_scale,
+                                      rk.attn_gemm_qkv_a.get(), rk.qkva));
+    kva = rk.qkva + ql;
+    ld_kva = na;
+    const bf16* q_in = rk.xn;
+    int64_t ld_q_in = hid;
+    if (ql > 0) {
+      MarkProfile(rk, ProfileCategory::kOther);
+      VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.qkva, F32, na, ql, L.q_a_norm, rk.qan, BF16, ql));
+      MarkProfile(rk, ProfileCategory::kGemm);
+      q_in = rk.qan;
+      ld_q_in = ql;
+    }
+    VERIFYD_RETURN_IF_ERROR(
+        Fp8Linear(s, rk, q_in, ld_q_in, L.q_b_fp8, L.q_b_scale, rk.attn_gemm_q_b.get(), rk.qf));
+    VERIFYD_RETURN_IF_ERROR(kc::FloatToBf16Cuda(rk.qf, rk.q, R * Hl * qk, rk.stream));
+  } else if (ql > 0) {
     VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.xn, hid, L.q_a, ql, rk.qa, F32, 0.f));
     MarkProfile(rk, ProfileCategory::kOther);
     VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.qa, F32, ql, ql, L.q_a_norm, rk.qan, BF16, ql));
@@ -124,7 +168,9 @@ absl::Status RunMlaLayer(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
   } else {
     VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.xn, hid, L.q_b, Hl * qk, rk.q, BF16, 0.f));
   }
-  VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.xn, hid, L.kv_a, lat, rk.kva, F32, 0.f));
+  if (!rk.fp8_attention) {
+    VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.xn, hid, L.kv_a, lat, rk.kva, F32, 0.f));
+  }
   // Absorbed query, latent part: qatt[r, h, 0:kvl] = q_nope[r, h] . W_UK[h] ([nope, kvl]).
   {
     kc::BatchedGemmParams p;
@@ -150,8 +196,8 @@ absl::Status RunMlaLayer(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
     p.rows = static_cast<int>(R);
     p.kv_lora = static_cast<int>(kvl);
     p.rope_dim = static_cast<int>(rope);
-    p.kva = rk.kva;
-    p.ld_kva = lat;
+    p.kva = kva;
+    p.ld_kva = ld_kva;
     p.kv_norm_weight = L.kv_a_norm;
     p.eps = static_cast<float>(c.rms_norm_eps);
     p.cos_table = rk.cos_t;
@@ -209,8 +255,18 @@ absl::Status RunMlaLayer(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
     VERIFYD_RETURN_IF_ERROR(kc::GemmBf16Batched(rk.cublas, p));
   }
   const bool tp1 = s.tp == 1;
-  VERIFYD_RETURN_IF_ERROR(
-      Gemm(s, rk, rk.attn, Hl * v, L.o_proj, hid, tp1 ? rk.x : rk.part, F32, tp1 ? 1.f : 0.f));
+  if (rk.fp8_attention) {
+    // The FP8 GEMM overwrites: its partial goes to part, added into x at TP = 1.
+    VERIFYD_RETURN_IF_ERROR(Fp8Linear(s, rk, rk.attn, Hl * v, L.o_proj_fp8, L.o_proj_scale,
+                                      rk.attn_gemm_o.get(), rk.part));
+    if (tp1) {
+      MarkProfile(rk, ProfileCategory::kOther);
+      VERIFYD_RETURN_IF_ERROR(kc::AddInPlaceCuda(rk.x, rk.part, R * hid, rk.stream));
+    }
+  } else {
+    VERIFYD_RETURN_IF_ERROR(
+        Gemm(s, rk, rk.attn, Hl * v, L.o_proj, hid, tp1 ? rk.x : rk.part, F32, tp1 ? 1.f : 0.f));
+  }
   VERIFYD_RETURN_IF_ERROR(ReduceIntoX(s, rk));
 
   // MLP block.
@@ -219,7 +275,8 @@ absl::Status RunMlaLayer(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
   if (c.IsMoeLayer(layer)) {
     VERIFYD_RETURN_IF_ERROR(RunMoeMlp(s, layer, rk));
   } else if (Il > 0 && L.gate_up_fp8 != nullptr) {
-    // FP8 weights (W8A8, moe_mlp.h RunFp8Mlp): the MLP writes its partial into part.
+    // FP8 weights (W8A8, moe_mlp.h RunFp8Mlp; rk.fp8_offsets written by the step): the MLP
+    // writes its partial into part.
     MarkProfile(rk, ProfileCategory::kGemm);
     kc::Fp8MlpArgs f;
     f.rows = R;

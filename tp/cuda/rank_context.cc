@@ -139,19 +139,21 @@ absl::Status FillTensorF32(const RankWeightInit& source, CudaRankContext& rk,
   return absl::OkStatus();
 }
 
-// Fills dst [rows, cols] (e4m3 bytes) and scale [rows / 128, cols / 128] with the block
-// [row0, +rows) x [col0, +cols) of an FP8-stored tensor as stored (ReadBlockFp8), 128 rows at
-// a time through a host staging buffer. Every scale must be finite and positive and no byte a
-// NaN code (0x7f / 0xff), else InvalidArgument naming the tensor and its file.
+// Fills dst [rows, cols] (e4m3 bytes) and scale [ceil(rows / 128), cols / 128] with the block
+// [row0, +rows) x [col0, +cols) of an FP8-stored tensor as stored (ReadBlockFp8: rows may end
+// in a partial block at the tensor's last row), whole 128-row blocks at a time through a host
+// staging buffer. Every scale must be finite and positive and no byte a NaN code (0x7f /
+// 0xff), else InvalidArgument naming the tensor and its file.
 absl::Status FillTensorFp8(const RankWeightInit& source, CudaRankContext& rk,
                            const std::string& name, uint8_t* dst, float* scale, int64_t rows,
                            int64_t cols, int64_t row0, int64_t col0) {
   const tp::WeightSource& src = *source.host;
-  const int64_t chunk = std::clamp<int64_t>(kStagingBytes / cols / 128 * 128, 128, rows);
+  // A multiple of 128 rows (every chunk but the last starts and ends on a block boundary).
+  const int64_t chunk = std::min(std::max<int64_t>(kStagingBytes / cols / 128 * 128, 128), rows);
   std::vector<uint8_t> bytes(static_cast<size_t>(chunk * cols));
-  std::vector<float> sc(static_cast<size_t>(chunk / 128 * (cols / 128)));
+  std::vector<float> sc(static_cast<size_t>((chunk + 127) / 128 * (cols / 128)));
   for (int64_t r = 0; r < rows; r += chunk) {
-    const int64_t n = std::min(chunk, rows - r);
+    const int64_t n = std::min(chunk, rows - r), nb = (n + 127) / 128;
     VERIFYD_RETURN_IF_ERROR(
         src.ReadBlockFp8(name, row0 + r, n, col0, cols, bytes.data(), sc.data()));
     const std::string where = src.Location(name);
@@ -162,7 +164,7 @@ absl::Status FillTensorFp8(const RankWeightInit& source, CudaRankContext& rk,
                          row0 + r + i / cols, ", ", col0 + i % cols, "] is an FP8 NaN"));
       }
     }
-    for (int64_t i = 0; i < n / 128 * (cols / 128); ++i) {
+    for (int64_t i = 0; i < nb * (cols / 128); ++i) {
       if (!(std::isfinite(sc[i]) && sc[i] > 0)) {
         return absl::InvalidArgumentError(absl::StrCat(where.empty() ? "" : where + ": ",
                                                        "tensor '", name, "_scale_inv' has ", sc[i],
@@ -172,10 +174,9 @@ absl::Status FillTensorFp8(const RankWeightInit& source, CudaRankContext& rk,
     VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + r * cols, bytes.data(),
                                                  static_cast<size_t>(n * cols),
                                                  cudaMemcpyHostToDevice, rk.stream));
-    VERIFYD_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(scale + r / 128 * (cols / 128), sc.data(),
-                        static_cast<size_t>(n / 128 * (cols / 128)) * sizeof(float),
-                        cudaMemcpyHostToDevice, rk.stream));
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        scale + r / 128 * (cols / 128), sc.data(),
+        static_cast<size_t>(nb * (cols / 128)) * sizeof(float), cudaMemcpyHostToDevice, rk.stream));
     VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rk.stream));
   }
   return absl::OkStatus();
@@ -383,20 +384,95 @@ void ChooseFp8Mlps(const RankSetup& setup, CudaRankContext& rk) {
   }
 }
 
-// The one-group FP8 GEMMs and scratch of RunFp8Mlp for R rows (rk.fp8_dense / fp8_shared).
-absl::Status AllocFp8MlpBuffers(const ModelConfig& c, int64_t R, CudaRankContext& rk) {
+// Whether the attention projections stay FP8 on this rank (rk.fp8_attention): the conditions
+// of ChooseFp8Mlps, and q_lora (when there is one) and the rank's head slices of q_b / q_proj
+// (H_l qk rows from h0 qk) and o_proj (H_l v columns from h0 v) 128-aligned; layer 0's
+// q_a_proj (or q_proj), kv_a_proj_with_mqa, q_b_proj and o_proj stored as FP8 decide for all.
+// kv_a's lat rows (576 on DeepSeek-V3: 4.5 blocks) are padded with zero rows to whole blocks
+// and fused behind q_a's into one GEMM (rk.fp8_qkv_a_cols columns).
+void ChooseFp8Attention(const RankSetup& setup, CudaRankContext& rk) {
+  const ModelConfig& c = *setup.config;
+  const tp::WeightSource* host = setup.weights.host;
+  if (!setup.fp8_experts || host == nullptr || c.quant.block_rows != 128 ||
+      c.quant.block_cols != 128 || c.hidden_size % 128 != 0 || c.num_hidden_layers == 0 ||
+      !kc::GroupedGemmAvailable(rk.device)) {
+    return;
+  }
+  const int64_t ql = c.q_lora_rank, qk = c.qk_head_dim(), v = c.v_head_dim;
+  const int64_t Hl = rk.heads.size, h0 = rk.heads.begin;
+  const bool aligned = Hl > 0 && ql % 128 == 0 && (Hl * qk) % 128 == 0 && (h0 * qk) % 128 == 0 &&
+                       (Hl * v) % 128 == 0 && (h0 * v) % 128 == 0;
+  auto fp8 = [&](const char* suffix) { return host->StoredAsFp8(LayerTensorName(0, suffix)); };
+  const bool stored = (ql > 0 ? fp8("self_attn.q_a_proj.weight") && fp8("self_attn.q_b_proj.weight")
+                              : fp8("self_attn.q_proj.weight")) &&
+                      fp8("self_attn.kv_a_proj_with_mqa.weight") && fp8("self_attn.o_proj.weight");
+  rk.fp8_attention = aligned && stored;
+  if (rk.fp8_attention) rk.fp8_qkv_a_cols = ql + (c.latent_dim() + 127) / 128 * 128;
+}
+
+// Layer l's attention projections in FP8 (rk.fp8_attention; CudaLayerWeights' FP8 fields).
+absl::Status FillAttentionFp8(const RankWeightInit& src, const ModelConfig& c, int64_t l,
+                              CudaRankContext& rk, CudaLayerWeights& L) {
+  auto n = [&](const char* suffix) { return LayerTensorName(l, suffix); };
+  const int64_t hid = c.hidden_size, hb = hid / 128, ql = c.q_lora_rank, lat = c.latent_dim();
+  const int64_t qk = c.qk_head_dim(), v = c.v_head_dim, Hl = rk.heads.size, h0 = rk.heads.begin;
+  const int64_t na = rk.fp8_qkv_a_cols, qin = ql > 0 ? ql : hid;
+  VERIFYD_ASSIGN_OR_RETURN(L.qkv_a_fp8, rk.Alloc<uint8_t>(na * hid));
+  VERIFYD_ASSIGN_OR_RETURN(L.qkv_a_scale, rk.Alloc<float>(na / 128 * hb));
+  if (ql > 0) {
+    VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, n("self_attn.q_a_proj.weight"), L.qkv_a_fp8,
+                                          L.qkv_a_scale, ql, hid, 0, 0));
+  }
+  VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, n("self_attn.kv_a_proj_with_mqa.weight"),
+                                        L.qkv_a_fp8 + ql * hid, L.qkv_a_scale + ql / 128 * hb, lat,
+                                        hid, 0, 0));
+  // The pad rows: zero weights (their scale is kv_a's last block's), so columns >= ql + lat of
+  // the GEMM's output are 0 and nothing reads them.
+  VERIFYD_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(L.qkv_a_fp8 + (ql + lat) * hid, 0, (na - ql - lat) * hid, rk.stream));
+  VERIFYD_ASSIGN_OR_RETURN(L.q_b_fp8, rk.Alloc<uint8_t>(Hl * qk * qin));
+  VERIFYD_ASSIGN_OR_RETURN(L.q_b_scale, rk.Alloc<float>(Hl * qk / 128 * (qin / 128)));
+  VERIFYD_RETURN_IF_ERROR(
+      FillTensorFp8(src, rk, n(ql > 0 ? "self_attn.q_b_proj.weight" : "self_attn.q_proj.weight"),
+                    L.q_b_fp8, L.q_b_scale, Hl * qk, qin, h0 * qk, 0));
+  VERIFYD_ASSIGN_OR_RETURN(L.o_proj_fp8, rk.Alloc<uint8_t>(hid * Hl * v));
+  VERIFYD_ASSIGN_OR_RETURN(L.o_proj_scale, rk.Alloc<float>(hb * (Hl * v / 128)));
+  return FillTensorFp8(src, rk, n("self_attn.o_proj.weight"), L.o_proj_fp8, L.o_proj_scale, hid,
+                       Hl * v, 0, h0 * v);
+}
+
+// The one-group FP8 GEMMs and scratch of the FP8 linears for R rows (rk.fp8_attention,
+// fp8_dense, fp8_shared).
+absl::Status AllocFp8Buffers(const ModelConfig& c, int64_t R, CudaRankContext& rk) {
   const int64_t hid = c.hidden_size;
   const int64_t inter =
       std::max(rk.fp8_dense ? rk.inter.size : 0, rk.fp8_shared ? rk.moe_shared_inter.size : 0);
-  if (inter == 0) return absl::OkStatus();
+  if (inter == 0 && !rk.fp8_attention) return absl::OkStatus();
   using kc::GroupedGemm;
   constexpr kc::GroupedGemmKind kFp8 = kc::GroupedGemmKind::kFp8Block128;
+  const int64_t ql = c.q_lora_rank, qk = c.qk_head_dim(), Hl = rk.heads.size;
+  const int64_t v = c.v_head_dim;
+  rk.fp8_xq_cols = hid;
+  if (rk.fp8_attention) rk.fp8_xq_cols = std::max({hid, ql, Hl * v});
   VERIFYD_ASSIGN_OR_RETURN(rk.fp8_offsets, AllocPoisoned<int32_t>(rk, 2));
-  VERIFYD_ASSIGN_OR_RETURN(rk.fp8_xq, AllocPoisoned<uint8_t>(rk, R * hid));
-  VERIFYD_ASSIGN_OR_RETURN(rk.fp8_xq_scale, AllocPoisoned<float>(rk, R * hid / 128));
-  VERIFYD_ASSIGN_OR_RETURN(rk.fp8_actq, AllocPoisoned<uint8_t>(rk, R * inter));
-  VERIFYD_ASSIGN_OR_RETURN(rk.fp8_actq_scale, AllocPoisoned<float>(rk, R * inter / 128));
+  VERIFYD_ASSIGN_OR_RETURN(rk.fp8_xq, AllocPoisoned<uint8_t>(rk, R * rk.fp8_xq_cols));
+  VERIFYD_ASSIGN_OR_RETURN(rk.fp8_xq_scale, AllocPoisoned<float>(rk, R * rk.fp8_xq_cols / 128));
+  if (inter > 0) {
+    VERIFYD_ASSIGN_OR_RETURN(rk.fp8_actq, AllocPoisoned<uint8_t>(rk, R * inter));
+    VERIFYD_ASSIGN_OR_RETURN(rk.fp8_actq_scale, AllocPoisoned<float>(rk, R * inter / 128));
+  }
   // 64-row tiles, as the routed experts' (few rows per step at verify batch sizes).
+  if (rk.fp8_attention) {
+    const int64_t na = rk.fp8_qkv_a_cols, qin = ql > 0 ? ql : hid;
+    VERIFYD_ASSIGN_OR_RETURN(rk.attn_gemm_qkv_a,
+                             GroupedGemm::Create({kFp8, 1, na, hid, rk.device, 64}));
+    VERIFYD_ASSIGN_OR_RETURN(rk.attn_gemm_q_b,
+                             GroupedGemm::Create({kFp8, 1, Hl * qk, qin, rk.device, 64}));
+    VERIFYD_ASSIGN_OR_RETURN(rk.attn_gemm_o,
+                             GroupedGemm::Create({kFp8, 1, hid, Hl * v, rk.device, 64}));
+    VERIFYD_ASSIGN_OR_RETURN(rk.qkva, AllocPoisoned<float>(rk, R * na));
+    VERIFYD_ASSIGN_OR_RETURN(rk.qf, AllocPoisoned<float>(rk, R * Hl * qk));
+  }
   if (rk.fp8_dense) {
     const int64_t I = rk.inter.size;
     VERIFYD_ASSIGN_OR_RETURN(rk.dense_gemm_gate_up,
@@ -470,6 +546,7 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
   rk.vmax = CeilShardMax(c.vocab_size, tp);
   if (c.moe.n_routed_experts > 0) rk.expert_path = ChooseExpertPath(setup, rk);
   ChooseFp8Mlps(setup, rk);
+  ChooseFp8Attention(setup, rk);
   const int64_t hid = c.hidden_size, qk = c.qk_head_dim(), nope = c.qk_nope_head_dim;
   const int64_t v = c.v_head_dim, kvl = c.kv_lora_rank, lat = c.latent_dim();
   const int64_t Hl = rk.heads.size, h0 = rk.heads.begin, Il = rk.inter.size;
@@ -486,12 +563,16 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
     VERIFYD_RETURN_IF_ERROR(
         FillTensor(setup.weights, rk, n("input_layernorm.weight"), L.input_norm, 1, hid, 0, 0));
     if (ql > 0) {
-      VERIFYD_ASSIGN_OR_RETURN(L.q_a, rk.Alloc<bf16>(ql * hid));
-      VERIFYD_RETURN_IF_ERROR(
-          FillTensor(setup.weights, rk, n("self_attn.q_a_proj.weight"), L.q_a, ql, hid, 0, 0));
       VERIFYD_ASSIGN_OR_RETURN(L.q_a_norm, rk.Alloc<bf16>(ql));
       VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("self_attn.q_a_layernorm.weight"),
                                          L.q_a_norm, 1, ql, 0, 0));
+    }
+    if (rk.fp8_attention) {
+      VERIFYD_RETURN_IF_ERROR(FillAttentionFp8(setup.weights, c, l, rk, L));
+    } else if (ql > 0) {
+      VERIFYD_ASSIGN_OR_RETURN(L.q_a, rk.Alloc<bf16>(ql * hid));
+      VERIFYD_RETURN_IF_ERROR(
+          FillTensor(setup.weights, rk, n("self_attn.q_a_proj.weight"), L.q_a, ql, hid, 0, 0));
       VERIFYD_ASSIGN_OR_RETURN(L.q_b, rk.Alloc<bf16>(Hl * qk * ql));
       VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("self_attn.q_b_proj.weight"), L.q_b,
                                          Hl * qk, ql, h0 * qk, 0));
@@ -500,9 +581,14 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
       VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("self_attn.q_proj.weight"), L.q_b,
                                          Hl * qk, hid, h0 * qk, 0));
     }
-    VERIFYD_ASSIGN_OR_RETURN(L.kv_a, rk.Alloc<bf16>(lat * hid));
-    VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("self_attn.kv_a_proj_with_mqa.weight"),
-                                       L.kv_a, lat, hid, 0, 0));
+    if (!rk.fp8_attention) {
+      VERIFYD_ASSIGN_OR_RETURN(L.kv_a, rk.Alloc<bf16>(lat * hid));
+      VERIFYD_RETURN_IF_ERROR(FillTensor(
+          setup.weights, rk, n("self_attn.kv_a_proj_with_mqa.weight"), L.kv_a, lat, hid, 0, 0));
+      VERIFYD_ASSIGN_OR_RETURN(L.o_proj, rk.Alloc<bf16>(hid * Hl * v));
+      VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("self_attn.o_proj.weight"), L.o_proj,
+                                         hid, Hl * v, 0, h0 * v));
+    }
     VERIFYD_ASSIGN_OR_RETURN(L.kv_a_norm, rk.Alloc<bf16>(kvl));
     VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("self_attn.kv_a_layernorm.weight"),
                                        L.kv_a_norm, 1, kvl, 0, 0));
@@ -511,9 +597,6 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
     VERIFYD_ASSIGN_OR_RETURN(L.kv_b, rk.Alloc<bf16>(Hl * (nope + v) * kvl));
     VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("self_attn.kv_b_proj.weight"), L.kv_b,
                                        Hl * (nope + v), kvl, h0 * (nope + v), 0));
-    VERIFYD_ASSIGN_OR_RETURN(L.o_proj, rk.Alloc<bf16>(hid * Hl * v));
-    VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("self_attn.o_proj.weight"), L.o_proj,
-                                       hid, Hl * v, 0, h0 * v));
     VERIFYD_ASSIGN_OR_RETURN(L.post_norm, rk.Alloc<bf16>(hid));
     VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, n("post_attention_layernorm.weight"),
                                        L.post_norm, 1, hid, 0, 0));
@@ -550,11 +633,15 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
   VERIFYD_ASSIGN_OR_RETURN(rk.x, rk.Alloc<float>(R * hid));
   VERIFYD_ASSIGN_OR_RETURN(rk.xn, rk.Alloc<bf16>(R * hid));
   if (ql > 0) {
-    VERIFYD_ASSIGN_OR_RETURN(rk.qa, rk.Alloc<float>(R * ql));
+    if (!rk.fp8_attention) {
+      VERIFYD_ASSIGN_OR_RETURN(rk.qa, rk.Alloc<float>(R * ql));
+    }
     VERIFYD_ASSIGN_OR_RETURN(rk.qan, rk.Alloc<bf16>(R * ql));
   }
   VERIFYD_ASSIGN_OR_RETURN(rk.q, rk.Alloc<bf16>(R * Hl * qk));
-  VERIFYD_ASSIGN_OR_RETURN(rk.kva, rk.Alloc<float>(R * lat));
+  if (!rk.fp8_attention) {
+    VERIFYD_ASSIGN_OR_RETURN(rk.kva, rk.Alloc<float>(R * lat));
+  }
   VERIFYD_ASSIGN_OR_RETURN(rk.qatt, rk.Alloc<bf16>(R * Hl * lat));
   VERIFYD_ASSIGN_OR_RETURN(rk.olat, rk.Alloc<bf16>(R * Hl * kvl));
   VERIFYD_ASSIGN_OR_RETURN(rk.attn, rk.Alloc<bf16>(R * Hl * v));
@@ -576,7 +663,7 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
   bool has_moe = false;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) has_moe = has_moe || c.IsMoeLayer(l);
   if (has_moe) VERIFYD_RETURN_IF_ERROR(AllocMoeBuffers(c, R, rk));
-  VERIFYD_RETURN_IF_ERROR(AllocFp8MlpBuffers(c, R, rk));
+  VERIFYD_RETURN_IF_ERROR(AllocFp8Buffers(c, R, rk));
   {
     // Plain RoPE: RopeInvFreq (factor 1); YaRN: the reference's table and cos / sin factor.
     std::vector<float> inv;
@@ -654,6 +741,9 @@ void FreeRankContext(CudaRankContext& rk) {
   rk.comm.reset();
   rk.moe_gemm_gate_up.reset();
   rk.moe_gemm_down.reset();
+  rk.attn_gemm_qkv_a.reset();
+  rk.attn_gemm_q_b.reset();
+  rk.attn_gemm_o.reset();
   rk.dense_gemm_gate_up.reset();
   rk.dense_gemm_down.reset();
   rk.shared_gemm_gate_up.reset();

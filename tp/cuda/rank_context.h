@@ -26,9 +26,12 @@
 //     expert path kBf16PerExpert only)
 //   moe_xq [P, hidden] e4m3 + moe_xq_scale, moe_actq [P, Ie_l] e4m3 + moe_actq_scale
 //     (expert path kFp8Grouped: the quantized expert inputs and SwiGLU outputs)
-// FP8 dense MLPs / shared experts (fp8_dense, fp8_shared): fp8_offsets [2] (the one group's
-//   rows), fp8_xq [R, hidden] e4m3 + fp8_xq_scale, fp8_actq [R, max(I_l, Is_l)] e4m3 +
-//   fp8_actq_scale; gate_up in gu / moe_gu (fp32), the output in part / moe_shared.
+// FP8 linears (fp8_attention, fp8_dense, fp8_shared): fp8_offsets [2] = {0, rows} (written
+//   once per step), fp8_xq [R, fp8_xq_cols] e4m3 + fp8_xq_scale (a linear's quantized input),
+//   fp8_actq [R, max(I_l, Is_l)] e4m3 + fp8_actq_scale (SwiGLU outputs); MLP gate_up in gu /
+//   moe_gu (fp32), the output in part / moe_shared.
+// FP8 attention (fp8_attention): qkva [R, fp8_qkv_a_cols] fp32 = [q_a | kv_a | 0 pad] (in
+//   place of qa and kva), qf [R, H_l * (nope + rope)] fp32 (q_b's output, rounded into q).
 //
 // Thread-safety: a CudaRankContext is used only by its rank's thread once created (the
 // engine reads the results in out_host / profile after the rank finished its job).
@@ -98,6 +101,14 @@ struct CudaLayerWeights {
   float* shared_gate_up_scale = nullptr;  // [2 Is_l / 128, hidden / 128]
   uint8_t* shared_down_fp8 = nullptr;     // [hidden, Is_l]
   float* shared_down_scale = nullptr;     // [hidden / 128, Is_l / 128]
+  // FP8 attention projections (CudaRankContext::fp8_attention), in place of q_a, kv_a, q_b
+  // and o_proj (kv_b stays bf16: the absorbed per-head GEMMs read it):
+  uint8_t* qkv_a_fp8 = nullptr;   // [fp8_qkv_a_cols, hidden]: q_a rows, kv_a rows, zero rows
+  float* qkv_a_scale = nullptr;   //   [fp8_qkv_a_cols / 128, hidden / 128]
+  uint8_t* q_b_fp8 = nullptr;     // [H_l qk, q_lora] (q_proj [H_l qk, hidden] without q_lora)
+  float* q_b_scale = nullptr;     //   [H_l qk / 128, q_lora / 128]
+  uint8_t* o_proj_fp8 = nullptr;  // [hidden, H_l v]
+  float* o_proj_scale = nullptr;  //   [hidden / 128, H_l v / 128]
 };
 
 // How a rank runs its routed experts (kernels/cuda/dense/moe_mlp.h ExpertPath), chosen at
@@ -170,9 +181,19 @@ struct CudaRankContext {
   bool fp8_dense = false, fp8_shared = false;
   std::unique_ptr<kernels::cuda::GroupedGemm> dense_gemm_gate_up, dense_gemm_down;
   std::unique_ptr<kernels::cuda::GroupedGemm> shared_gemm_gate_up, shared_gemm_down;
-  int32_t* fp8_offsets = nullptr;   // [2]
-  uint8_t* fp8_xq = nullptr;        // [R, hidden] e4m3 MLP inputs
-  float* fp8_xq_scale = nullptr;    //   [R, hidden / 128]
+  // FP8 attention projections (ChooseFp8Attention in rank_context.cc: the same conditions,
+  // q_lora and the rank's head slices of q_b / o_proj 128-aligned): the fused q_a | kv_a
+  // GEMM (kv_a's rows padded with zero rows to a whole block), q_b and o_proj, each a
+  // kernels/cuda/dense/moe_mlp.h RunFp8Linear.
+  bool fp8_attention = false;
+  int64_t fp8_qkv_a_cols = 0;  // q_lora + lat rounded up to 128
+  std::unique_ptr<kernels::cuda::GroupedGemm> attn_gemm_qkv_a, attn_gemm_q_b, attn_gemm_o;
+  float* qkva = nullptr;            // [R, fp8_qkv_a_cols]
+  float* qf = nullptr;              // [R, H_l qk]
+  int32_t* fp8_offsets = nullptr;   // [2] = {0, rows}: written once per step
+  int64_t fp8_xq_cols = 0;          // the widest FP8 linear input
+  uint8_t* fp8_xq = nullptr;        // [R, fp8_xq_cols] e4m3 linear inputs
+  float* fp8_xq_scale = nullptr;    //   [R, fp8_xq_cols / 128]
   uint8_t* fp8_actq = nullptr;      // [R, max(I_l, Is_l)] e4m3 SwiGLU outputs
   float* fp8_actq_scale = nullptr;  //   [R, max(I_l, Is_l) / 128]
 
@@ -233,7 +254,7 @@ struct RankSetup {
   int64_t max_rows = 0;  // max_batch * max_tail_rows
   int max_batch = 0;
   bool use_verify_kernel = true;
-  bool fp8_experts = true;                // EngineOptions::cuda.fp8_experts (all FP8 MLPs)
+  bool fp8_experts = true;                // EngineOptions::cuda.fp8_experts (all FP8 weights)
   bool expert_parallel = true;            // EngineOptions::cuda.expert_parallel
   bool grouped_experts = true;            // EngineOptions::cuda.grouped_experts
   bool batch_invariant = false;           // EngineOptions::cuda.batch_invariant

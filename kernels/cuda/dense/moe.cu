@@ -343,6 +343,14 @@ __global__ void WidenKernel(const __nv_bfloat16* __restrict__ in, float* __restr
   }
 }
 
+__global__ void NarrowKernel(const float* __restrict__ in, __nv_bfloat16* __restrict__ out,
+                             int64_t n) {
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    out[idx] = __float2bfloat16_rn(in[idx]);
+  }
+}
+
 }  // namespace
 
 absl::Status MoeRouterLogitsCuda(const MoeRouterLogitsParams& p) {
@@ -520,6 +528,16 @@ absl::Status Bf16ToFloatCuda(const bf16_bits* in, float* out, int64_t n, void* s
   WidenKernel<<<GridFor(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
       reinterpret_cast<const __nv_bfloat16*>(in), out, n);
   VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("WidenKernel");
+  return absl::OkStatus();
+}
+
+absl::Status FloatToBf16Cuda(const float* in, bf16_bits* out, int64_t n, void* stream) {
+  if (n < 0) return absl::InvalidArgumentError("n < 0");
+  if (n == 0) return absl::OkStatus();
+  if (!in || !out) return absl::InvalidArgumentError("in and out must be set");
+  NarrowKernel<<<GridFor(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      in, reinterpret_cast<__nv_bfloat16*>(out), n);
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("NarrowKernel");
   return absl::OkStatus();
 }
 

@@ -168,4 +168,8 @@ absl::Status MoeCombineCuda(const MoeCombineParams& p);
 // out[i] = float(in[i]) for i < n (bf16 -> fp32 widening, exact).
 absl::Status Bf16ToFloatCuda(const bf16_bits* in, float* out, int64_t n, void* stream);
 
+// out[i] = bf16(in[i]) for i < n, rounded to nearest even (as cuBLAS rounds a bf16 output):
+// the FP8 GEMMs' fp32 results where the next kernels read bf16 (the attention's queries).
+absl::Status FloatToBf16Cuda(const float* in, bf16_bits* out, int64_t n, void* stream);
+
 }  // namespace verifyd::kernels::cuda

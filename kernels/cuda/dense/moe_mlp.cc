@@ -326,6 +326,40 @@ absl::Status RunMoeMlp(const MoeMlpArgs& a) {
   return absl::OkStatus();
 }
 
+absl::Status RunFp8Linear(const Fp8LinearArgs& a) {
+  if (a.gemm == nullptr || a.offsets == nullptr) {
+    return absl::InvalidArgumentError("fp8 linear: gemm and offsets must be set");
+  }
+  const GroupedGemmShape& g = a.gemm->shape();
+  if (g.kind != GroupedGemmKind::kFp8Block128 || g.groups != 1) {
+    return absl::InvalidArgumentError("fp8 linear: the GEMM must be a one-group kFp8Block128");
+  }
+  const int64_t ldx = a.ldx == 0 ? g.k : a.ldx;
+  if (a.rows < 0 || ldx < g.k) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fp8 linear: rows >= 0 and ldx >= k needed (rows=", a.rows, " ldx=", ldx, " k=", g.k, ")"));
+  }
+  if (a.rows == 0) return absl::OkStatus();
+  MoeGatherQuantFp8Params q;
+  q.n = a.rows;
+  q.cols = g.k;
+  q.x = a.x;
+  q.ldx = ldx;
+  q.out = a.xq;
+  q.out_scale = a.xq_scale;
+  q.stream = a.stream;
+  VERIFYD_RETURN_IF_ERROR(MoeGatherQuantFp8Cuda(q));
+  GroupedGemmArgs m;
+  m.offsets = a.offsets;
+  m.a = a.xq;
+  m.a_scale = a.xq_scale;
+  m.b = a.w;
+  m.b_scale = a.w_scale;
+  m.d = a.out;
+  m.stream = a.stream;
+  return a.gemm->Run(m);
+}
+
 absl::Status RunFp8Mlp(const Fp8MlpArgs& a) {
   if (a.rows < 0 || a.hidden <= 0 || a.hidden % 128 != 0 || a.inter <= 0 || a.inter % 128 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -345,27 +379,18 @@ absl::Status RunFp8Mlp(const Fp8MlpArgs& a) {
         "fp8 mlp: the GEMMs must be one-group kFp8Block128 of (2 inter, hidden) and (hidden, "
         "inter)");
   }
-  VERIFYD_RETURN_IF_ERROR(SingleGroupOffsetsCuda(a.offsets, a.rows, a.stream));
-  {
-    MoeGatherQuantFp8Params p;
-    p.n = a.rows;
-    p.cols = a.hidden;
-    p.x = a.x;
-    p.ldx = a.hidden;
-    p.out = a.xq;
-    p.out_scale = a.xq_scale;
-    p.stream = a.stream;
-    VERIFYD_RETURN_IF_ERROR(MoeGatherQuantFp8Cuda(p));
-  }
-  GroupedGemmArgs gu;
+  Fp8LinearArgs gu;
+  gu.rows = a.rows;
+  gu.x = a.x;
+  gu.w = a.gate_up;
+  gu.w_scale = a.gate_up_scale;
+  gu.gemm = a.gemm_gate_up;
   gu.offsets = a.offsets;
-  gu.a = a.xq;
-  gu.a_scale = a.xq_scale;
-  gu.b = a.gate_up;
-  gu.b_scale = a.gate_up_scale;
-  gu.d = a.gu;
+  gu.xq = a.xq;
+  gu.xq_scale = a.xq_scale;
+  gu.out = a.gu;
   gu.stream = a.stream;
-  VERIFYD_RETURN_IF_ERROR(a.gemm_gate_up->Run(gu));
+  VERIFYD_RETURN_IF_ERROR(RunFp8Linear(gu));
   {
     SwiGluQuantFp8Params p;
     p.rows = a.rows;

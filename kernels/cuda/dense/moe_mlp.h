@@ -107,10 +107,11 @@ struct MoeMlpBuffers {
   GroupedGemm* gemm_gate_up = nullptr;
   GroupedGemm* gemm_down = nullptr;
   // FP8 shared experts: one-group kFp8Block128 GEMMs (2 shared_inter, H) and (H,
-  // shared_inter), their offsets [2], and the quantized inputs / SwiGLU outputs.
+  // shared_inter), their offsets (device {0, R}, written by the caller: RunFp8Mlp), and the
+  // quantized inputs / SwiGLU outputs.
   GroupedGemm* shared_gemm_gate_up = nullptr;
   GroupedGemm* shared_gemm_down = nullptr;
-  int32_t* shared_offsets = nullptr;
+  const int32_t* shared_offsets = nullptr;
   uint8_t* shared_xq = nullptr;        // [R, H]
   float* shared_xq_scale = nullptr;    // [R, H / 128]
   uint8_t* shared_actq = nullptr;      // [R, shared_inter]
@@ -141,15 +142,35 @@ struct MoeMlpArgs {
 // Enqueues the whole MLP on args.stream (kBf16PerExpert also waits once, in host_sync).
 absl::Status RunMoeMlp(const MoeMlpArgs& args);
 
-// A SwiGLU MLP whose weights stay in FP8 (DeepSeek-V3's e4m3 with 128 x 128 block scales):
-// the shared experts and the dense MLP layers of FP8 checkpoints on sm_90. W8A8 as the routed
-// experts' kFp8Grouped path:
-//   xq = quant(x) per row and 128 columns          (MoeGatherQuantFp8Cuda, no permutation)
-//   gu = xq . gate_up^T                            (one-group block-scaled GEMM, fp32)
+// FP8 linears and MLPs: weights that stay in FP8 (DeepSeek-V3's e4m3 with 128 x 128 block
+// scales) on sm_90, W8A8 as the routed experts' kFp8Grouped path. `offsets` is the one group's
+// device {0, rows}: SingleGroupOffsetsCuda (moe.h) writes it; an engine step writes it once
+// for all its FP8 linears (rows is fixed within a step), so these enqueue no extra launch.
+// A row's result does not depend on the other rows (the grouped kernel's tiles never split k).
+
+// out[rows, n] (fp32) = quant(x) . w^T, x [rows, k] bf16 (row stride ldx) quantized per row
+// and 128 columns (MoeGatherQuantFp8Cuda) into xq / xq_scale, then one one-group
+// block-scaled GEMM. k and n are the GEMM's (multiples of 128).
+struct Fp8LinearArgs {
+  int64_t rows = 0;
+  const bf16_bits* x = nullptr;
+  int64_t ldx = 0;                 // 0: k
+  const uint8_t* w = nullptr;      // [n, k] e4m3
+  const float* w_scale = nullptr;  // [n / 128, k / 128]
+  GroupedGemm* gemm = nullptr;     // kFp8Block128, 1 group
+  const int32_t* offsets = nullptr;
+  uint8_t* xq = nullptr;      // [rows, k]
+  float* xq_scale = nullptr;  // [rows, k / 128]
+  float* out = nullptr;       // [rows, n] (overwritten)
+  void* stream = nullptr;
+};
+absl::Status RunFp8Linear(const Fp8LinearArgs& args);
+
+// A SwiGLU MLP (the shared experts and the dense MLP layers of FP8 checkpoints):
+//   gu = RunFp8Linear(x, gate_up)                  [rows, 2 inter] fp32
 //   actq = quant(silu(gu[:, :I]) * gu[:, I:])      (SwiGluQuantFp8Cuda)
 //   out = actq . down^T                            (one-group block-scaled GEMM, fp32)
-// hidden and inter must be multiples of 128. A row's result does not depend on the other rows
-// (the grouped kernel's tiles never split k).
+// hidden and inter must be multiples of 128.
 struct Fp8MlpArgs {
   int64_t rows = 0, hidden = 0, inter = 0;
   const bf16_bits* x = nullptr;  // [rows, hidden]
@@ -159,7 +180,7 @@ struct Fp8MlpArgs {
   const float* down_scale = nullptr;    // [hidden, inter] e4m3, [hidden / 128, inter / 128]
   GroupedGemm* gemm_gate_up = nullptr;  // kFp8Block128, 1 group, n = 2 inter, k = hidden
   GroupedGemm* gemm_down = nullptr;     // kFp8Block128, 1 group, n = hidden, k = inter
-  int32_t* offsets = nullptr;           // device [2] scratch
+  const int32_t* offsets = nullptr;     // device {0, rows} (see above)
   uint8_t* xq = nullptr;                // [rows, hidden]
   float* xq_scale = nullptr;            // [rows, hidden / 128]
   float* gu = nullptr;                  // [rows, 2 inter]
