@@ -9,10 +9,14 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/common.h"
+#include "kernels/cuda/dense/fp8_gemm.h"
 #include "kernels/cuda/dense/grouped_gemm.h"
 #include "kernels/cuda/dense/moe.h"
 #include "kernels/cuda/dense/moe_mlp.h"
@@ -596,6 +600,119 @@ TEST(Fp8LinearTest, StridedInputMatchesHostReference) {
                   d_xq, d_xqs, d_out}) {
     cudaFree(p);
   }
+}
+
+// Fp8BlockGemmLt (cuBLASLt's block-scaled FP8 GEMM) on fresh random operands against the fp64
+// reference, with the documented scale layouts (activation scales row-major [m][k / 128], the
+// weight's as the checkpoint stores them); rows past m stay poisoned; 1 row and 45 rows. The
+// other plausible layouts (transposed, padded to 4) are tried too and printed, so a cuBLASLt
+// that reads another layout shows which.
+TEST(Fp8BlockGemmLtTest, MatchesHostReference) {
+  SKIP_WITHOUT_GPU();
+  auto lt = kc::Fp8BlockGemmLt::Create();
+  if (!lt.ok()) GTEST_SKIP() << lt.status();
+  std::mt19937 rng(std::random_device{}());
+  const int64_t M = 45, K = 384, N = 640, kb = K / 128, nb = N / 128, pad = 2;
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sc(0.25f, 4.f);
+  auto codes = [&](int64_t n) {
+    std::vector<uint8_t> v(n);
+    for (auto& c : v) {
+      do c = static_cast<uint8_t>(byte(rng));
+      while ((c & 0x7f) == 0x7f);
+    }
+    return v;
+  };
+  const std::vector<uint8_t> x = codes(M * K), w = codes(N * K);
+  std::vector<float> xs(M * kb), ws(nb * kb);
+  for (auto& v : xs) v = sc(rng) / 448.f;
+  for (auto& v : ws) v = sc(rng) / 448.f;
+  uint8_t* d_x = ToDevice(x);
+  uint8_t* d_w = ToDevice(w);
+  void* d_y = nullptr;
+  CUDA_ASSERT(cudaMalloc(&d_y, (M + pad) * N * sizeof(float)));
+  auto run = [&](int64_t m, const std::vector<float>& xs_dev, const std::vector<float>& ws_dev,
+                 absl::Status* st) {
+    float* d_xs = ToDevice(xs_dev);
+    float* d_ws = ToDevice(ws_dev);
+    CUDA_ASSERT(cudaMemset(d_y, 0xFF, (M + pad) * N * sizeof(float)));
+    kc::Fp8BlockGemmArgs a;
+    a.m = m;
+    a.n = N;
+    a.k = K;
+    a.x = d_x;
+    a.x_scale = d_xs;
+    a.w = d_w;
+    a.w_scale = d_ws;
+    a.y = static_cast<float*>(d_y);
+    *st = (*lt)->Run(a);
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    cudaFree(d_xs);
+    cudaFree(d_ws);
+  };
+  auto ref = [&](int64_t m) {
+    const std::vector<int32_t> one = {0, static_cast<int32_t>(m)};
+    return BlockScaledGemmRef(one, std::vector<uint8_t>(x.begin(), x.begin() + m * K),
+                              std::vector<float>(xs.begin(), xs.begin() + m * kb), w, ws, N, K);
+  };
+  // The documented layouts, at 45 rows and at 1 row.
+  for (const int64_t m : {M, int64_t{1}}) {
+    absl::Status st;
+    ASSERT_NO_FATAL_FAILURE(run(m, xs, ws, &st));
+    ASSERT_TRUE(st.ok()) << st;
+    const std::vector<float> y = ToHost(static_cast<float*>(d_y), (M + pad) * N);
+    const Compare c = CompareRows(std::vector<float>(y.begin(), y.begin() + m * N), ref(m));
+    std::printf("cublaslt fp8 block gemm m=%lld: rel-L2 %.3g (fp64 reference)\n",
+                static_cast<long long>(m), c.rel_l2);
+    EXPECT_EQ(c.nonfinite, 0);
+    EXPECT_LT(c.rel_l2, 3e-3) << "m=" << m;
+    for (int64_t i = m * N; i < (M + pad) * N; ++i) {
+      ASSERT_TRUE(std::isnan(y[i])) << "row " << i / N << " past m=" << m << " was written";
+    }
+  }
+  // Other layouts: activation scales transposed ([kb][m], leading dimension m or m rounded up
+  // to 4); weight scales with the row padded to 4, or transposed.
+  const int64_t M4 = (M + 3) / 4 * 4, kb4 = (kb + 3) / 4 * 4;
+  std::vector<std::pair<std::string, std::vector<float>>> xl = {{"x [m][kb]", xs}};
+  for (const int64_t ld : {M, M4}) {
+    std::vector<float> t(kb * ld, 1.f);
+    for (int64_t r = 0; r < M; ++r) {
+      for (int64_t b = 0; b < kb; ++b) t[b * ld + r] = xs[r * kb + b];
+    }
+    xl.push_back({absl::StrCat("x [kb][", ld, "]"), t});
+  }
+  std::vector<std::pair<std::string, std::vector<float>>> wl = {{"w [nb][kb]", ws}};
+  {
+    std::vector<float> p(nb * kb4, 1.f), t(kb * nb);
+    for (int64_t i = 0; i < nb; ++i) {
+      for (int64_t b = 0; b < kb; ++b) {
+        p[i * kb4 + b] = ws[i * kb + b];
+        t[b * nb + i] = ws[i * kb + b];
+      }
+    }
+    wl.push_back({"w [nb][kb4]", p});
+    wl.push_back({"w [kb][nb]", t});
+  }
+  const std::vector<double> want = ref(M);
+  for (const auto& [xn, xv] : xl) {
+    for (const auto& [wn, wv] : wl) {
+      absl::Status st;
+      ASSERT_NO_FATAL_FAILURE(run(M, xv, wv, &st));
+      const std::vector<float> y = ToHost(static_cast<float*>(d_y), M * N);
+      const Compare c = CompareRows(y, want);
+      std::printf("  layout %-12s %-12s: %s rel-L2 %.3g\n", xn.c_str(), wn.c_str(),
+                  st.ok() ? "ran," : "refused,", c.rel_l2);
+    }
+  }
+  kc::Fp8BlockGemmArgs bad;
+  bad.m = 4;
+  bad.n = 640;
+  bad.k = 200;
+  const absl::Status st = (*lt)->Run(bad);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  cudaFree(d_x);
+  cudaFree(d_w);
+  cudaFree(d_y);
 }
 
 }  // namespace

@@ -82,11 +82,15 @@ struct EngineOptions {
     double kv_memory_fraction = 0.5;  // used when kv_slots = 0; in (0, 1)
     bool use_verify_kernel = true;    // false: always the fallback attention
     bool profile = false;             // time the step's parts with CUDA events (rank 0)
-    // SwiGLU MLP weights stored in FP8 (128 x 128 blocks: routed experts, shared experts,
-    // dense MLP layers) stay FP8 on sm_90 when the rank's slices are 128-aligned
-    // (tp/cuda/rank_context.h ExpertPath, ChooseFp8Mlps); false: dequantized to bf16 like
-    // the other FP8 weights (attention).
+    // Weights stored in FP8 (128 x 128 blocks: routed experts, shared experts, dense MLP
+    // layers, attention projections but kv_b) stay FP8 on sm_90 when the rank's slices are
+    // 128-aligned (tp/cuda/rank_context.h ExpertPath, ChooseFp8Mlps, ChooseFp8Attention);
+    // false: dequantized to bf16 (kv_b always is).
     bool fp8_experts = true;
+    // The FP8 linears other than the routed experts (one-group GEMMs) run through cuBLASLt's
+    // block-scaled FP8 GEMM when it has one for the GPU (kernels/cuda/dense/fp8_gemm.h),
+    // except in batch-invariant steps; false: always the grouped kernel.
+    bool fp8_cublaslt = true;
     // tp > 1 and n_routed_experts % tp == 0: each rank holds E / tp whole routed experts
     // (expert parallelism; the MoE output still meets in the layer's one all-reduce) instead
     // of a 1 / tp slice of every expert. Measured faster from 64 rows per step (docs/PERF.md).

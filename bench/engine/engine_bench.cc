@@ -47,6 +47,9 @@ ABSL_FLAG(std::string, model, "kimi-k2-attn",
 ABSL_FLAG(bool, fp8_weights, true,
           "FP8-stored weights of a checkpoint stay FP8 (EngineOptions::cuda.fp8_experts); "
           "false: dequantized to bf16");
+ABSL_FLAG(bool, fp8_cublaslt, true,
+          "the FP8 linears (not the routed experts) through cuBLASLt (EngineOptions::cuda."
+          "fp8_cublaslt); false: the grouped kernel");
 ABSL_FLAG(int64_t, layers, 61, "decoder layers of the preset (Kimi-K2 has 61)");
 ABSL_FLAG(std::string, contexts, "4096,16384,65536,185000", "committed context lengths");
 ABSL_FLAG(std::string, trees, "1,8,16,64", "draft nodes per tree (rows = nodes + 1)");
@@ -234,6 +237,7 @@ int main(int argc, char** argv) {
   o.cuda.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   o.cuda.shared_context_attention = absl::GetFlag(FLAGS_shared_context);
   o.cuda.fp8_experts = absl::GetFlag(FLAGS_fp8_weights);
+  o.cuda.fp8_cublaslt = absl::GetFlag(FLAGS_fp8_cublaslt);
   const auto t_create = std::chrono::steady_clock::now();
   auto created = CudaEngine::Create(o);
   if (!created.ok()) {
@@ -362,6 +366,7 @@ int main(int argc, char** argv) {
   }
   j["fp8_attention"] = e.fp8_attention();
   j["fp8_mlps"] = e.fp8_mlps();
+  j["fp8_gemm"] = e.fp8_gemm();
   for (const Row& r : rows) {
     j["rows"].push_back(
         {{"context", r.context},

@@ -623,6 +623,13 @@ bool CudaEngine::fp8_attention() const {
   return !impl_->ranks.empty() && impl_->ranks[0]->fp8_attention;
 }
 
+std::string CudaEngine::fp8_gemm() const {
+  if (impl_->ranks.empty()) return "";
+  const CudaRankContext& rk = *impl_->ranks[0];
+  if (rk.fp8_offsets == nullptr) return "";
+  return rk.fp8_lt != nullptr ? "cublaslt" : "grouped";
+}
+
 absl::StatusOr<std::vector<float>> CudaEngine::LatentRow(int rank, int64_t layer, int32_t slot) {
   Impl& m = *impl_;
   std::lock_guard<std::mutex> step_lock(m.step_mu);
@@ -753,6 +760,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   setup.max_batch = lim.max_batch;
   setup.use_verify_kernel = o.cuda.use_verify_kernel;
   setup.fp8_experts = o.cuda.fp8_experts;
+  setup.fp8_cublaslt = o.cuda.fp8_cublaslt;
   setup.expert_parallel = o.cuda.expert_parallel;
   setup.grouped_experts = o.cuda.grouped_experts;
   setup.batch_invariant = o.cuda.batch_invariant;

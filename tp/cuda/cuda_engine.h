@@ -102,6 +102,10 @@ class CudaEngine final : public Engine {
   // Whether rank 0 keeps the attention projections (q_a, kv_a, q_b / q_proj, o_proj) in FP8
   // (moe_mlp.h RunFp8Linear; rank_context.h fp8_attention).
   bool fp8_attention() const;
+  // How rank 0 runs those FP8 linears (not the routed experts): "cublaslt" (fp8_gemm.h),
+  // "grouped" (the one-group grouped kernel: batch-invariant steps, or no cuBLASLt algorithm)
+  // or "" (none in FP8).
+  std::string fp8_gemm() const;
   // Routed experts rank 0 holds: n_routed_experts (a slice of each: tensor-parallel experts)
   // or n_routed_experts / tp (expert parallelism); 0 without MoE.
   int64_t local_experts() const;

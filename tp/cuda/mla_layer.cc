@@ -57,6 +57,7 @@ absl::Status Fp8Linear(const MlaStep& s, CudaRankContext& rk, const bf16* x, int
   a.w = w;
   a.w_scale = w_scale;
   a.gemm = gemm;
+  a.lt = rk.fp8_lt.get();
   a.offsets = rk.fp8_offsets;
   a.xq = rk.fp8_xq;
   a.xq_scale = rk.fp8_xq_scale;
@@ -290,6 +291,7 @@ absl::Status RunMlaLayer(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
     f.gemm_gate_up = rk.dense_gemm_gate_up.get();
     f.gemm_down = rk.dense_gemm_down.get();
     f.offsets = rk.fp8_offsets;
+    f.lt = rk.fp8_lt.get();
     f.xq = rk.fp8_xq;
     f.xq_scale = rk.fp8_xq_scale;
     f.gu = rk.gu;

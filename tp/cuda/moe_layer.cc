@@ -86,6 +86,7 @@ absl::Status RunMoeMlp(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
   a.buffers.shared_gemm_gate_up = rk.shared_gemm_gate_up.get();
   a.buffers.shared_gemm_down = rk.shared_gemm_down.get();
   a.buffers.shared_offsets = rk.fp8_offsets;
+  a.buffers.shared_lt = rk.fp8_lt.get();
   a.buffers.shared_xq = rk.fp8_xq;
   a.buffers.shared_xq_scale = rk.fp8_xq_scale;
   a.buffers.shared_actq = rk.fp8_actq;

@@ -443,7 +443,8 @@ absl::Status FillAttentionFp8(const RankWeightInit& src, const ModelConfig& c, i
 
 // The one-group FP8 GEMMs and scratch of the FP8 linears for R rows (rk.fp8_attention,
 // fp8_dense, fp8_shared).
-absl::Status AllocFp8Buffers(const ModelConfig& c, int64_t R, CudaRankContext& rk) {
+absl::Status AllocFp8Buffers(const RankSetup& setup, const ModelConfig& c, int64_t R,
+                             CudaRankContext& rk) {
   const int64_t hid = c.hidden_size;
   const int64_t inter =
       std::max(rk.fp8_dense ? rk.inter.size : 0, rk.fp8_shared ? rk.moe_shared_inter.size : 0);
@@ -460,6 +461,14 @@ absl::Status AllocFp8Buffers(const ModelConfig& c, int64_t R, CudaRankContext& r
   if (inter > 0) {
     VERIFYD_ASSIGN_OR_RETURN(rk.fp8_actq, AllocPoisoned<uint8_t>(rk, R * inter));
     VERIFYD_ASSIGN_OR_RETURN(rk.fp8_actq_scale, AllocPoisoned<float>(rk, R * inter / 128));
+  }
+  if (setup.fp8_cublaslt && !setup.batch_invariant) {
+    absl::StatusOr<std::unique_ptr<kc::Fp8BlockGemmLt>> lt = kc::Fp8BlockGemmLt::Create();
+    if (lt.ok()) {
+      rk.fp8_lt = std::move(*lt);
+    } else if (lt.status().code() != absl::StatusCode::kFailedPrecondition) {
+      return lt.status();
+    }  // else: no cuBLASLt algorithm on this GPU: the grouped kernel (CudaEngine::fp8_gemm)
   }
   // 64-row tiles, as the routed experts' (few rows per step at verify batch sizes).
   if (rk.fp8_attention) {
@@ -663,7 +672,7 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
   bool has_moe = false;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) has_moe = has_moe || c.IsMoeLayer(l);
   if (has_moe) VERIFYD_RETURN_IF_ERROR(AllocMoeBuffers(c, R, rk));
-  VERIFYD_RETURN_IF_ERROR(AllocFp8Buffers(c, R, rk));
+  VERIFYD_RETURN_IF_ERROR(AllocFp8Buffers(setup, c, R, rk));
   {
     // Plain RoPE: RopeInvFreq (factor 1); YaRN: the reference's table and cos / sin factor.
     std::vector<float> inv;
@@ -741,6 +750,7 @@ void FreeRankContext(CudaRankContext& rk) {
   rk.comm.reset();
   rk.moe_gemm_gate_up.reset();
   rk.moe_gemm_down.reset();
+  rk.fp8_lt.reset();
   rk.attn_gemm_qkv_a.reset();
   rk.attn_gemm_q_b.reset();
   rk.attn_gemm_o.reset();

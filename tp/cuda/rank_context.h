@@ -52,6 +52,7 @@
 #include "kernels/common.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dense/argmax.h"
+#include "kernels/cuda/dense/fp8_gemm.h"
 #include "kernels/cuda/dense/grouped_gemm.h"
 #include "kernels/cuda/dense/moe_mlp.h"
 #include "kernels/cuda/dense/sampling.h"
@@ -188,8 +189,11 @@ struct CudaRankContext {
   bool fp8_attention = false;
   int64_t fp8_qkv_a_cols = 0;  // q_lora + lat rounded up to 128
   std::unique_ptr<kernels::cuda::GroupedGemm> attn_gemm_qkv_a, attn_gemm_q_b, attn_gemm_o;
-  float* qkva = nullptr;            // [R, fp8_qkv_a_cols]
-  float* qf = nullptr;              // [R, H_l qk]
+  float* qkva = nullptr;  // [R, fp8_qkv_a_cols]
+  float* qf = nullptr;    // [R, H_l qk]
+  // cuBLASLt's block-scaled FP8 GEMM for those one-group linears (RankSetup::fp8_cublaslt,
+  // not in batch-invariant steps, when cuBLASLt has it for the GPU); null: the grouped kernel.
+  std::unique_ptr<kernels::cuda::Fp8BlockGemmLt> fp8_lt;
   int32_t* fp8_offsets = nullptr;   // [2] = {0, rows}: written once per step
   int64_t fp8_xq_cols = 0;          // the widest FP8 linear input
   uint8_t* fp8_xq = nullptr;        // [R, fp8_xq_cols] e4m3 linear inputs
@@ -255,6 +259,7 @@ struct RankSetup {
   int max_batch = 0;
   bool use_verify_kernel = true;
   bool fp8_experts = true;                // EngineOptions::cuda.fp8_experts (all FP8 weights)
+  bool fp8_cublaslt = true;               // EngineOptions::cuda.fp8_cublaslt
   bool expert_parallel = true;            // EngineOptions::cuda.expert_parallel
   bool grouped_experts = true;            // EngineOptions::cuda.grouped_experts
   bool batch_invariant = false;           // EngineOptions::cuda.batch_invariant

@@ -195,6 +195,35 @@ absl::Status PerExpert(const MoeMlpArgs& a, const std::function<void(MoePhase)>&
   return absl::OkStatus();
 }
 
+// d[rows, n] = a . b^T of a one-group FP8 GEMM (gemm's shape): cuBLASLt when lt is set, else
+// the grouped kernel.
+absl::Status OneGroupFp8(Fp8BlockGemmLt* lt, GroupedGemm* gemm, int64_t rows,
+                         const int32_t* offsets, const uint8_t* a, const float* a_scale,
+                         const uint8_t* b, const float* b_scale, float* d, void* stream) {
+  if (lt != nullptr) {
+    Fp8BlockGemmArgs g;
+    g.m = rows;
+    g.n = gemm->shape().n;
+    g.k = gemm->shape().k;
+    g.x = a;
+    g.x_scale = a_scale;
+    g.w = b;
+    g.w_scale = b_scale;
+    g.y = d;
+    g.stream = stream;
+    return lt->Run(g);
+  }
+  GroupedGemmArgs m;
+  m.offsets = offsets;
+  m.a = a;
+  m.a_scale = a_scale;
+  m.b = b;
+  m.b_scale = b_scale;
+  m.d = d;
+  m.stream = stream;
+  return gemm->Run(m);
+}
+
 }  // namespace
 
 absl::Status RunMoeMlp(const MoeMlpArgs& a) {
@@ -293,6 +322,7 @@ absl::Status RunMoeMlp(const MoeMlpArgs& a) {
     f.gemm_gate_up = b.shared_gemm_gate_up;
     f.gemm_down = b.shared_gemm_down;
     f.offsets = b.shared_offsets;
+    f.lt = b.shared_lt;
     f.xq = b.shared_xq;
     f.xq_scale = b.shared_xq_scale;
     f.gu = b.gate_up;
@@ -349,15 +379,8 @@ absl::Status RunFp8Linear(const Fp8LinearArgs& a) {
   q.out_scale = a.xq_scale;
   q.stream = a.stream;
   VERIFYD_RETURN_IF_ERROR(MoeGatherQuantFp8Cuda(q));
-  GroupedGemmArgs m;
-  m.offsets = a.offsets;
-  m.a = a.xq;
-  m.a_scale = a.xq_scale;
-  m.b = a.w;
-  m.b_scale = a.w_scale;
-  m.d = a.out;
-  m.stream = a.stream;
-  return a.gemm->Run(m);
+  return OneGroupFp8(a.lt, a.gemm, a.rows, a.offsets, a.xq, a.xq_scale, a.w, a.w_scale, a.out,
+                     a.stream);
 }
 
 absl::Status RunFp8Mlp(const Fp8MlpArgs& a) {
@@ -385,6 +408,7 @@ absl::Status RunFp8Mlp(const Fp8MlpArgs& a) {
   gu.w = a.gate_up;
   gu.w_scale = a.gate_up_scale;
   gu.gemm = a.gemm_gate_up;
+  gu.lt = a.lt;
   gu.offsets = a.offsets;
   gu.xq = a.xq;
   gu.xq_scale = a.xq_scale;
@@ -403,15 +427,8 @@ absl::Status RunFp8Mlp(const Fp8MlpArgs& a) {
     p.stream = a.stream;
     VERIFYD_RETURN_IF_ERROR(SwiGluQuantFp8Cuda(p));
   }
-  GroupedGemmArgs dn;
-  dn.offsets = a.offsets;
-  dn.a = a.actq;
-  dn.a_scale = a.actq_scale;
-  dn.b = a.down;
-  dn.b_scale = a.down_scale;
-  dn.d = a.out;
-  dn.stream = a.stream;
-  return a.gemm_down->Run(dn);
+  return OneGroupFp8(a.lt, a.gemm_down, a.rows, a.offsets, a.actq, a.actq_scale, a.down,
+                     a.down_scale, a.out, a.stream);
 }
 
 }  // namespace verifyd::kernels::cuda

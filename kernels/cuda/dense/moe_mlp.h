@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/common.h"
+#include "kernels/cuda/dense/fp8_gemm.h"
 #include "kernels/cuda/dense/grouped_gemm.h"
 
 namespace verifyd::kernels::cuda {
@@ -112,10 +113,11 @@ struct MoeMlpBuffers {
   GroupedGemm* shared_gemm_gate_up = nullptr;
   GroupedGemm* shared_gemm_down = nullptr;
   const int32_t* shared_offsets = nullptr;
-  uint8_t* shared_xq = nullptr;        // [R, H]
-  float* shared_xq_scale = nullptr;    // [R, H / 128]
-  uint8_t* shared_actq = nullptr;      // [R, shared_inter]
-  float* shared_actq_scale = nullptr;  // [R, shared_inter / 128]
+  Fp8BlockGemmLt* shared_lt = nullptr;  // optional: RunFp8Mlp's `lt`
+  uint8_t* shared_xq = nullptr;         // [R, H]
+  float* shared_xq_scale = nullptr;     // [R, H / 128]
+  uint8_t* shared_actq = nullptr;       // [R, shared_inter]
+  float* shared_actq_scale = nullptr;   // [R, shared_inter / 128]
 };
 
 struct MoeMlpArgs {
@@ -146,7 +148,11 @@ absl::Status RunMoeMlp(const MoeMlpArgs& args);
 // scales) on sm_90, W8A8 as the routed experts' kFp8Grouped path. `offsets` is the one group's
 // device {0, rows}: SingleGroupOffsetsCuda (moe.h) writes it; an engine step writes it once
 // for all its FP8 linears (rows is fixed within a step), so these enqueue no extra launch.
-// A row's result does not depend on the other rows (the grouped kernel's tiles never split k).
+// Each GEMM runs through cuBLASLt when `lt` is set (fp8_gemm.h: faster when few rows leave
+// the grouped kernel's n / 128 tiles short of the SMs, but its algorithm follows the row
+// count), else through the grouped kernel, where a row's result does not depend on the other
+// rows (its tiles never split k): batch-invariant steps leave `lt` null. The GroupedGemm
+// gives the GEMM's shape either way.
 
 // out[rows, n] (fp32) = quant(x) . w^T, x [rows, k] bf16 (row stride ldx) quantized per row
 // and 128 columns (MoeGatherQuantFp8Cuda) into xq / xq_scale, then one one-group
@@ -158,6 +164,7 @@ struct Fp8LinearArgs {
   const uint8_t* w = nullptr;      // [n, k] e4m3
   const float* w_scale = nullptr;  // [n / 128, k / 128]
   GroupedGemm* gemm = nullptr;     // kFp8Block128, 1 group
+  Fp8BlockGemmLt* lt = nullptr;    // optional (see above)
   const int32_t* offsets = nullptr;
   uint8_t* xq = nullptr;      // [rows, k]
   float* xq_scale = nullptr;  // [rows, k / 128]
@@ -180,6 +187,7 @@ struct Fp8MlpArgs {
   const float* down_scale = nullptr;    // [hidden, inter] e4m3, [hidden / 128, inter / 128]
   GroupedGemm* gemm_gate_up = nullptr;  // kFp8Block128, 1 group, n = 2 inter, k = hidden
   GroupedGemm* gemm_down = nullptr;     // kFp8Block128, 1 group, n = hidden, k = inter
+  Fp8BlockGemmLt* lt = nullptr;         // optional (see above)
   const int32_t* offsets = nullptr;     // device {0, rows} (see above)
   uint8_t* xq = nullptr;                // [rows, hidden]
   float* xq_scale = nullptr;            // [rows, hidden / 128]
