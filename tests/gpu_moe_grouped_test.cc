@@ -520,15 +520,18 @@ TEST(Fp8LinearTest, FloatToBf16MatchesHost) {
   cudaFree(d_out);
 }
 
-// RunFp8Linear (the FP8 attention projections) on fresh random inputs: a strided input
-// (ldx > k, as the attention's projections read a column block), quantized per row and 128
-// columns, then the block-scaled GEMM, against the fp64 reference over the device's own
-// quantized operands; rows past `rows` stay poisoned; a bad GEMM is refused.
+// RunFp8Linear (the FP8 attention projections) on fresh random inputs, through the grouped
+// kernel and through cuBLASLt (its layouts: scales by column group over 48 rows for 45, the
+// weight's scale rows padded to 4): a strided input (ldx > k, as the attention's projections
+// read a column block), quantized per row and 128 columns, then the block-scaled GEMM,
+// against the fp64 reference over the device's own quantized operands; rows past the rows
+// computed stay poisoned; a bad stride is refused.
 TEST(Fp8LinearTest, StridedInputMatchesHostReference) {
   SKIP_WITHOUT_GPU();
   if (!kc::GroupedGemmAvailable(0)) GTEST_SKIP() << "FP8 linears need the grouped GEMMs (sm_90)";
   std::mt19937 rng(std::random_device{}());
   const int64_t R = 45, K = 384, N = 640, ldx = K + 128, kb = K / 128, nb = N / 128, pad = 2;
+  const int64_t R4 = kc::Fp8LtRows(R), kb4 = kc::Fp8LtScaleLd(K);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> sc(0.25f, 4.f);
@@ -539,19 +542,23 @@ TEST(Fp8LinearTest, StridedInputMatchesHostReference) {
     do v = static_cast<uint8_t>(byte(rng));
     while ((v & 0x7f) == 0x7f);
   }
-  std::vector<float> ws(nb * kb);
-  for (auto& v : ws) v = sc(rng) / 448.f;
+  std::vector<float> ws(nb * kb), ws_lt(nb * kb4, 1.f);
+  for (int64_t i = 0; i < nb * kb; ++i) {
+    ws[i] = sc(rng) / 448.f;
+    ws_lt[i / kb * kb4 + i % kb] = ws[i];
+  }
   auto gemm = kc::GroupedGemm::Create({kc::GroupedGemmKind::kFp8Block128, 1, N, K, 0, 64});
   ASSERT_TRUE(gemm.ok()) << gemm.status();
+  auto lt = kc::Fp8BlockGemmLt::Create();
   uint16_t* d_x = ToDevice(x);
   uint8_t* d_w = ToDevice(w);
   float* d_ws = ToDevice(ws);
+  float* d_ws_lt = ToDevice(ws_lt);
   void *d_off, *d_xq, *d_xqs, *d_out;
   CUDA_ASSERT(cudaMalloc(&d_off, 2 * sizeof(int32_t)));
-  CUDA_ASSERT(cudaMalloc(&d_xq, R * K));
-  CUDA_ASSERT(cudaMalloc(&d_xqs, R * kb * sizeof(float)));
-  CUDA_ASSERT(cudaMalloc(&d_out, (R + pad) * N * sizeof(float)));
-  CUDA_ASSERT(cudaMemset(d_out, 0xFF, (R + pad) * N * sizeof(float)));
+  CUDA_ASSERT(cudaMalloc(&d_xq, R4 * K));
+  CUDA_ASSERT(cudaMalloc(&d_xqs, R4 * kb * sizeof(float)));
+  CUDA_ASSERT(cudaMalloc(&d_out, (R4 + pad) * N * sizeof(float)));
   ASSERT_TRUE(kc::SingleGroupOffsetsCuda(static_cast<int32_t*>(d_off), R, nullptr).ok());
   kc::Fp8LinearArgs a;
   a.rows = R;
@@ -564,78 +571,105 @@ TEST(Fp8LinearTest, StridedInputMatchesHostReference) {
   a.xq = static_cast<uint8_t*>(d_xq);
   a.xq_scale = static_cast<float*>(d_xqs);
   a.out = static_cast<float*>(d_out);
-  ASSERT_TRUE(kc::RunFp8Linear(a).ok());
-  CUDA_ASSERT(cudaDeviceSynchronize());
-  const std::vector<uint8_t> xq = ToHost(static_cast<uint8_t*>(d_xq), R * K);
-  const std::vector<float> xqs = ToHost(static_cast<float*>(d_xqs), R * kb);
-  const std::vector<float> out = ToHost(static_cast<float*>(d_out), (R + pad) * N);
-  // The last row's quantized input is its own first K columns (not the stride's tail).
-  const int64_t r = R - 1;
-  for (int64_t g = 0; g < kb; ++g) {
-    float amax = 0;
-    for (int64_t j = g * 128; j < (g + 1) * 128; ++j) {
-      amax = std::max(amax, std::fabs(Bf16ToFloat(x[r * ldx + j])));
+  for (const bool use_lt : {false, true}) {
+    if (use_lt && !lt.ok()) {
+      std::printf("fp8 linear: no cuBLASLt path here (%s)\n", lt.status().ToString().c_str());
+      continue;
     }
-    const float want_s = std::max(amax, 1e-10f) / 448.f;
-    ASSERT_EQ(xqs[r * kb + g], want_s);
-    for (int64_t j = g * 128; j < (g + 1) * 128; ++j) {
-      ASSERT_EQ(xq[r * K + j], FloatToE4m3(Bf16ToFloat(x[r * ldx + j]) / want_s)) << j;
+    a.lt = use_lt ? lt->get() : nullptr;
+    a.w_scale = use_lt ? d_ws_lt : d_ws;
+    const int64_t rows_out = use_lt ? R4 : R;  // the rows the GEMM computes
+    CUDA_ASSERT(cudaMemset(d_xq, 0, R4 * K));  // finite pad rows for cuBLASLt
+    CUDA_ASSERT(cudaMemset(d_xqs, 0, R4 * kb * sizeof(float)));
+    CUDA_ASSERT(cudaMemset(d_out, 0xFF, (R4 + pad) * N * sizeof(float)));
+    const absl::Status run = kc::RunFp8Linear(a);
+    ASSERT_TRUE(run.ok()) << run;
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    const std::vector<uint8_t> xq = ToHost(static_cast<uint8_t*>(d_xq), R * K);
+    const std::vector<float> raw = ToHost(static_cast<float*>(d_xqs), R4 * kb);
+    std::vector<float> xqs(R * kb);  // row-major [R][kb] for the reference
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t g = 0; g < kb; ++g) xqs[r * kb + g] = use_lt ? raw[g * R4 + r] : raw[r * kb + g];
     }
-  }
-  const std::vector<int32_t> one = {0, static_cast<int32_t>(R)};
-  const Compare c = CompareRows(std::vector<float>(out.begin(), out.begin() + R * N),
-                                BlockScaledGemmRef(one, xq, xqs, w, ws, N, K));
-  std::printf("fp8 linear: rel-L2 %.3g (fp64 reference)\n", c.rel_l2);
-  EXPECT_EQ(c.nonfinite, 0);
-  EXPECT_LT(c.rel_l2, 3e-3);
-  for (int64_t i = R * N; i < (R + pad) * N; ++i) {
-    ASSERT_TRUE(std::isnan(out[i])) << "row " << i / N << " past `rows` was written";
+    const std::vector<float> out = ToHost(static_cast<float*>(d_out), (R4 + pad) * N);
+    // The last row's quantized input is its own first K columns (not the stride's tail).
+    const int64_t r = R - 1;
+    for (int64_t g = 0; g < kb; ++g) {
+      float amax = 0;
+      for (int64_t j = g * 128; j < (g + 1) * 128; ++j) {
+        amax = std::max(amax, std::fabs(Bf16ToFloat(x[r * ldx + j])));
+      }
+      const float want_s = std::max(amax, 1e-10f) / 448.f;
+      ASSERT_EQ(xqs[r * kb + g], want_s);
+      for (int64_t j = g * 128; j < (g + 1) * 128; ++j) {
+        ASSERT_EQ(xq[r * K + j], FloatToE4m3(Bf16ToFloat(x[r * ldx + j]) / want_s)) << j;
+      }
+    }
+    const std::vector<int32_t> one = {0, static_cast<int32_t>(R)};
+    const Compare c = CompareRows(std::vector<float>(out.begin(), out.begin() + R * N),
+                                  BlockScaledGemmRef(one, xq, xqs, w, ws, N, K));
+    std::printf("fp8 linear (%s): rel-L2 %.3g (fp64 reference)\n", use_lt ? "cublaslt" : "grouped",
+                c.rel_l2);
+    EXPECT_EQ(c.nonfinite, 0);
+    EXPECT_LT(c.rel_l2, 3e-3);
+    for (int64_t i = rows_out * N; i < (R4 + pad) * N; ++i) {
+      ASSERT_TRUE(std::isnan(out[i]))
+          << "row " << i / N << " past " << rows_out << " rows was written";
+    }
   }
   kc::Fp8LinearArgs bad = a;
   bad.ldx = K - 128;
   const absl::Status st = kc::RunFp8Linear(bad);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("ldx"), std::string::npos) << st;
-  for (void* p : {static_cast<void*>(d_x), static_cast<void*>(d_w), static_cast<void*>(d_ws), d_off,
-                  d_xq, d_xqs, d_out}) {
+  for (void* p : {static_cast<void*>(d_x), static_cast<void*>(d_w), static_cast<void*>(d_ws),
+                  static_cast<void*>(d_ws_lt), d_off, d_xq, d_xqs, d_out}) {
     cudaFree(p);
   }
 }
 
 // Fp8BlockGemmLt (cuBLASLt's block-scaled FP8 GEMM) on fresh random operands against the fp64
-// reference, with the documented scale layouts (activation scales row-major [m][k / 128], the
-// weight's as the checkpoint stores them); rows past m stay poisoned; 1 row and 45 rows. The
-// other plausible layouts (transposed, padded to 4) are tried too and printed, so a cuBLASLt
-// that reads another layout shows which.
+// reference, in its documented layouts (fp8_gemm.h: activation scales by column group with
+// the rows rounded up to 4, weight scale rows padded to 4): 45 rows (48 computed) and 1 row
+// (4 computed); rows past the rounded count stay poisoned; bad shapes are refused.
 TEST(Fp8BlockGemmLtTest, MatchesHostReference) {
   SKIP_WITHOUT_GPU();
   auto lt = kc::Fp8BlockGemmLt::Create();
   if (!lt.ok()) GTEST_SKIP() << lt.status();
   std::mt19937 rng(std::random_device{}());
-  const int64_t M = 45, K = 384, N = 640, kb = K / 128, nb = N / 128, pad = 2;
+  const int64_t M = 45, K = 384, N = 640, kb = K / 128, nb = N / 128, pad = 3;
+  const int64_t M4 = kc::Fp8LtRows(M), kb4 = kc::Fp8LtScaleLd(K);
+  ASSERT_EQ(M4, 48);
+  ASSERT_EQ(kb4, 4);
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> sc(0.25f, 4.f);
-  auto codes = [&](int64_t n) {
-    std::vector<uint8_t> v(n);
-    for (auto& c : v) {
+  std::vector<uint8_t> x(M4 * K), w(N * K);
+  for (auto* v : {&x, &w}) {
+    for (auto& c : *v) {
       do c = static_cast<uint8_t>(byte(rng));
       while ((c & 0x7f) == 0x7f);
     }
-    return v;
-  };
-  const std::vector<uint8_t> x = codes(M * K), w = codes(N * K);
-  std::vector<float> xs(M * kb), ws(nb * kb);
+  }
+  std::vector<float> xs(M4 * kb), ws(nb * kb);  // row-major, as the reference reads them
   for (auto& v : xs) v = sc(rng) / 448.f;
   for (auto& v : ws) v = sc(rng) / 448.f;
+  std::vector<float> ws_lt(nb * kb4, 1.f);
+  for (int64_t i = 0; i < nb; ++i) {
+    for (int64_t b = 0; b < kb; ++b) ws_lt[i * kb4 + b] = ws[i * kb + b];
+  }
   uint8_t* d_x = ToDevice(x);
   uint8_t* d_w = ToDevice(w);
+  float* d_ws = ToDevice(ws_lt);
   void* d_y = nullptr;
-  CUDA_ASSERT(cudaMalloc(&d_y, (M + pad) * N * sizeof(float)));
-  auto run = [&](int64_t m, const std::vector<float>& xs_dev, const std::vector<float>& ws_dev,
-                 absl::Status* st) {
-    float* d_xs = ToDevice(xs_dev);
-    float* d_ws = ToDevice(ws_dev);
-    CUDA_ASSERT(cudaMemset(d_y, 0xFF, (M + pad) * N * sizeof(float)));
+  CUDA_ASSERT(cudaMalloc(&d_y, (M4 + pad) * N * sizeof(float)));
+  for (const int64_t m : {M, int64_t{1}}) {
+    const int64_t m4 = kc::Fp8LtRows(m);
+    std::vector<float> xs_lt(kb * m4);  // by column group: [kb][m4]
+    for (int64_t r = 0; r < m4; ++r) {
+      for (int64_t b = 0; b < kb; ++b) xs_lt[b * m4 + r] = xs[r * kb + b];
+    }
+    float* d_xs = ToDevice(xs_lt);
+    CUDA_ASSERT(cudaMemset(d_y, 0xFF, (M4 + pad) * N * sizeof(float)));
     kc::Fp8BlockGemmArgs a;
     a.m = m;
     a.n = N;
@@ -645,63 +679,22 @@ TEST(Fp8BlockGemmLtTest, MatchesHostReference) {
     a.w = d_w;
     a.w_scale = d_ws;
     a.y = static_cast<float*>(d_y);
-    *st = (*lt)->Run(a);
+    const absl::Status st = (*lt)->Run(a);
+    ASSERT_TRUE(st.ok()) << st;
     CUDA_ASSERT(cudaDeviceSynchronize());
     cudaFree(d_xs);
-    cudaFree(d_ws);
-  };
-  auto ref = [&](int64_t m) {
+    const std::vector<float> y = ToHost(static_cast<float*>(d_y), (M4 + pad) * N);
     const std::vector<int32_t> one = {0, static_cast<int32_t>(m)};
-    return BlockScaledGemmRef(one, std::vector<uint8_t>(x.begin(), x.begin() + m * K),
-                              std::vector<float>(xs.begin(), xs.begin() + m * kb), w, ws, N, K);
-  };
-  // The documented layouts, at 45 rows and at 1 row.
-  for (const int64_t m : {M, int64_t{1}}) {
-    absl::Status st;
-    ASSERT_NO_FATAL_FAILURE(run(m, xs, ws, &st));
-    ASSERT_TRUE(st.ok()) << st;
-    const std::vector<float> y = ToHost(static_cast<float*>(d_y), (M + pad) * N);
-    const Compare c = CompareRows(std::vector<float>(y.begin(), y.begin() + m * N), ref(m));
+    const Compare c = CompareRows(
+        std::vector<float>(y.begin(), y.begin() + m * N),
+        BlockScaledGemmRef(one, std::vector<uint8_t>(x.begin(), x.begin() + m * K),
+                           std::vector<float>(xs.begin(), xs.begin() + m * kb), w, ws, N, K));
     std::printf("cublaslt fp8 block gemm m=%lld: rel-L2 %.3g (fp64 reference)\n",
                 static_cast<long long>(m), c.rel_l2);
     EXPECT_EQ(c.nonfinite, 0);
     EXPECT_LT(c.rel_l2, 3e-3) << "m=" << m;
-    for (int64_t i = m * N; i < (M + pad) * N; ++i) {
-      ASSERT_TRUE(std::isnan(y[i])) << "row " << i / N << " past m=" << m << " was written";
-    }
-  }
-  // Other layouts: activation scales transposed ([kb][m], leading dimension m or m rounded up
-  // to 4); weight scales with the row padded to 4, or transposed.
-  const int64_t M4 = (M + 3) / 4 * 4, kb4 = (kb + 3) / 4 * 4;
-  std::vector<std::pair<std::string, std::vector<float>>> xl = {{"x [m][kb]", xs}};
-  for (const int64_t ld : {M, M4}) {
-    std::vector<float> t(kb * ld, 1.f);
-    for (int64_t r = 0; r < M; ++r) {
-      for (int64_t b = 0; b < kb; ++b) t[b * ld + r] = xs[r * kb + b];
-    }
-    xl.push_back({absl::StrCat("x [kb][", ld, "]"), t});
-  }
-  std::vector<std::pair<std::string, std::vector<float>>> wl = {{"w [nb][kb]", ws}};
-  {
-    std::vector<float> p(nb * kb4, 1.f), t(kb * nb);
-    for (int64_t i = 0; i < nb; ++i) {
-      for (int64_t b = 0; b < kb; ++b) {
-        p[i * kb4 + b] = ws[i * kb + b];
-        t[b * nb + i] = ws[i * kb + b];
-      }
-    }
-    wl.push_back({"w [nb][kb4]", p});
-    wl.push_back({"w [kb][nb]", t});
-  }
-  const std::vector<double> want = ref(M);
-  for (const auto& [xn, xv] : xl) {
-    for (const auto& [wn, wv] : wl) {
-      absl::Status st;
-      ASSERT_NO_FATAL_FAILURE(run(M, xv, wv, &st));
-      const std::vector<float> y = ToHost(static_cast<float*>(d_y), M * N);
-      const Compare c = CompareRows(y, want);
-      std::printf("  layout %-12s %-12s: %s rel-L2 %.3g\n", xn.c_str(), wn.c_str(),
-                  st.ok() ? "ran," : "refused,", c.rel_l2);
+    for (int64_t i = m4 * N; i < (M4 + pad) * N; ++i) {
+      ASSERT_TRUE(std::isnan(y[i])) << "row " << i / N << " past " << m4 << " rows was written";
     }
   }
   kc::Fp8BlockGemmArgs bad;
@@ -712,6 +705,7 @@ TEST(Fp8BlockGemmLtTest, MatchesHostReference) {
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   cudaFree(d_x);
   cudaFree(d_w);
+  cudaFree(d_ws);
   cudaFree(d_y);
 }
 

@@ -139,14 +139,16 @@ absl::Status FillTensorF32(const RankWeightInit& source, CudaRankContext& rk,
   return absl::OkStatus();
 }
 
-// Fills dst [rows, cols] (e4m3 bytes) and scale [ceil(rows / 128), cols / 128] with the block
+// Fills dst [rows, cols] (e4m3 bytes) and scale [ceil(rows / 128), cols / 128] (row stride
+// scale_ld, default cols / 128: cuBLASLt's padded rows, fp8_gemm.h) with the block
 // [row0, +rows) x [col0, +cols) of an FP8-stored tensor as stored (ReadBlockFp8: rows may end
 // in a partial block at the tensor's last row), whole 128-row blocks at a time through a host
 // staging buffer. Every scale must be finite and positive and no byte a NaN code (0x7f /
 // 0xff), else InvalidArgument naming the tensor and its file.
 absl::Status FillTensorFp8(const RankWeightInit& source, CudaRankContext& rk,
                            const std::string& name, uint8_t* dst, float* scale, int64_t rows,
-                           int64_t cols, int64_t row0, int64_t col0) {
+                           int64_t cols, int64_t row0, int64_t col0, int64_t scale_ld = 0) {
+  if (scale_ld == 0) scale_ld = cols / 128;
   const tp::WeightSource& src = *source.host;
   // A multiple of 128 rows (every chunk but the last starts and ends on a block boundary).
   const int64_t chunk = std::min(std::max<int64_t>(kStagingBytes / cols / 128 * 128, 128), rows);
@@ -174,41 +176,53 @@ absl::Status FillTensorFp8(const RankWeightInit& source, CudaRankContext& rk,
     VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + r * cols, bytes.data(),
                                                  static_cast<size_t>(n * cols),
                                                  cudaMemcpyHostToDevice, rk.stream));
-    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        scale + r / 128 * (cols / 128), sc.data(),
-        static_cast<size_t>(nb * (cols / 128)) * sizeof(float), cudaMemcpyHostToDevice, rk.stream));
+    VERIFYD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy2DAsync(scale + r / 128 * scale_ld, scale_ld * sizeof(float), sc.data(),
+                          (cols / 128) * sizeof(float), (cols / 128) * sizeof(float), nb,
+                          cudaMemcpyHostToDevice, rk.stream));
     VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rk.stream));
   }
   return absl::OkStatus();
 }
 
+// The row stride of a one-group FP8 linear's weight scales for depth k: cuBLASLt's padded
+// rows when the rank runs them through cuBLASLt (fp8_gemm.h), else k / 128.
+int64_t LinearScaleLd(const CudaRankContext& rk, int64_t k) {
+  return rk.fp8_lt != nullptr ? kc::Fp8LtScaleLd(k) : k / 128;
+}
+
 // A SwiGLU MLP's weights kept in FP8 (prefix: "model.layers.{l}.mlp.", its
 // "shared_experts." or "experts.{e}."): the rank's `inter` columns [i0, +inter) of gate_proj
 // and up_proj as [gate rows | up rows] ([2 inter, hid] bytes, [2 inter / 128, hid / 128]
-// scales) and of down_proj ([hid, inter], [hid / 128, inter / 128]), into device memory.
+// scales) and of down_proj ([hid, inter], [hid / 128, inter / 128]), into device memory; the
+// scale rows strided by LinearScaleLd when `linear` (a one-group MLP), else packed (the
+// routed experts' grouped GEMMs).
 absl::Status FillMlpFp8Into(const RankWeightInit& src, CudaRankContext& rk,
                             const std::string& prefix, int64_t hid, int64_t inter, int64_t i0,
-                            uint8_t* gate_up, float* gate_up_scale, uint8_t* down,
+                            bool linear, uint8_t* gate_up, float* gate_up_scale, uint8_t* down,
                             float* down_scale) {
-  const int64_t hb = hid / 128, ib = inter / 128;
+  const int64_t ib = inter / 128;
+  const int64_t ld_gu = linear ? LinearScaleLd(rk, hid) : hid / 128;
+  const int64_t ld_dn = linear ? LinearScaleLd(rk, inter) : ib;
   VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, prefix + "gate_proj.weight", gate_up,
-                                        gate_up_scale, inter, hid, i0, 0));
+                                        gate_up_scale, inter, hid, i0, 0, ld_gu));
   VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, prefix + "up_proj.weight", gate_up + inter * hid,
-                                        gate_up_scale + ib * hb, inter, hid, i0, 0));
-  return FillTensorFp8(src, rk, prefix + "down_proj.weight", down, down_scale, hid, inter, 0, i0);
+                                        gate_up_scale + ib * ld_gu, inter, hid, i0, 0, ld_gu));
+  return FillTensorFp8(src, rk, prefix + "down_proj.weight", down, down_scale, hid, inter, 0, i0,
+                       ld_dn);
 }
 
-// The same into new device arrays (dense MLPs, shared experts).
+// A one-group FP8 MLP (dense MLPs, shared experts) into new device arrays.
 absl::Status FillMlpFp8(const RankWeightInit& src, CudaRankContext& rk, const std::string& prefix,
                         int64_t hid, int64_t inter, int64_t i0, uint8_t** gate_up,
                         float** gate_up_scale, uint8_t** down, float** down_scale) {
   const int64_t hb = hid / 128, ib = inter / 128;
   VERIFYD_ASSIGN_OR_RETURN(*gate_up, rk.Alloc<uint8_t>(2 * inter * hid));
-  VERIFYD_ASSIGN_OR_RETURN(*gate_up_scale, rk.Alloc<float>(2 * ib * hb));
+  VERIFYD_ASSIGN_OR_RETURN(*gate_up_scale, rk.Alloc<float>(2 * ib * LinearScaleLd(rk, hid)));
   VERIFYD_ASSIGN_OR_RETURN(*down, rk.Alloc<uint8_t>(hid * inter));
-  VERIFYD_ASSIGN_OR_RETURN(*down_scale, rk.Alloc<float>(hb * ib));
-  return FillMlpFp8Into(src, rk, prefix, hid, inter, i0, *gate_up, *gate_up_scale, *down,
-                        *down_scale);
+  VERIFYD_ASSIGN_OR_RETURN(*down_scale, rk.Alloc<float>(hb * LinearScaleLd(rk, inter)));
+  return FillMlpFp8Into(src, rk, prefix, hid, inter, i0, /*linear=*/true, *gate_up, *gate_up_scale,
+                        *down, *down_scale);
 }
 
 // A device buffer of `count` T with every byte 0xFF (an fp32 / bf16 NaN, an int32 -1), so a
@@ -248,8 +262,9 @@ absl::Status FillMoeLayer(const RankWeightInit& src, const ModelConfig& c, int64
     for (int64_t le = 0; le < El; ++le) {
       VERIFYD_RETURN_IF_ERROR(FillMlpFp8Into(
           src, rk, n(absl::StrCat("mlp.experts.", rk.expert_begin + le, ".")), hid, Il, i0,
-          L.experts_gate_up_fp8 + le * 2 * Il * hid, L.experts_gate_up_scale + le * 2 * ib * hb,
-          L.experts_down_fp8 + le * hid * Il, L.experts_down_scale + le * hb * ib));
+          /*linear=*/false, L.experts_gate_up_fp8 + le * 2 * Il * hid,
+          L.experts_gate_up_scale + le * 2 * ib * hb, L.experts_down_fp8 + le * hid * Il,
+          L.experts_down_scale + le * hb * ib));
     }
   } else if (Il > 0) {
     VERIFYD_ASSIGN_OR_RETURN(L.experts_gate_up, rk.Alloc<bf16>(El * 2 * Il * hid));
@@ -297,10 +312,12 @@ absl::Status AllocMoeBuffers(const ModelConfig& c, int64_t R, CudaRankContext& r
       rk.moe_permute_ws,
       AllocPoisoned<int32_t>(rk, kc::MoePermuteWorkspaceInts(P, static_cast<int>(E))));
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_x, AllocPoisoned<bf16>(rk, P * hid));
-  VERIFYD_ASSIGN_OR_RETURN(rk.moe_gu, AllocPoisoned<float>(rk, std::max(P * 2 * Il, R * 2 * Sl)));
+  // The shared experts' rows rounded up for cuBLASLt (kc::Fp8LtRows: gate_up, output).
+  const int64_t R4 = kc::Fp8LtRows(R);
+  VERIFYD_ASSIGN_OR_RETURN(rk.moe_gu, AllocPoisoned<float>(rk, std::max(P * 2 * Il, R4 * 2 * Sl)));
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_act, AllocPoisoned<bf16>(rk, std::max(P * Il, R * Sl)));
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_y, AllocPoisoned<float>(rk, P * hid));
-  VERIFYD_ASSIGN_OR_RETURN(rk.moe_shared, AllocPoisoned<float>(rk, R * hid));
+  VERIFYD_ASSIGN_OR_RETURN(rk.moe_shared, AllocPoisoned<float>(rk, R4 * hid));
   if (rk.expert_path == ExpertPath::kFp8Grouped) {
     VERIFYD_ASSIGN_OR_RETURN(rk.moe_xq, AllocPoisoned<uint8_t>(rk, P * hid));
     VERIFYD_ASSIGN_OR_RETURN(rk.moe_xq_scale, AllocPoisoned<float>(rk, P * hid / 128));
@@ -417,28 +434,30 @@ absl::Status FillAttentionFp8(const RankWeightInit& src, const ModelConfig& c, i
   const int64_t hid = c.hidden_size, hb = hid / 128, ql = c.q_lora_rank, lat = c.latent_dim();
   const int64_t qk = c.qk_head_dim(), v = c.v_head_dim, Hl = rk.heads.size, h0 = rk.heads.begin;
   const int64_t na = rk.fp8_qkv_a_cols, qin = ql > 0 ? ql : hid;
+  const int64_t ld_a = LinearScaleLd(rk, hid), ld_q = LinearScaleLd(rk, qin);
+  const int64_t ld_o = LinearScaleLd(rk, Hl * v);
   VERIFYD_ASSIGN_OR_RETURN(L.qkv_a_fp8, rk.Alloc<uint8_t>(na * hid));
-  VERIFYD_ASSIGN_OR_RETURN(L.qkv_a_scale, rk.Alloc<float>(na / 128 * hb));
+  VERIFYD_ASSIGN_OR_RETURN(L.qkv_a_scale, rk.Alloc<float>(na / 128 * ld_a));
   if (ql > 0) {
     VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, n("self_attn.q_a_proj.weight"), L.qkv_a_fp8,
-                                          L.qkv_a_scale, ql, hid, 0, 0));
+                                          L.qkv_a_scale, ql, hid, 0, 0, ld_a));
   }
   VERIFYD_RETURN_IF_ERROR(FillTensorFp8(src, rk, n("self_attn.kv_a_proj_with_mqa.weight"),
-                                        L.qkv_a_fp8 + ql * hid, L.qkv_a_scale + ql / 128 * hb, lat,
-                                        hid, 0, 0));
+                                        L.qkv_a_fp8 + ql * hid, L.qkv_a_scale + ql / 128 * ld_a,
+                                        lat, hid, 0, 0, ld_a));
   // The pad rows: zero weights (their scale is kv_a's last block's), so columns >= ql + lat of
   // the GEMM's output are 0 and nothing reads them.
   VERIFYD_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(L.qkv_a_fp8 + (ql + lat) * hid, 0, (na - ql - lat) * hid, rk.stream));
   VERIFYD_ASSIGN_OR_RETURN(L.q_b_fp8, rk.Alloc<uint8_t>(Hl * qk * qin));
-  VERIFYD_ASSIGN_OR_RETURN(L.q_b_scale, rk.Alloc<float>(Hl * qk / 128 * (qin / 128)));
+  VERIFYD_ASSIGN_OR_RETURN(L.q_b_scale, rk.Alloc<float>(Hl * qk / 128 * ld_q));
   VERIFYD_RETURN_IF_ERROR(
       FillTensorFp8(src, rk, n(ql > 0 ? "self_attn.q_b_proj.weight" : "self_attn.q_proj.weight"),
-                    L.q_b_fp8, L.q_b_scale, Hl * qk, qin, h0 * qk, 0));
+                    L.q_b_fp8, L.q_b_scale, Hl * qk, qin, h0 * qk, 0, ld_q));
   VERIFYD_ASSIGN_OR_RETURN(L.o_proj_fp8, rk.Alloc<uint8_t>(hid * Hl * v));
-  VERIFYD_ASSIGN_OR_RETURN(L.o_proj_scale, rk.Alloc<float>(hb * (Hl * v / 128)));
+  VERIFYD_ASSIGN_OR_RETURN(L.o_proj_scale, rk.Alloc<float>(hb * ld_o));
   return FillTensorFp8(src, rk, n("self_attn.o_proj.weight"), L.o_proj_fp8, L.o_proj_scale, hid,
-                       Hl * v, 0, h0 * v);
+                       Hl * v, 0, h0 * v, ld_o);
 }
 
 // The one-group FP8 GEMMs and scratch of the FP8 linears for R rows (rk.fp8_attention,
@@ -456,20 +475,15 @@ absl::Status AllocFp8Buffers(const RankSetup& setup, const ModelConfig& c, int64
   rk.fp8_xq_cols = hid;
   if (rk.fp8_attention) rk.fp8_xq_cols = std::max({hid, ql, Hl * v});
   VERIFYD_ASSIGN_OR_RETURN(rk.fp8_offsets, AllocPoisoned<int32_t>(rk, 2));
+  // Rows rounded up for cuBLASLt (kc::Fp8LtRows: it computes whole groups of 4 rows).
+  R = kc::Fp8LtRows(R);
   VERIFYD_ASSIGN_OR_RETURN(rk.fp8_xq, AllocPoisoned<uint8_t>(rk, R * rk.fp8_xq_cols));
   VERIFYD_ASSIGN_OR_RETURN(rk.fp8_xq_scale, AllocPoisoned<float>(rk, R * rk.fp8_xq_cols / 128));
   if (inter > 0) {
     VERIFYD_ASSIGN_OR_RETURN(rk.fp8_actq, AllocPoisoned<uint8_t>(rk, R * inter));
     VERIFYD_ASSIGN_OR_RETURN(rk.fp8_actq_scale, AllocPoisoned<float>(rk, R * inter / 128));
   }
-  if (setup.fp8_cublaslt && !setup.batch_invariant) {
-    absl::StatusOr<std::unique_ptr<kc::Fp8BlockGemmLt>> lt = kc::Fp8BlockGemmLt::Create();
-    if (lt.ok()) {
-      rk.fp8_lt = std::move(*lt);
-    } else if (lt.status().code() != absl::StatusCode::kFailedPrecondition) {
-      return lt.status();
-    }  // else: no cuBLASLt algorithm on this GPU: the grouped kernel (CudaEngine::fp8_gemm)
-  }
+
   // 64-row tiles, as the routed experts' (few rows per step at verify batch sizes).
   if (rk.fp8_attention) {
     const int64_t na = rk.fp8_qkv_a_cols, qin = ql > 0 ? ql : hid;
@@ -556,6 +570,17 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
   if (c.moe.n_routed_experts > 0) rk.expert_path = ChooseExpertPath(setup, rk);
   ChooseFp8Mlps(setup, rk);
   ChooseFp8Attention(setup, rk);
+  // The one-group FP8 linears through cuBLASLt (before the weights: it sets their scale
+  // layout), unless the steps are batch-invariant or it has no algorithm for this GPU.
+  if ((rk.fp8_attention || rk.fp8_dense || rk.fp8_shared) && setup.fp8_cublaslt &&
+      !setup.batch_invariant) {
+    absl::StatusOr<std::unique_ptr<kc::Fp8BlockGemmLt>> lt = kc::Fp8BlockGemmLt::Create();
+    if (lt.ok()) {
+      rk.fp8_lt = std::move(*lt);
+    } else if (lt.status().code() != absl::StatusCode::kFailedPrecondition) {
+      return lt.status();
+    }  // else: the grouped kernel (CudaEngine::fp8_gemm says which)
+  }
   const int64_t hid = c.hidden_size, qk = c.qk_head_dim(), nope = c.qk_nope_head_dim;
   const int64_t v = c.v_head_dim, kvl = c.kv_lora_rank, lat = c.latent_dim();
   const int64_t Hl = rk.heads.size, h0 = rk.heads.begin, Il = rk.inter.size;
@@ -654,8 +679,9 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
   VERIFYD_ASSIGN_OR_RETURN(rk.qatt, rk.Alloc<bf16>(R * Hl * lat));
   VERIFYD_ASSIGN_OR_RETURN(rk.olat, rk.Alloc<bf16>(R * Hl * kvl));
   VERIFYD_ASSIGN_OR_RETURN(rk.attn, rk.Alloc<bf16>(R * Hl * v));
-  VERIFYD_ASSIGN_OR_RETURN(rk.part, rk.Alloc<float>(R * hid));
-  VERIFYD_ASSIGN_OR_RETURN(rk.gu, rk.Alloc<float>(R * 2 * std::max<int64_t>(Il, 1)));
+  // part and gu take FP8 linears' outputs: rows rounded up for cuBLASLt (kc::Fp8LtRows).
+  VERIFYD_ASSIGN_OR_RETURN(rk.part, rk.Alloc<float>(kc::Fp8LtRows(R) * hid));
+  VERIFYD_ASSIGN_OR_RETURN(rk.gu, rk.Alloc<float>(kc::Fp8LtRows(R) * 2 * std::max<int64_t>(Il, 1)));
   VERIFYD_ASSIGN_OR_RETURN(rk.act, rk.Alloc<bf16>(R * std::max<int64_t>(Il, 1)));
   VERIFYD_ASSIGN_OR_RETURN(rk.logits, rk.Alloc<float>(R * rk.vmax));
   VERIFYD_ASSIGN_OR_RETURN(rk.cos_t, rk.Alloc<float>(R * c.qk_rope_head_dim / 2));

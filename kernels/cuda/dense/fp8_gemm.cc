@@ -122,7 +122,7 @@ absl::Status Fp8BlockGemmLt::Run(const Fp8BlockGemmArgs& p) {
     return absl::InvalidArgumentError(
         "fp8 block gemm: x, x_scale, w, w_scale and y must be set and 16-byte aligned");
   }
-  VERIFYD_ASSIGN_OR_RETURN(const Algo* a, AlgoFor(p.m, p.n, p.k));
+  VERIFYD_ASSIGN_OR_RETURN(const Algo* a, AlgoFor(Fp8LtRows(p.m), p.n, p.k));
   VERIFYD_RETURN_IF_ERROR(
       SetDesc(a->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(p.w_scale)));
   VERIFYD_RETURN_IF_ERROR(

@@ -6,11 +6,16 @@
 //   y[r, j] = sum over k blocks kb of x_scale[r][kb] * w_scale[j / 128][kb] *
 //             (fp8 x[r, kb*128 : +128] . fp8 w[j, kb*128 : +128])          (fp32 y)
 //
-//   x        [m, k] e4m3 row-major (MoeGatherQuantFp8Cuda / SwiGluQuantFp8Cuda write it)
-//   x_scale  [m, k / 128] fp32 row-major (the same quantizers' scales)
+// in cuBLASLt's layouts (measured on an H200 with cuBLAS 13.1: the other layouts give wrong
+// products, and row counts that are not multiples of 4 have no algorithm), with m4 =
+// Fp8LtRows(m) = m rounded up to a multiple of 4:
+//   x        [m4, k] e4m3 row-major (rows m..m4-1 readable; their results land in y's pad rows)
+//   x_scale  [k / 128, m4] fp32: scales by column group, x_scale[kb * m4 + r] (the quantizers'
+//            scale_ld_rows = m4: MoeGatherQuantFp8Cuda / SwiGluQuantFp8Cuda in moe.h)
 //   w        [n, k] e4m3 row-major (the checkpoint's layout)
-//   w_scale  [ceil(n / 128), k / 128] fp32 row-major (the checkpoint's `weight_scale_inv`)
-//   y        [m, n] fp32 row-major, overwritten
+//   w_scale  [ceil(n / 128), Fp8LtScaleLd(k)] fp32 row-major: the checkpoint's
+//            `weight_scale_inv` with each row padded to a multiple of 4 entries
+//   y        [m4, n] fp32 row-major, overwritten (rows m..m4-1 too)
 //
 // The same product as the grouped kernel's one-group GEMM (grouped_gemm.h kFp8Block128), but
 // cuBLASLt picks the algorithm per (m, n, k) (split-K and stream-K included), which keeps the
@@ -31,6 +36,11 @@
 #include "absl/status/statusor.h"
 
 namespace verifyd::kernels::cuda {
+
+// The rows a GEMM of m rows computes (m rounded up to a multiple of 4).
+inline int64_t Fp8LtRows(int64_t m) { return (m + 3) / 4 * 4; }
+// The row stride of a weight's scales for depth k (k / 128 rounded up to a multiple of 4).
+inline int64_t Fp8LtScaleLd(int64_t k) { return (k / 128 + 3) / 4 * 4; }
 
 struct Fp8BlockGemmArgs {
   int64_t m = 0, n = 0, k = 0;  // k % 128 == 0; n % 16 == 0

@@ -260,7 +260,7 @@ __global__ void QuantFp8Kernel(int64_t rows, int64_t cols, const __nv_bfloat16* 
                                int64_t ldx, const int32_t* __restrict__ perm_rows,
                                const float* __restrict__ gu, int64_t ld_in, int64_t up_off,
                                __nv_fp8_storage_t* __restrict__ out, float* __restrict__ scale,
-                               const int32_t* __restrict__ row_begin,
+                               int64_t scale_ld_rows, const int32_t* __restrict__ row_begin,
                                const int32_t* __restrict__ row_end) {
   const int64_t groups = cols / 128;
   const int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
@@ -286,7 +286,7 @@ __global__ void QuantFp8Kernel(int64_t rows, int64_t cols, const __nv_bfloat16* 
   for (int t = 0; t < 4; ++t) {
     out[i * cols + c0 + t] = __nv_cvt_float_to_fp8(__fdiv_rn(v[t], s), __NV_SATFINITE, __NV_E4M3);
   }
-  if (lane == 0) scale[i * groups + g] = s;
+  if (lane == 0) scale[scale_ld_rows > 0 ? g * scale_ld_rows + i : i * groups + g] = s;
 }
 
 // One CTA per row: thread 0 sorts the row's pairs by expert index, then every thread sums
@@ -466,6 +466,10 @@ absl::Status MoeGatherQuantFp8Cuda(const MoeGatherQuantFp8Params& p) {
                      "needed (n=",
                      p.n, " cols=", p.cols, " ldx=", p.ldx, ")"));
   }
+  if (p.scale_ld_rows != 0 && p.scale_ld_rows < p.n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fp8 gather: scale_ld_rows ", p.scale_ld_rows, " < n ", p.n));
+  }
   if (p.n == 0) return absl::OkStatus();
   if (!p.x || !p.out || !p.out_scale) {
     return absl::InvalidArgumentError("fp8 gather: x, out, out_scale must be set");
@@ -474,7 +478,8 @@ absl::Status MoeGatherQuantFp8Cuda(const MoeGatherQuantFp8Params& p) {
   QuantFp8Kernel<false>
       <<<GridFor(threads, 256, INT64_MAX), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(
           p.n, p.cols, reinterpret_cast<const __nv_bfloat16*>(p.x), p.ldx, p.perm_rows, nullptr, 0,
-          0, reinterpret_cast<__nv_fp8_storage_t*>(p.out), p.out_scale, p.row_begin, p.row_end);
+          0, reinterpret_cast<__nv_fp8_storage_t*>(p.out), p.out_scale, p.scale_ld_rows,
+          p.row_begin, p.row_end);
   VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("QuantFp8Kernel<gather>");
   return absl::OkStatus();
 }
@@ -487,6 +492,10 @@ absl::Status SwiGluQuantFp8Cuda(const SwiGluQuantFp8Params& p) {
         "up_offset + cols needed (rows=",
         p.rows, " cols=", p.cols, ")"));
   }
+  if (p.scale_ld_rows != 0 && p.scale_ld_rows < p.rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fp8 swiglu: scale_ld_rows ", p.scale_ld_rows, " < rows ", p.rows));
+  }
   if (p.rows == 0) return absl::OkStatus();
   if (!p.gate_up || !p.out || !p.out_scale) {
     return absl::InvalidArgumentError("fp8 swiglu: gate_up, out, out_scale must be set");
@@ -495,7 +504,8 @@ absl::Status SwiGluQuantFp8Cuda(const SwiGluQuantFp8Params& p) {
   QuantFp8Kernel<true>
       <<<GridFor(threads, 256, INT64_MAX), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(
           p.rows, p.cols, nullptr, 0, nullptr, p.gate_up, p.ld_in, p.up_offset,
-          reinterpret_cast<__nv_fp8_storage_t*>(p.out), p.out_scale, p.row_begin, p.row_end);
+          reinterpret_cast<__nv_fp8_storage_t*>(p.out), p.out_scale, p.scale_ld_rows, p.row_begin,
+          p.row_end);
   VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("QuantFp8Kernel<swiglu>");
   return absl::OkStatus();
 }

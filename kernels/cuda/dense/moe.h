@@ -115,7 +115,10 @@ struct MoeGatherQuantFp8Params {
   int64_t ldx = 0;
   const int32_t* perm_rows = nullptr;  // [n] or null
   uint8_t* out = nullptr;              // [n, cols] e4m3
-  float* out_scale = nullptr;          // [n, cols / 128]
+  float* out_scale = nullptr;          // [n, cols / 128] (or by column group, below)
+  // > 0: the scales stored by column group, out_scale[g * scale_ld_rows + i] (cuBLASLt's VEC128
+  // layout, fp8_gemm.h; scale_ld_rows >= n); 0: out_scale[i * cols / 128 + g].
+  int64_t scale_ld_rows = 0;
   const int32_t* row_begin = nullptr;  // optional, as MoeGatherParams
   const int32_t* row_end = nullptr;
   void* stream = nullptr;
@@ -131,7 +134,8 @@ struct SwiGluQuantFp8Params {
   int64_t ld_in = 0;
   int64_t up_offset = 0;
   uint8_t* out = nullptr;              // [rows, cols] e4m3
-  float* out_scale = nullptr;          // [rows, cols / 128]
+  float* out_scale = nullptr;          // [rows, cols / 128] (or by column group)
+  int64_t scale_ld_rows = 0;           // as MoeGatherQuantFp8Params
   const int32_t* row_begin = nullptr;  // optional, as MoeGatherParams
   const int32_t* row_end = nullptr;
   void* stream = nullptr;

@@ -377,6 +377,7 @@ absl::Status RunFp8Linear(const Fp8LinearArgs& a) {
   q.ldx = ldx;
   q.out = a.xq;
   q.out_scale = a.xq_scale;
+  q.scale_ld_rows = a.lt != nullptr ? Fp8LtRows(a.rows) : 0;  // cuBLASLt's scale layout
   q.stream = a.stream;
   VERIFYD_RETURN_IF_ERROR(MoeGatherQuantFp8Cuda(q));
   return OneGroupFp8(a.lt, a.gemm, a.rows, a.offsets, a.xq, a.xq_scale, a.w, a.w_scale, a.out,
@@ -424,6 +425,7 @@ absl::Status RunFp8Mlp(const Fp8MlpArgs& a) {
     p.up_offset = a.inter;
     p.out = a.actq;
     p.out_scale = a.actq_scale;
+    p.scale_ld_rows = a.lt != nullptr ? Fp8LtRows(a.rows) : 0;
     p.stream = a.stream;
     VERIFYD_RETURN_IF_ERROR(SwiGluQuantFp8Cuda(p));
   }

@@ -152,7 +152,10 @@ absl::Status RunMoeMlp(const MoeMlpArgs& args);
 // the grouped kernel's n / 128 tiles short of the SMs, but its algorithm follows the row
 // count), else through the grouped kernel, where a row's result does not depend on the other
 // rows (its tiles never split k): batch-invariant steps leave `lt` null. The GroupedGemm
-// gives the GEMM's shape either way.
+// gives the GEMM's shape either way. With `lt`, the layouts are cuBLASLt's (fp8_gemm.h): every
+// buffer below holds Fp8LtRows(rows) rows (the pad rows are computed and ignored), the
+// activation scales are stored by column group and each weight's scale rows are padded to
+// Fp8LtScaleLd(k) entries.
 
 // out[rows, n] (fp32) = quant(x) . w^T, x [rows, k] bf16 (row stride ldx) quantized per row
 // and 128 columns (MoeGatherQuantFp8Cuda) into xq / xq_scale, then one one-group
