@@ -254,6 +254,47 @@ def engine_change_table(spec):
     return "\n".join(out)
 
 
+def engine_modes_table(spec):
+    """engine_bench runs of one model in several modes (same GPU call): step and GEMM time per
+    mode, and each mode's step time over the baseline mode's."""
+    runs = [(m["label"], load(m["file"])) for m in spec["modes"]]
+    base_label, base = runs[spec.get("baseline", len(runs) - 1)]
+    k = lambda r: (r["context"], r["nodes"], r["batch"])
+    by = [{k(r): r for r in d["rows"]} for _, d in runs]
+    head = ["context", "nodes", "batch"]
+    for label, _ in runs:
+        head += [f"{label} step ms", f"{label} GEMM ms"]
+    head += [f"{label} / {base_label}" for label, _ in runs if label != base_label]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    ratios = {label: [] for label, _ in runs if label != base_label}
+    b_rows = {k(r): r for r in base["rows"]}
+    for r0 in runs[0][1]["rows"]:
+        key_ = k(r0)
+        if any(key_ not in rows for rows in by):
+            continue
+        cells = [f"{r0['context']:,}", str(r0["nodes"]), str(r0["batch"])]
+        for rows in by:
+            cells += [f"{rows[key_]['step_ms']:.2f}", f"{rows[key_]['gemm_ms']:.2f}"]
+        for (label, _), rows in zip(runs, by):
+            if label == base_label:
+                continue
+            ratios[label].append(rows[key_]["step_ms"] / b_rows[key_]["step_ms"])
+            cells.append(f"{ratios[label][-1]:.3f}")
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    for label, rs in ratios.items():
+        out.append(f"- step time {label} / {base_label}: geomean {geomean(rs):.3f}, range "
+                   f"{min(rs):.3f}-{max(rs):.3f} over {len(rs)} rows")
+    d0 = runs[0][1]
+    out += ["", f"Model `{d0.get('model')}` ({d0.get('weights', '')}), {d0.get('layers')} layers, "
+            f"TP {d0.get('tp', 1)}. Sources (raw JSON):"]
+    for (label, d), m in zip(runs, spec["modes"]):
+        out.append(meta_line(f"{label} (fp8 attention: {d.get('fp8_attention')}, fp8 MLPs: "
+                             f"{d.get('fp8_mlps') or 'none'}, fp8 GEMM: "
+                             f"{d.get('fp8_gemm') or 'none'})", d, m["file"]))
+    return "\n".join(out)
+
+
 def moe_layer_table(spec):
     """bench/moe_layer_bench (verifyd's expert modes) and, when given, the same run's PyTorch
     grouped GEMMs (bench/peers/torch_grouped_moe.py): per rows, the phase split, the expert
@@ -361,7 +402,7 @@ KINDS = {"verify_attention": verify_attention_table, "engine": engine_table,
          "moe_layer": moe_layer_table, "engine_extras": engine_extras_table,
          "verify_attention_change": verify_attention_change_table,
          "engine_change": engine_change_table, "kv_fp8_accuracy": kv_fp8_accuracy_table,
-         "bf16_floor": bf16_floor_table}
+         "bf16_floor": bf16_floor_table, "engine_modes": engine_modes_table}
 
 
 def render(name, spec):

@@ -37,9 +37,10 @@ ABSL_FLAG(std::string, cuda_devices, "",
           "device repeated for every rank (e.g. 0,0,0,0) runs the ranks on that GPU through the "
           "loopback communicator (testing tensor parallelism on one GPU)");
 ABSL_FLAG(bool, fp8_experts, true,
-          "cuda backend: keep FP8-stored MLP weights (routed and shared experts, dense MLP "
-          "layers; 128x128 block scales) in FP8 on sm_90 GPUs (block-scaled FP8 GEMMs, "
-          "activations quantized per 128 columns); false: dequantize them to bf16");
+          "cuda backend: keep FP8-stored weights (routed and shared experts, dense MLP layers, "
+          "attention projections but kv_b; 128x128 block scales) in FP8 on sm_90 GPUs "
+          "(block-scaled FP8 GEMMs, activations quantized per 128 columns); false: dequantize "
+          "them to bf16");
 ABSL_FLAG(bool, expert_parallel, true,
           "cuda backend, tp > 1: each rank holds n_routed_experts / tp whole routed experts "
           "(expert parallelism) when they divide evenly; false: a 1/tp slice of every expert");

@@ -280,10 +280,13 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, GpuReferenceCheckpointTest,
 // measured rel-L2 0.107, max rel 0.134 against the bf16-MLP engine, 0.133 against
 // transformers: hence 0.15. moe_fp8_attn128 also quantizes the attention projections' three
 // inputs per layer (xn for the fused q_a | kv_a, the normed q_a output, the attention output
-// before o_proj): PROVISIONAL 0.25 until measured. The checkpoints' routing is pinned
-// (tests/data/make_reference_checkpoints.py), so no routing decision can flip.
+// before o_proj) through the same W8A8 GEMMs: measured on an H200 (cuBLASLt path) max rel
+// 0.206, rel-L2 0.237 against transformers and 0.211 / 0.236 against the bf16-weight engine,
+// greedy tokens equal except at near-ties (8 of 73 flipped, all near-ties): hence 0.3. A wrong
+// scale layout measured 0.66-0.99 (kernels/cuda/dense/fp8_gemm.h). The checkpoints' routing
+// is pinned (tests/data/make_reference_checkpoints.py), so no routing decision can flip.
 double Fp8LogitTol(const std::string& name) {
-  if (name == "moe_fp8_attn128") return 0.25;
+  if (name == "moe_fp8_attn128") return 0.3;
   return name == "moe_fp8_mlp128" ? 0.15 : 0.1;
 }
 // The same checkpoint with the experts in bf16 (bf16 activations through the MoE MLP as well
@@ -320,10 +323,11 @@ TEST_P(GpuFp8ExpertsTest, DraftTreesAcceptTheReferenceTokens) {
                                               kTreeDepth);
 }
 
-// FP8 MLPs against the same engine with them dequantized to bf16, on the reference prompts
+// FP8 weights against the same engine with them dequantized to bf16, on the reference prompts
 // (prefill + greedy steps driven by transformers' tokens). The checkpoints' routing is pinned
 // and their only MoE layer is the last, so both engines route every row identically and the
-// difference is the W8A8 MLP GEMMs alone. Asserted: every logit row within Fp8LogitTol (rel-L2 and
+// difference is the W8A8 GEMMs alone (the MLPs', and moe_fp8_attn128's attention
+// projections'). Asserted: every logit row within Fp8LogitTol (rel-L2 and
 // max |diff| / max |logit|); printed: the bf16 engine against transformers for comparison.
 TEST_P(GpuFp8ExpertsTest, Fp8ExpertsMatchBf16Experts) {
   std::unique_ptr<CudaEngine> f = MakeEngine(name_, tp_, /*fp8_experts=*/true);
