@@ -46,6 +46,12 @@ ABSL_FLAG(bool, shared_context, true,
           "with --positional: context splits shared by a request's nodes (the engine's "
           "default; false: per-node plans)");
 ABSL_FLAG(std::string, commit, "unknown", "source revision recorded in the JSON meta");
+ABSL_FLAG(bool, forks, false,
+          "every request of a shape is a fork of request 0: the same context slots, its own "
+          "tail slots");
+ABSL_FLAG(bool, share_prefixes, true,
+          "give the planner the host slot lists, so forks read their shared prefix once per "
+          "pack (default plans; api.h \"Shared prefixes\")");
 ABSL_FLAG(double, copy_gbps, 4242.0, "copy ceiling (GB/s) for the memory floor (H200)");
 ABSL_FLAG(double, mma_tflops, 790.0, "bf16 matrix rate (TFLOP/s) for the compute floor");
 ABSL_FLAG(int64_t, rotate_bytes, int64_t{512} << 20,
@@ -137,7 +143,7 @@ struct Result {
   Shape shape;
   double ms = 0, eager_ms = 0, gbps = 0, tflops = 0, mem_floor_ms = 0, compute_floor_ms = 0,
          pct = 0;
-  int ctas = 0, max_splits = 0, rows_per_cta = 0, sets = 0;
+  int ctas = 0, max_splits = 0, rows_per_cta = 0, sets = 0, shared_packs = 0;
   std::string config;  // the configuration the planner chose: "m16" or "s64" (+ " positional")
 };
 
@@ -173,6 +179,13 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   std::vector<int32_t> perm(kv_slots);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
+  const bool forks = absl::GetFlag(FLAGS_forks);
+  if (forks) {  // request b's context = request 0's, per set
+    for (int set = 0; set < sets; ++set) {
+      int32_t* base = perm.data() + slots_per_set * set;
+      for (int b = 1; b < s.B; ++b) std::copy(base, base + s.ctx, base + int64_t{b} * L);
+    }
+  }
   int32_t* idx = nullptr;
   BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&idx), kv_slots * 4));
   BENCH_CUDA(cudaMemcpy(idx, perm.data(), kv_slots * 4, cudaMemcpyHostToDevice));
@@ -221,6 +234,7 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   opt.positional = absl::GetFlag(FLAGS_positional);
   opt.positional_shared_context = absl::GetFlag(FLAGS_shared_context);
   opt.host_tree_mask = hmask.data();  // read by positional plans only
+  if (absl::GetFlag(FLAGS_share_prefixes)) opt.host_kv_indices = perm.data();  // set 0's lists
   if (absl::GetFlag(FLAGS_min_split_tiles) >= 1) {
     opt.min_split_tiles = absl::GetFlag(FLAGS_min_split_tiles);
   }
@@ -299,6 +313,7 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   res->ctas = static_cast<int>(plan->work.size());
   res->max_splits = plan->max_splits;
   res->rows_per_cta = plan->rows_per_cta;
+  res->shared_packs = plan->shared_packs;
   res->config = std::string(ConfigName(plan->config)) + (plan->positional ? " positional" : "") +
                 (plan->positional && opt.positional_shared_context ? " shared" : "");
 
@@ -407,15 +422,15 @@ int main(int argc, char** argv) {
   j["results"] = nlohmann::json::array();
   std::printf(
       "\n| B | H | q | ctx | ms | eager ms | KV GB/s | TFLOP/s | mem floor ms | compute floor "
-      "ms | %% of larger floor | CTAs | splits | rows/CTA |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "ms | %% of larger floor | CTAs | splits | rows/CTA | shared packs |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Result& r : results) {
     const Shape& s = r.shape;
     std::printf(
         "| %d | %d | %d | %d | %.4f | %.4f | %.0f | %.1f | %.4f | %.4f | %.0f %% | %d | "
-        "%d | %d |\n",
+        "%d | %d | %d |\n",
         s.B, s.H, s.q, s.ctx, r.ms, r.eager_ms, r.gbps, r.tflops, r.mem_floor_ms,
-        r.compute_floor_ms, r.pct, r.ctas, r.max_splits, r.rows_per_cta);
+        r.compute_floor_ms, r.pct, r.ctas, r.max_splits, r.rows_per_cta, r.shared_packs);
     j["results"].push_back({{"B", s.B},
                             {"H", s.H},
                             {"q", s.q},
@@ -423,6 +438,8 @@ int main(int argc, char** argv) {
                             {"mask", "tree-chain"},
                             {"page_size", 1},
                             {"config", r.config},
+                            {"forks", absl::GetFlag(FLAGS_forks)},
+                            {"shared_packs", r.shared_packs},
                             {"ms", r.ms},
                             {"eager_ms", r.eager_ms},
                             {"sets", r.sets},

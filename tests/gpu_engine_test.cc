@@ -282,6 +282,59 @@ TEST(GpuEngine, MatchesCpuEngineTiny576VerifyKernelShape) {
   SKIP_WITHOUT_GPU();
   RunGpuVsCpu("tiny576", false);
 }
+// Forks of one 1,500-token context in one step (a decode row or a small draft tree each):
+// the verify attention packs them and reads the shared prefix once per pack (8 heads: up to
+// 8 rows of requests per 64-row tile); logits and greedy tokens match the CPU engine.
+TEST(GpuEngine, SharedPrefixForksMatchCpuEngine) {
+  SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = Tiny576();
+  auto gpu = MakeGpu(cfg, 7, 4096);
+  auto cpu = MakeCpu(cfg, 7, 4096);
+  ASSERT_NE(gpu, nullptr);
+  ASSERT_NE(cpu, nullptr);
+  std::mt19937 rng(77);
+  const int vocab = static_cast<int>(cfg.vocab_size);
+  std::vector<int32_t> context;
+  int32_t next = 0;
+  while (context.size() < 1500) {  // the shared context, prefilled in chunks of 60
+    StepRequest p;
+    p.context_slots = context;
+    p.tokens = RandomTokens(rng, 60, vocab);
+    for (int t = 0; t < 60; ++t) {
+      p.parents.push_back(t - 1);
+      p.tail_slots.push_back(next++);
+    }
+    p.accept = false;
+    ASSERT_TRUE(gpu->Step({p}).ok());
+    ASSERT_TRUE(cpu->Step({p}).ok());
+    context.insert(context.end(), p.tail_slots.begin(), p.tail_slots.end());
+  }
+  std::vector<StepRequest> forks(8);
+  for (StepRequest& q : forks) {
+    q.context_slots = context;
+    const int n = 1 + static_cast<int>(rng() % 4);
+    q.tokens = RandomTokens(rng, n, vocab);
+    for (int t = 0; t < n; ++t) {
+      q.parents.push_back(t == 0 ? -1 : static_cast<int32_t>(rng() % t));
+      q.tail_slots.push_back(next++);
+    }
+    q.accept = false;
+  }
+  std::vector<float> lg, lc;
+  auto rg = gpu->StepWithLogits(forks, &lg);
+  auto rc = cpu->StepWithLogits(forks, &lc);
+  ASSERT_TRUE(rg.ok()) << rg.status();
+  ASSERT_TRUE(rc.ok()) << rc.status();
+  EXPECT_GT(gpu->last_shared_prefix_packs(), 0) << "the forks were not packed";
+  Compare cmp;
+  CompareLogits(lg, lc, AllPredictions(*rg), AllPredictions(*rc), cfg.vocab_size, &cmp);
+  std::printf("forks: %d packs; logits rel L2 %.3g, %lld / %lld greedy tokens differ\n",
+              gpu->last_shared_prefix_packs(), cmp.rel_l2,
+              static_cast<long long>(cmp.token_mismatches), static_cast<long long>(cmp.rows));
+  EXPECT_LT(cmp.rel_l2, kLogitRelTol);
+  EXPECT_EQ(cmp.unexplained, 0);
+}
+
 TEST(GpuEngine, MatchesCpuEngineTinyMoeYarn) {
   SKIP_WITHOUT_GPU();
   RunGpuVsCpu("tiny-moe", false);

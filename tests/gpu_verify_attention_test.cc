@@ -68,6 +68,10 @@ struct Case {
   bool positional = false;       // a positional plan (the batch-invariant mode's)
   bool shared_context = false;   // ... with the context splits shared by a request's nodes
   int64_t max_partial_rows = 0;  // > 0: a workspace this small (positional plans: passes)
+  // > 0: requests b >= 1 with shared[b] set begin with request 0's first `prefix` context
+  // slots (forks), and the planner gets the host kv indices (shared-prefix plans).
+  int prefix = 0;
+  std::vector<bool> shared;
   std::string Name() const {
     int64_t rows = 0, keys = 0;
     for (size_t b = 0; b < nodes.size(); ++b) {
@@ -77,6 +81,7 @@ struct Case {
     return absl::StrCat("B=", nodes.size(), " H=", heads, " rows=", rows, " max_ctx=", keys,
                         " seed=", seed, " cfg=", static_cast<int>(config),
                         positional ? " positional" : "", shared_context ? " shared" : "",
+                        prefix > 0 ? absl::StrCat(" prefix=", prefix) : "",
                         " max_splits=", max_splits);
   }
 };
@@ -111,6 +116,10 @@ HostBatch MakeBatch(const Case& c) {
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
   h.kv_indices.assign(perm.begin(), perm.begin() + used);
+  for (int b = 1; b < h.batch && c.prefix > 0; ++b) {  // forks: request 0's first slots
+    if (!c.shared.empty() && !c.shared[b]) continue;
+    for (int k = 0; k < c.prefix; ++k) h.kv_indices[h.kv_indptr[b] + k] = h.kv_indices[k];
+  }
   h.kv.assign(h.kv_slots * kQk, kBf16NaN);
   for (int64_t i = 0; i < used; ++i) {
     bf16_bits* row = h.kv.data() + int64_t{h.kv_indices[i]} * kQk;
@@ -282,6 +291,11 @@ void RunCuda(const HostBatch& h, VerifyPlanOptions opt, bool with_lse, int64_t m
   const absl::Status st = VerifyAttentionCuda(dp, *plan, *ws);
   ASSERT_TRUE(st.ok()) << st;
   CUDA_ASSERT(cudaDeviceSynchronize());
+  if (plan->shared_packs > 0) {
+    std::printf("  shared prefixes: %d packs, %lld key reads saved, %zu work items\n",
+                plan->shared_packs, static_cast<long long>(plan->shared_reads_saved),
+                plan->work.size());
+  }
   if (max_partial_rows > 0 && plan->max_splits > 1) {
     std::printf("  positional plan: %zu work items, %zu passes\n", plan->work.size(),
                 plan->passes.size());
@@ -349,6 +363,7 @@ void RunCase(const Case& c, Errors* err) {
   opt.max_splits = c.max_splits;
   opt.positional = c.positional;
   opt.positional_shared_context = c.shared_context;
+  if (c.prefix > 0) opt.host_kv_indices = h.kv_indices.data();
   ASSERT_NO_FATAL_FAILURE(RunCuda(h, opt, c.with_lse, c.max_partial_rows, &out, &lse));
   CompareRows(out, ref_out, c.with_lse ? &lse : nullptr, c.with_lse ? &ref_lse : nullptr, err);
 }
@@ -578,6 +593,47 @@ TEST(VerifyAttentionCuda, GraphReplayMatchesEager) {
 // count (the second warpgroup idles in the last pair), ranges ending one key into a tile,
 // exact multiples of 128, tail-only masking, split (partial outputs + combine) and unsplit
 // requests, rows past the request in the last 64-row tile, rows that see nothing.
+// Shared-prefix plans (forks of one context read once per pack of requests) against the
+// reference: decode forks and draft trees with their own context after the prefix, strangers
+// between groups, both configurations; the KV slots nobody reads are NaN, the workspace
+// poisoned, so a wrong key range or partial row shows.
+TEST(VerifyAttentionCuda, SharedPrefixMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  std::vector<Case> cases;
+  {
+    Case c;  // 32 decode forks of one 8,192-key context, 8 heads
+    c.heads = 8;
+    c.nodes.assign(32, 1);
+    c.ctx.assign(32, 8192);
+    c.prefix = 8192;
+    c.seed = 21;
+    cases.push_back(c);
+  }
+  {
+    Case c;  // trees of 1-4 nodes, own context after a 5,000-key prefix, two strangers
+    c.heads = 16;
+    std::mt19937 rng(22);
+    for (int b = 0; b < 12; ++b) {
+      c.nodes.push_back(1 + static_cast<int>(rng() % 4));
+      c.ctx.push_back(5000 + static_cast<int>(rng() % 1500));
+      c.shared.push_back(b != 4 && b != 9);
+    }
+    c.prefix = 5000;
+    c.seed = 22;
+    cases.push_back(c);
+  }
+  {
+    Case c = cases[0];  // the 16-row configuration: packs of two forks
+    c.nodes.assign(8, 1);
+    c.ctx.assign(8, 3000);
+    c.prefix = 3000;
+    c.config = VerifyKernelConfig::kM16;
+    c.seed = 23;
+    cases.push_back(c);
+  }
+  for (const Case& c : cases) ExpectCase(c);
+}
+
 bool SkipUnlessSm90() {
   auto dev = VerifyAttentionDeviceInfo::Query();
   return !dev.ok() || dev->cc_major != 9;

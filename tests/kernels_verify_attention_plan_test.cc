@@ -3,6 +3,7 @@
 // (sm_90, 132 SMs, 227 KB of shared memory per block) and an sm_120 part (99 KB).
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <utility>
@@ -499,6 +500,162 @@ TEST(VerifyAttentionPlan, PositionalPasses) {
   tiny.max_partial_rows = 100;
   EXPECT_EQ(PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, tiny, opt).status().code(),
             absl::StatusCode::kResourceExhausted);
+}
+
+// Forks: request b's slot list begins with the first prefix[b] context slots of request 0
+// (a shared prefix; 0: its own slots throughout), then its own context and tail slots.
+TreeBatch MakeForks(const std::vector<int>& nodes, const std::vector<int>& ctx,
+                    const std::vector<int>& prefix, uint64_t seed) {
+  TreeBatch t = MakeTrees(nodes, ctx, seed);
+  for (size_t b = 1; b < nodes.size(); ++b) {
+    for (int k = 0; k < prefix[b]; ++k) t.idx[t.ki[b] + k] = t.idx[k];
+  }
+  // Rebuild the visible lists from the new slots.
+  for (size_t b = 0; b < nodes.size(); ++b) {
+    for (int i = 0; i < nodes[b]; ++i) {
+      const int row = t.qi[b] + i;
+      std::vector<int32_t> vis(t.idx.begin() + t.ki[b], t.idx.begin() + t.ki[b] + ctx[b]);
+      for (int j = 0; j < nodes[b]; ++j) {
+        if ((t.mask[2 * row + j / 64] >> (j % 64)) & 1) vis.push_back(t.idx[t.ki[b] + ctx[b] + j]);
+      }
+      t.visible[row] = vis;
+    }
+  }
+  return t;
+}
+
+// What a default plan's kernels read, simulated as the kernels mask: a work item's key k of a
+// row is a tail key (k >= kv_len - num_nodes) read only if the row's mask has bit k - (kv_len -
+// num_nodes). Per output row and head, the slots it saw, its splits in merge order (by partial
+// row: the combine's split s of local row i is partial row partial_row0 + s * rows_per_cta +
+// i). Fails the test when a partial row is written twice or merged from the wrong row or
+// split, or an output row is not produced exactly once.
+std::vector<std::vector<int32_t>> SimulateMasked(const VerifyAttentionPlan& plan,
+                                                 const TreeBatch& t, int heads) {
+  const int bm = plan.rows_per_cta;
+  const size_t out_rows = static_cast<size_t>(plan.total_rows) * heads;
+  // Per output row: (partial row or -1, the slots of that split).
+  std::vector<std::vector<std::pair<int64_t, std::vector<int32_t>>>> parts(out_rows);
+  std::vector<int> produced(out_rows, 0);
+  std::vector<int64_t> writer(static_cast<size_t>(plan.partial_rows), -1);
+  for (const VerifyWorkItem& w : plan.work) {
+    const int rows = std::min(bm, w.num_nodes * heads - w.fold_begin);
+    EXPECT_GT(rows, 0);
+    EXPECT_LE(w.kv_end, w.kv_len);
+    for (int r = 0; r < rows; ++r) {
+      const int node = (w.fold_begin + r) / heads;
+      const int64_t row = w.q_row0 + node;
+      const int64_t out = static_cast<int64_t>(w.q_row0) * heads + w.fold_begin + r;
+      const int tail0 = w.kv_len - w.num_nodes;
+      std::vector<int32_t> keys;
+      for (int k = w.kv_begin; k < w.kv_end; ++k) {
+        if (k >= tail0) {
+          const int j = k - tail0;
+          if (!((t.mask[2 * row + j / 64] >> (j % 64)) & 1)) continue;
+        }
+        keys.push_back(t.idx.at(w.kv_off + k));
+      }
+      if (w.partial_row < 0) {
+        ++produced[out];
+        parts[out].push_back({-1, keys});
+      } else {
+        const int64_t pr = w.partial_row + r;
+        EXPECT_EQ(writer.at(pr), -1) << "partial row " << pr << " written twice";
+        writer.at(pr) = out;
+        parts[out].push_back({pr, keys});
+      }
+    }
+  }
+  for (size_t i = 0; i < plan.combine.size(); ++i) {
+    const VerifyCombineItem& c = plan.combine[i];
+    EXPECT_LE(c.num_rows, bm);
+    for (int r = 0; r < c.num_rows; ++r) {
+      ++produced[c.out_row0 + r];
+      auto& ps = parts[c.out_row0 + r];
+      std::sort(ps.begin(), ps.end());
+      EXPECT_EQ(static_cast<int>(ps.size()), c.num_splits);
+      for (int sp = 0; sp < c.num_splits && sp < static_cast<int>(ps.size()); ++sp) {
+        const int64_t pr = c.partial_row0 + static_cast<int64_t>(sp) * bm + r;
+        EXPECT_EQ(writer.at(pr), c.out_row0 + r) << "combine item " << i << " split " << sp;
+        EXPECT_EQ(ps[sp].first, pr) << "combine item " << i << " split " << sp;
+      }
+    }
+  }
+  std::vector<std::vector<int32_t>> seen(out_rows);
+  for (size_t r = 0; r < out_rows; ++r) {
+    EXPECT_EQ(produced[r], 1) << "output row " << r;
+    for (const auto& [pr, keys] : parts[r]) seen[r].insert(seen[r].end(), keys.begin(), keys.end());
+  }
+  return seen;
+}
+
+// Shared prefixes: forks of one context (decode rows and draft trees, own context after the
+// prefix, unrelated requests between groups) are packed when the heads leave room in a row
+// tile; every row still sees exactly its visible keys in order; 64 heads, no host kv indices
+// or a prefix below kSharedPrefixMinKeys plan as before.
+TEST(VerifyAttentionPlan, SharedPrefixesReadOnceAndCoverEveryKey) {
+  const VerifyAttentionWorkspace ws = CapacityOnly();
+  struct Trial {
+    std::vector<int> nodes, ctx, prefix;
+    int heads;
+    int want_packs;  // -1: any > 0
+  };
+  std::vector<Trial> trials;
+  {
+    Trial t{{}, {}, {}, 8, 4};  // 32 decode forks of a 65,536-key context
+    for (int b = 0; b < 32; ++b) {
+      t.nodes.push_back(1);
+      t.ctx.push_back(65536);
+      t.prefix.push_back(b == 0 ? 0 : 65536);
+    }
+    trials.push_back(t);
+  }
+  {
+    Trial t{{}, {}, {}, 16, -1};  // trees, own context after a 20,000-key prefix, strangers
+    std::mt19937 rng(5);
+    for (int b = 0; b < 24; ++b) {
+      const bool stranger = b % 7 == 3;
+      t.nodes.push_back(1 + static_cast<int>(rng() % 3));
+      t.ctx.push_back(20000 + static_cast<int>(rng() % 3000));
+      t.prefix.push_back(b == 0 || stranger ? 0 : 20000);
+    }
+    trials.push_back(t);
+  }
+  trials.push_back({{1, 1, 1, 1}, {30000, 30000, 30000, 30000}, {0, 30000, 30000, 30000}, 64, 0});
+  trials.push_back({{1, 1, 1}, {30000, 30000, 30000}, {0, 500, 500}, 8, 0});  // too short
+  for (size_t i = 0; i < trials.size(); ++i) {
+    SCOPED_TRACE(i);
+    const Trial& tr = trials[i];
+    const TreeBatch t = MakeForks(tr.nodes, tr.ctx, tr.prefix, 11 + i);
+    const VerifyAttentionParams p = ParamsOf(t, tr.heads);
+    VerifyPlanOptions opt;
+    opt.host_kv_indices = t.idx.data();
+    auto plan = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, ws, opt);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    if (tr.want_packs >= 0) {
+      EXPECT_EQ(plan->shared_packs, tr.want_packs);
+    } else {
+      EXPECT_GT(plan->shared_packs, 0);
+    }
+    const std::vector<std::vector<int32_t>> seen = SimulateMasked(*plan, t, tr.heads);
+    for (int64_t r = 0; r < p.total_rows; ++r) {
+      for (int h = 0; h < tr.heads; ++h) {
+        ASSERT_EQ(seen[r * tr.heads + h], t.visible[r]) << "row " << r << " head " << h;
+      }
+    }
+    // Without the host indices: no sharing, the same keys.
+    opt.host_kv_indices = nullptr;
+    auto plain = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, ws, opt);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    EXPECT_EQ(plain->shared_packs, 0);
+    EXPECT_EQ(SimulateMasked(*plain, t, tr.heads), seen);
+    if (i == 0) {
+      // 4 packs of 8 forks: each reads the 65,536-key prefix once instead of 8 times.
+      EXPECT_EQ(plan->shared_reads_saved, int64_t{28} * 65536);
+      std::printf("32 forks x 65,536 keys, 8 heads: %zu work items (%zu without sharing)\n",
+                  plan->work.size(), plain->work.size());
+    }
+  }
 }
 
 }  // namespace

@@ -91,6 +91,11 @@ struct EngineOptions {
     // block-scaled FP8 GEMM when it has one for the GPU (kernels/cuda/dense/fp8_gemm.h),
     // except in batch-invariant steps; false: always the grouped kernel.
     bool fp8_cublaslt = true;
+    // Requests of a step whose slot lists begin with the same context slots (forked
+    // sessions, a common system prompt) read that prefix once per pack of requests in the
+    // verify attention (kernels/cuda/verify_attention/api.h "Shared prefixes"; not in
+    // batch-invariant steps); false: every request reads its own keys.
+    bool shared_prefix_attention = true;
     // tp > 1 and n_routed_experts % tp == 0: each rank holds E / tp whole routed experts
     // (expert parallelism; the MoE output still meets in the layer's one all-reduce) instead
     // of a 1 / tp slice of every expert. Measured faster from 64 rows per step (docs/PERF.md).

@@ -266,6 +266,11 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
       // plain decoding gives that token); the planner otherwise picks the kernel and the key
       // splits by the batch's shape.
       kc::VerifyPlanOptions vo;
+      // Requests that share a prefix of their slot lists (forks, a common system prompt)
+      // read it once per pack of requests (verify_attention/api.h "Shared prefixes").
+      if (options.cuda.shared_prefix_attention && !rk.batch_invariant) {
+        vo.host_kv_indices = reinterpret_cast<const int32_t*>(plan_host + lay.kv_indices);
+      }
       if (rk.batch_invariant) {
         vo.positional = true;  // configuration: PositionalConfigFor(the device)
         vo.positional_shared_context = rk.shared_context_attention;
@@ -275,6 +280,7 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
           ap, plan.q_indptr.data(), plan.kv_indptr.data(), rk.vk_info, rk.vk_ws, vo);
       if (!p.ok()) return p.status();
       vk_plan = std::move(*p);
+      rk.shared_prefix_packs = vk_plan.shared_packs;
       VERIFYD_RETURN_IF_ERROR(kc::UploadVerifyAttentionPlan(vk_plan, rk.vk_ws, rk.stream));
       step.verify_plan = &vk_plan;
     }
@@ -618,6 +624,10 @@ std::string CudaEngine::fp8_mlps() const {
   const CudaRankContext& rk = *impl_->ranks[0];
   if (rk.fp8_dense && rk.fp8_shared) return "dense, shared experts";
   return rk.fp8_dense ? "dense" : rk.fp8_shared ? "shared experts" : "";
+}
+
+int CudaEngine::last_shared_prefix_packs() const {
+  return impl_->ranks.empty() ? 0 : impl_->ranks[0]->shared_prefix_packs;
 }
 
 bool CudaEngine::fp8_attention() const {

@@ -109,6 +109,9 @@ class CudaEngine final : public Engine {
   // Routed experts rank 0 holds: n_routed_experts (a slice of each: tensor-parallel experts)
   // or n_routed_experts / tp (expert parallelism); 0 without MoE.
   int64_t local_experts() const;
+  // Packs of requests that read a shared prefix once in rank 0's last verify-attention plan
+  // (kernels/cuda/verify_attention/api.h "Shared prefixes"). Test / benchmark API.
+  int last_shared_prefix_packs() const;
 
   struct Impl;
 

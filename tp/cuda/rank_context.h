@@ -230,6 +230,7 @@ struct CudaRankContext {
   size_t free_bytes = 0;                  // device memory free after InitRankContext
   bool batch_invariant = false;           // RankSetup::batch_invariant (GEMMs pinned on `cublas`)
   bool shared_context_attention = false;  // RankSetup::shared_context_attention
+  int shared_prefix_packs = 0;            // the last step's plan (CudaEngine test API)
 
   template <typename T>
   absl::StatusOr<T*> Alloc(int64_t count) {

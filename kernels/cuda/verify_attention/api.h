@@ -49,6 +49,19 @@
 // item hold several nodes for the splits that lie wholly in the context (the same keys at the
 // same positions for all of them), which is still row by row the same arithmetic.
 //
+// Shared prefixes (default plans; VerifyPlanOptions::host_kv_indices): adjacent requests
+// whose slot lists begin with the same context slots (at least kSharedPrefixMinKeys of them:
+// forked sessions, a common system prompt) and whose rows fit one row tile together are
+// packed into tiles of several requests' rows. The shared prefix is read once per pack for
+// all of them (one work item per prefix split holds every row of the pack: the kernels see one
+// request whose keys are all context, nothing masked), each request's own keys after the
+// prefix (its context beyond it and its tail, masked as usual) run in its own splits, and one
+// combine item per request merges its prefix and own splits (split s of the request's local
+// row i at partial_row0 + s * rows_per_cta + i: the pack's partial block is laid out by
+// split, the requests side by side). Only when the head count is below the rows per CTA
+// (tensor parallelism: 8 or 16 heads per rank) can a tile hold several requests; with 64
+// heads per rank every request fills its own tiles and the L2 cache is what shares the keys.
+//
 // Tested on an H200 (sm_90a); the sm_120 build compiles but has not run on a device.
 //
 // Plain C++ header (no CUDA types): includable from host code that is not compiled by nvcc.
@@ -175,6 +188,10 @@ struct VerifyAttentionPlan {
   bool positional = false;                   // positional plan: fixed combine layout too
   std::vector<VerifyIndexTask> index_tasks;  // positional: index lists to build
   int64_t index_entries = 0;                 // positional: index entries used (largest pass)
+  // Shared prefixes: the packs of requests that read one prefix together, and the key reads
+  // that saves (sum over packs of (requests - 1) x prefix keys).
+  int shared_packs = 0;
+  int64_t shared_reads_saved = 0;
 };
 
 // Fixed device workspace: work lists + fp32 partial outputs + their log2-LSE. Allocated
@@ -231,7 +248,16 @@ struct VerifyPlanOptions {
   // Positional plans only (required there): host copy of params.tree_mask
   // ([total_rows, mask_words]), from which the planner counts each node's visible keys.
   const uint64_t* host_tree_mask = nullptr;
+  // Default plans: host copy of params.kv_indices ([kv_indptr[batch]]). When set, requests
+  // that share a prefix of their slot lists share its reads ("Shared prefixes" above); the
+  // planner compares adjacent requests' lists (memcmp; a batch of 32 forks of a 64k-token
+  // context compares 2M entries). Positional plans ignore it (their rows must not depend on
+  // the batch).
+  const int32_t* host_kv_indices = nullptr;
 };
+
+// Shared prefixes: the shortest common prefix (in keys) worth sharing.
+inline constexpr int kSharedPrefixMinKeys = 1024;
 
 // Computes the plan from host copies of q_indptr / kv_indptr ([batch + 1] each). Checks the
 // index arrays (monotone, L_b >= n_b, n_b <= 64 * mask_words) and that the plan fits the

@@ -355,6 +355,126 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
   return pb.Finish();
 }
 
+// Shared prefixes of a default plan (api.h "Shared prefixes"): the work and combine items of
+// the packed requests, their partial rows numbered from 0 (the caller offsets them), and which
+// requests they cover.
+struct SharedPrefixPlan {
+  std::vector<VerifyWorkItem> work;
+  std::vector<VerifyCombineItem> combine;
+  std::vector<char> member;  // [batch]: planned here
+  int64_t partial_rows = 0;
+  int max_splits = 0;
+  int packs = 0;
+  int64_t reads_saved = 0;
+};
+
+// The length of the common prefix of a[0, n) and b[0, n).
+int64_t CommonPrefix(const int32_t* a, const int32_t* b, int64_t n) {
+  constexpr int64_t kChunk = 256;
+  int64_t i = 0;
+  while (i + kChunk <= n && std::memcmp(a + i, b + i, kChunk * sizeof(int32_t)) == 0) i += kChunk;
+  while (i < n && a[i] == b[i]) ++i;
+  return i;
+}
+
+SharedPrefixPlan PlanSharedPrefixes(const std::vector<int>& n, const std::vector<int>& L,
+                                    const int32_t* hq, const int32_t* hkv, const int32_t* idx,
+                                    int H, int BM, int BN, int slots, int64_t min_split) {
+  const int B = static_cast<int>(n.size());
+  SharedPrefixPlan sp;
+  sp.member.assign(B, 0);
+  if (idx == nullptr || H >= BM) return sp;
+  // Groups of adjacent requests with a common context prefix of P keys (a multiple of BN),
+  // each request's rows within one tile; then packs of consecutive members (<= BM rows).
+  struct Pack {
+    int b0, b1;  // requests [b0, b1)
+    int64_t P;
+  };
+  std::vector<Pack> packs;
+  auto fits = [&](int b) { return n[b] > 0 && n[b] * H <= BM; };
+  for (int b = 0; b < B;) {
+    if (!fits(b) || L[b] - n[b] < kSharedPrefixMinKeys) {
+      ++b;
+      continue;
+    }
+    int64_t P = L[b] - n[b];
+    int e = b + 1;
+    for (; e < B && fits(e); ++e) {
+      const int64_t cp =
+          CommonPrefix(idx + hkv[b], idx + hkv[e], std::min<int64_t>(P, L[e] - n[e]));
+      if (cp / BN * BN < kSharedPrefixMinKeys) break;
+      P = cp;
+    }
+    P = P / BN * BN;
+    if (e - b < 2) {
+      ++b;
+      continue;
+    }
+    for (int m = b; m < e;) {
+      int rows = 0, m1 = m;
+      while (m1 < e && rows + n[m1] * H <= BM) rows += n[m1++] * H;
+      if (m1 - m >= 2) packs.push_back({m, m1, P});
+      m = m1;
+    }
+    b = e;
+  }
+  if (packs.empty()) return sp;
+  // One split length for every pack's prefix and every member's own keys: the prefix reads
+  // spread over about one wave of CTAs.
+  int64_t work = 0;
+  for (const Pack& k : packs) work += k.P;
+  const int64_t len = std::max<int64_t>(min_split, CeilDiv(CeilDiv(work, slots), BN) * BN);
+  for (const Pack& k : packs) {
+    const int p = static_cast<int>(CeilDiv(k.P, len));
+    int max_own = 0;
+    for (int b = k.b0; b < k.b1; ++b) {
+      max_own = std::max<int>(max_own, static_cast<int>(CeilDiv(L[b] - k.P, len)));
+    }
+    if (p + max_own > kMaxCombineSplits) continue;  // planned as usual
+    const int64_t base = sp.partial_rows;
+    const int nodes = hq[k.b1] - hq[k.b0];
+    VerifyWorkItem w{};
+    for (int i = 0; i < p; ++i) {  // the prefix: every row of the pack, nothing masked
+      w.q_row0 = hq[k.b0];
+      w.num_nodes = nodes;
+      w.kv_off = hkv[k.b0];
+      w.kv_begin = static_cast<int32_t>(i * len);
+      w.kv_end = static_cast<int32_t>(std::min<int64_t>(k.P, (i + 1) * len));
+      w.kv_len = w.kv_end + w.num_nodes;
+      w.fold_begin = 0;
+      w.partial_row = static_cast<int32_t>(base + static_cast<int64_t>(i) * BM);
+      sp.work.push_back(w);
+    }
+    for (int b = k.b0; b < k.b1; ++b) {  // each request's own keys, then its combine
+      const int64_t o = static_cast<int64_t>(hq[b] - hq[k.b0]) * H;
+      const int own = static_cast<int>(CeilDiv(L[b] - k.P, len));
+      for (int j = 0; j < own; ++j) {
+        w.q_row0 = hq[b];
+        w.num_nodes = n[b];
+        w.kv_off = hkv[b];
+        w.kv_len = L[b];
+        w.kv_begin = static_cast<int32_t>(k.P + j * len);
+        w.kv_end = static_cast<int32_t>(std::min<int64_t>(L[b], k.P + (j + 1) * len));
+        w.fold_begin = 0;
+        w.partial_row = static_cast<int32_t>(base + static_cast<int64_t>(p + j) * BM + o);
+        sp.work.push_back(w);
+      }
+      VerifyCombineItem c{};
+      c.out_row0 = hq[b] * H;
+      c.num_rows = n[b] * H;
+      c.num_splits = p + own;
+      c.partial_row0 = static_cast<int32_t>(base + o);
+      sp.combine.push_back(c);
+      sp.member[b] = 1;
+      sp.max_splits = std::max(sp.max_splits, p + own);
+    }
+    sp.partial_rows += static_cast<int64_t>(p + max_own) * BM;
+    sp.reads_saved += (k.b1 - k.b0 - 1) * k.P;
+    ++sp.packs;
+  }
+  return sp;
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -464,13 +584,30 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionPar
   const int slots = std::max(1, device.num_sms);
   const double ov = options.split_overhead_keys;
 
+  // Requests that share a prefix are planned apart (their items join the list below); the
+  // workspace left is what the split search may use.
+  const detail::SharedPrefixPlan shared =
+      detail::PlanSharedPrefixes(n, L, hq, hkv, options.host_kv_indices, H, BM, BN, slots,
+                                 static_cast<int64_t>(std::max(1, options.min_split_tiles)) * BN);
+  const bool use_shared = shared.packs > 0 &&
+                          static_cast<int64_t>(shared.work.size()) <= ws.max_work_items &&
+                          shared.partial_rows <= ws.max_partial_rows &&
+                          static_cast<int64_t>(shared.combine.size()) <= ws.max_combine_items;
+  const int64_t room_items =
+      ws.max_work_items - (use_shared ? static_cast<int64_t>(shared.work.size()) : 0);
+  const int64_t room_partial = ws.max_partial_rows - (use_shared ? shared.partial_rows : 0);
+  const int64_t room_combine =
+      ws.max_combine_items - (use_shared ? static_cast<int64_t>(shared.combine.size()) : 0);
+
   std::vector<int> tiles(B);
   double total_cost = 0.0;
   for (int b = 0; b < B; ++b) {
-    tiles[b] = static_cast<int>(detail::CeilDiv(static_cast<int64_t>(n[b]) * H, BM));
+    tiles[b] = use_shared && shared.member[b]
+                   ? 0
+                   : static_cast<int>(detail::CeilDiv(static_cast<int64_t>(n[b]) * H, BM));
     total_cost += tiles[b] * (L[b] + ov);
   }
-  if (total_cost == 0.0) return plan;
+  if (total_cost == 0.0 && !use_shared) return plan;
 
   // Candidate split lengths: the keys one slot would stream if the work filled 1, 2, 3, ...
   // waves exactly (the makespan below adds the per-split overhead), plus no split at all.
@@ -530,10 +667,7 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionPar
         for (int t = 0; t < tiles[b]; ++t) costs.push_back(c);
       }
     }
-    if (items > ws.max_work_items || partial > ws.max_partial_rows ||
-        combine > ws.max_combine_items) {
-      continue;
-    }
+    if (items > room_items || partial > room_partial || combine > room_combine) continue;
     std::stable_sort(costs.begin(), costs.end(), std::greater<double>());
     const double m = detail::Makespan(costs, slots) * (1.0 + 1e-6 * static_cast<double>(items));
     if (m < best) {
@@ -541,6 +675,7 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionPar
       best_splits = splits;
     }
   }
+  if (best_splits.empty() && total_cost == 0.0) best_splits.assign(B, 0);  // all shared
   if (best_splits.empty()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("verify plan: batch needs more than the workspace holds (", ws.max_work_items,
@@ -586,6 +721,21 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionPar
         keyed.push_back({w.kv_end - w.kv_begin, w});
       }
     }
+  }
+  // The shared-prefix items, their partial rows after the others'.
+  if (use_shared) {
+    for (VerifyWorkItem w : shared.work) {
+      w.partial_row += static_cast<int32_t>(partial_cursor);
+      keyed.push_back({w.kv_end - w.kv_begin, w});
+    }
+    for (VerifyCombineItem c : shared.combine) {
+      c.partial_row0 += static_cast<int32_t>(partial_cursor);
+      plan.combine.push_back(c);
+    }
+    partial_cursor += shared.partial_rows;
+    plan.max_splits = std::max(plan.max_splits, shared.max_splits);
+    plan.shared_packs = shared.packs;
+    plan.shared_reads_saved = shared.reads_saved;
   }
   // Row tiles of the same key range are adjacent; sort by key count only.
   std::stable_sort(keyed.begin(), keyed.end(),
