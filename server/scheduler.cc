@@ -1,6 +1,7 @@
 #include "server/scheduler.h"
 
 #include <algorithm>
+#include <numeric>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -247,6 +248,30 @@ void Scheduler::RunBatch(std::vector<Job*>& batch) {
         origin.emplace_back(job, static_cast<int>(i));
       }
     }
+  }
+
+  // Requests that begin with the same context slot (forked sessions, a shared system prompt)
+  // side by side: the CUDA verify attention reads a prefix once for adjacent requests that
+  // share it (kernels/cuda/verify_attention/api.h "Shared prefixes"). A stable order by the
+  // first context slot; results follow `origin`, permuted alike.
+  {
+    std::vector<size_t> order(reqs.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    auto first_slot = [&](size_t k) {
+      return reqs[k].context_slots.empty() ? int64_t{-1} : int64_t{reqs[k].context_slots[0]};
+    };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return first_slot(a) < first_slot(b); });
+    std::vector<tp::StepRequest> sorted_reqs;
+    std::vector<std::pair<Job*, int>> sorted_origin;
+    sorted_reqs.reserve(reqs.size());
+    sorted_origin.reserve(origin.size());
+    for (size_t k : order) {
+      sorted_reqs.push_back(std::move(reqs[k]));
+      sorted_origin.push_back(origin[k]);
+    }
+    reqs = std::move(sorted_reqs);
+    origin = std::move(sorted_origin);
   }
 
   tp::StepTiming timing;
