@@ -311,6 +311,29 @@ TEST(GpuDense, SwiGluAddGatherMatchReference) {
   for (int r = 0; r < rows; ++r) {
     for (int j = 0; j < hidden; ++j) ASSERT_EQ(e[r * hidden + j], table[tok[r] * hidden + j]);
   }
+  // Vocab-parallel: a slice of the rows; tokens outside it give zeros, and the slices of a
+  // partition sum to the whole gather.
+  std::vector<float> sum(rows * hidden, 0.f);
+  const int64_t cut[] = {0, vocab / 3, vocab / 3 + 1, vocab};
+  for (int k = 0; k < 3; ++k) {
+    const int64_t b0 = cut[k], n = cut[k + 1] - cut[k];
+    Dev<bf16> slice(
+        ToBf16(std::vector<float>(table.begin() + b0 * hidden, table.begin() + (b0 + n) * hidden)));
+    emb.Put(std::vector<float>(rows * hidden, NAN));
+    ep.table = slice.p;
+    ep.vocab_begin = b0;
+    ep.vocab_rows = n;
+    ASSERT_TRUE(EmbeddingGatherCuda(ep).ok());
+    const std::vector<float> part = emb.Get();
+    for (int r = 0; r < rows; ++r) {
+      const bool in = tok[r] >= b0 && tok[r] < b0 + n;
+      for (int j = 0; j < hidden; ++j) {
+        ASSERT_EQ(part[r * hidden + j], in ? table[tok[r] * hidden + j] : 0.f) << k << " " << r;
+        sum[r * hidden + j] += part[r * hidden + j];
+      }
+    }
+  }
+  EXPECT_EQ(sum, e);
 }
 
 TEST(GpuDense, VocabParallelArgmaxMatchesReference) {

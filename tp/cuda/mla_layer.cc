@@ -120,7 +120,18 @@ absl::Status EmbedTokens(const MlaStep& s, CudaRankContext& rk) {
   p.table = rk.embed;
   p.out = rk.x;
   p.stream = rk.stream;
-  return kc::EmbeddingGatherCuda(p);
+  if (s.tp > 1) {  // vocab-parallel: this rank's rows, the others' zeros; summed below
+    p.vocab_begin = rk.vocab.begin;
+    p.vocab_rows = rk.vocab.size;
+  }
+  VERIFYD_RETURN_IF_ERROR(kc::EmbeddingGatherCuda(p));
+  if (s.tp == 1) return absl::OkStatus();
+  // One rank holds each token's row: the sum is that row exactly, in any order.
+  MarkProfile(rk, ProfileCategory::kComm);
+  VERIFYD_RETURN_IF_ERROR(
+      rk.comm->AllReduceSum(rk.x, s.rows * s.config->hidden_size, F32, rk.stream));
+  MarkProfile(rk, ProfileCategory::kOther);
+  return absl::OkStatus();
 }
 
 absl::Status RunMlaLayer(const MlaStep& s, int64_t layer, CudaRankContext& rk) {

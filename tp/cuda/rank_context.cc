@@ -587,9 +587,12 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
   const int64_t ql = c.q_lora_rank, R = setup.max_rows;
 
   // Weights (bf16): the rank's shard of every tensor.
-  VERIFYD_ASSIGN_OR_RETURN(rk.embed, rk.Alloc<bf16>(c.vocab_size * hid));
+  // The embedding: the whole table at TP 1, else the rank's vocabulary rows (the same rows as
+  // its lm_head slice; the ranks' gathers are summed: mla_layer.cc EmbedTokens).
+  const ShardRange erows = tp > 1 ? rk.vocab : ShardRange{0, c.vocab_size};
+  VERIFYD_ASSIGN_OR_RETURN(rk.embed, rk.Alloc<bf16>(std::max<int64_t>(erows.size, 1) * hid));
   VERIFYD_RETURN_IF_ERROR(FillTensor(setup.weights, rk, "model.embed_tokens.weight", rk.embed,
-                                     c.vocab_size, hid, 0, 0));
+                                     erows.size, hid, erows.begin, 0));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     auto n = [&](const char* suffix) { return LayerTensorName(l, suffix); };
     CudaLayerWeights L;
@@ -656,7 +659,10 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
   VERIFYD_ASSIGN_OR_RETURN(rk.final_norm, rk.Alloc<bf16>(hid));
   VERIFYD_RETURN_IF_ERROR(
       FillTensor(setup.weights, rk, "model.norm.weight", rk.final_norm, 1, hid, 0, 0));
-  if (rk.vocab.size > 0) {
+  if (rk.vocab.size > 0 && c.tie_word_embeddings && erows.begin == rk.vocab.begin &&
+      erows.size == rk.vocab.size) {
+    rk.lm_head = rk.embed;  // tied: the embedding slice is the lm_head slice
+  } else if (rk.vocab.size > 0) {
     VERIFYD_ASSIGN_OR_RETURN(rk.lm_head, rk.Alloc<bf16>(rk.vocab.size * hid));
     VERIFYD_RETURN_IF_ERROR(FillTensor(
         setup.weights, rk, c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",

@@ -10,11 +10,15 @@ using internal::GridFor;
 
 __global__ void EmbeddingGatherKernel(const int32_t* __restrict__ tokens,
                                       const __nv_bfloat16* __restrict__ table, int64_t hidden,
-                                      int64_t n, float* __restrict__ out) {
+                                      int64_t vocab_begin, int64_t vocab_rows, int64_t n,
+                                      float* __restrict__ out) {
   for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
        idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = idx / hidden, j = idx % hidden;
-    out[idx] = __bfloat162float(table[static_cast<int64_t>(tokens[r]) * hidden + j]);
+    const int64_t t = static_cast<int64_t>(tokens[r]) - vocab_begin;
+    out[idx] = vocab_rows < 0 || (t >= 0 && t < vocab_rows)
+                   ? __bfloat162float(table[t * hidden + j])
+                   : 0.0f;
   }
 }
 
@@ -46,11 +50,12 @@ __global__ void AddKernel(float* __restrict__ y, const float* __restrict__ x, in
 absl::Status EmbeddingGatherCuda(const EmbeddingGatherParams& p) {
   if (p.rows < 0 || p.hidden <= 0) return absl::InvalidArgumentError("rows < 0 or hidden <= 0");
   if (p.rows == 0) return absl::OkStatus();
-  if (!p.tokens || !p.table || !p.out)
+  if (!p.tokens || !p.out || (!p.table && p.vocab_rows != 0))
     return absl::InvalidArgumentError("tokens, table, out must be set");
   const int64_t n = p.rows * p.hidden;
   EmbeddingGatherKernel<<<GridFor(n, 256), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(
-      p.tokens, reinterpret_cast<const __nv_bfloat16*>(p.table), p.hidden, n, p.out);
+      p.tokens, reinterpret_cast<const __nv_bfloat16*>(p.table), p.hidden, p.vocab_begin,
+      p.vocab_rows, n, p.out);
   VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("EmbeddingGatherKernel");
   return absl::OkStatus();
 }

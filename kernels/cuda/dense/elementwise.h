@@ -10,13 +10,17 @@
 
 namespace verifyd::kernels::cuda {
 
-// out[r, :] = float(table[tokens[r], :]); tokens are trusted (validated on the host).
+// out[r, :] = float(table[tokens[r] - vocab_begin, :]) when tokens[r] lies in the table's rows
+// [vocab_begin, vocab_begin + vocab_rows), else 0 (a vocab-parallel embedding: each rank holds a
+// slice and the ranks' outputs are summed); tokens are trusted (validated on the host).
 struct EmbeddingGatherParams {
   int rows = 0;
   int64_t hidden = 0;
   const int32_t* tokens = nullptr;   // [rows], device
-  const bf16_bits* table = nullptr;  // [vocab, hidden] bf16, device
-  float* out = nullptr;              // [rows, hidden] fp32, device
+  const bf16_bits* table = nullptr;  // [vocab_rows, hidden] bf16, device
+  int64_t vocab_begin = 0;
+  int64_t vocab_rows = -1;  // < 0: the whole vocabulary (every token is in the table)
+  float* out = nullptr;     // [rows, hidden] fp32, device
   void* stream = nullptr;
 };
 absl::Status EmbeddingGatherCuda(const EmbeddingGatherParams& p);
