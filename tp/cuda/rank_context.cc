@@ -374,14 +374,19 @@ ExpertPath ChooseExpertPath(const RankSetup& setup, const CudaRankContext& rk) {
 // is 128-aligned (and hidden too), when the GPU runs the grouped kernels and
 // RankSetup::fp8_experts is set. The first dense layer's / first MoE layer's gate_proj
 // decides for all (a checkpoint quantizes every layer alike).
+// What every FP8 linear kept in FP8 needs: the option, host weights (a checkpoint) with
+// 128 x 128 scale blocks, hidden a multiple of 128 and the grouped kernels on this GPU.
+bool Fp8WeightsCanStayFp8(const RankSetup& setup, const CudaRankContext& rk) {
+  const ModelConfig& c = *setup.config;
+  return setup.fp8_experts && setup.weights.host != nullptr && c.quant.block_rows == 128 &&
+         c.quant.block_cols == 128 && c.hidden_size % 128 == 0 &&
+         kc::GroupedGemmAvailable(rk.device);
+}
+
 void ChooseFp8Mlps(const RankSetup& setup, CudaRankContext& rk) {
   const ModelConfig& c = *setup.config;
   const tp::WeightSource* host = setup.weights.host;
-  if (!setup.fp8_experts || host == nullptr || c.quant.block_rows != 128 ||
-      c.quant.block_cols != 128 || c.hidden_size % 128 != 0 ||
-      !kc::GroupedGemmAvailable(rk.device)) {
-    return;
-  }
+  if (!Fp8WeightsCanStayFp8(setup, rk)) return;
   auto aligned = [](const ShardRange& r) {
     return r.size > 0 && r.size % 128 == 0 && r.begin % 128 == 0;
   };
@@ -401,8 +406,8 @@ void ChooseFp8Mlps(const RankSetup& setup, CudaRankContext& rk) {
   }
 }
 
-// Whether the attention projections stay FP8 on this rank (rk.fp8_attention): the conditions
-// of ChooseFp8Mlps, and q_lora (when there is one) and the rank's head slices of q_b / q_proj
+// Whether the attention projections stay FP8 on this rank (rk.fp8_attention):
+// Fp8WeightsCanStayFp8, and q_lora (when there is one) and the rank's head slices of q_b / q_proj
 // (H_l qk rows from h0 qk) and o_proj (H_l v columns from h0 v) 128-aligned; layer 0's
 // q_a_proj (or q_proj), kv_a_proj_with_mqa, q_b_proj and o_proj stored as FP8 decide for all.
 // kv_a's lat rows (576 on DeepSeek-V3: 4.5 blocks) are padded with zero rows to whole blocks
@@ -410,11 +415,7 @@ void ChooseFp8Mlps(const RankSetup& setup, CudaRankContext& rk) {
 void ChooseFp8Attention(const RankSetup& setup, CudaRankContext& rk) {
   const ModelConfig& c = *setup.config;
   const tp::WeightSource* host = setup.weights.host;
-  if (!setup.fp8_experts || host == nullptr || c.quant.block_rows != 128 ||
-      c.quant.block_cols != 128 || c.hidden_size % 128 != 0 || c.num_hidden_layers == 0 ||
-      !kc::GroupedGemmAvailable(rk.device)) {
-    return;
-  }
+  if (!Fp8WeightsCanStayFp8(setup, rk) || c.num_hidden_layers == 0) return;
   const int64_t ql = c.q_lora_rank, qk = c.qk_head_dim(), v = c.v_head_dim;
   const int64_t Hl = rk.heads.size, h0 = rk.heads.begin;
   const bool aligned = Hl > 0 && ql % 128 == 0 && (Hl * qk) % 128 == 0 && (h0 * qk) % 128 == 0 &&
