@@ -1,8 +1,8 @@
 // engine_bench: the end-to-end verify step of the CUDA engine (tp/cuda/cuda_engine.h) on one GPU
-// (TP = 1) with the kimi-k2-attn preset: step latency and tokens/s against context length,
-// draft tree size and batch, with the GPU time split into attention, GEMMs, communication
-// and the rest (CUDA events on the rank's stream), plus the host part (validation, plan,
-// copies, synchronisation) as wall time minus GPU time.
+// (TP = 1, or --tp ranks through the loopback communicator) with the kimi-k2-attn preset: step
+// latency and tokens/s against context length, draft tree size and batch, with the GPU time split
+// into attention, GEMMs, communication and the rest (CUDA events on the rank's stream), plus the
+// host part (validation, plan, copies, synchronisation) as wall time minus GPU time.
 //
 // Set-up: every request of a batch attends to the same committed context (slots
 // [0, context)), so long contexts at batch 32 need one context's worth of KV per layer; the
@@ -47,6 +47,12 @@ ABSL_FLAG(std::string, model, "kimi-k2-attn",
 ABSL_FLAG(bool, fp8_weights, true,
           "FP8-stored weights of a checkpoint stay FP8 (EngineOptions::cuda.fp8_experts); "
           "false: dequantized to bf16");
+ABSL_FLAG(int, tp, 1,
+          "tensor-parallel ranks, all on device 0 through the loopback communicator (they run "
+          "one after another: the profile is rank 0's; the standalone kernel column is skipped)");
+ABSL_FLAG(bool, shared_prefix, true,
+          "shared-prefix verify-attention plans (EngineOptions::cuda.shared_prefix_attention): "
+          "the batches here are forks of one context");
 ABSL_FLAG(bool, fp8_cublaslt, true,
           "the FP8 linears (not the routed experts) through cuBLASLt (EngineOptions::cuda."
           "fp8_cublaslt); false: the grouped kernel");
@@ -95,6 +101,7 @@ struct Row {
   CudaStepProfile prof;
   double host_ms;
   double standalone_us = 0;  // the verify kernel alone, one layer, same batch
+  int shared_packs = 0;      // shared-prefix packs in rank 0's plan of the last step
   double extras_ms = 0;      // --extras: the same step with sampling, logprobs, hidden states
 };
 
@@ -238,6 +245,10 @@ int main(int argc, char** argv) {
   o.cuda.shared_context_attention = absl::GetFlag(FLAGS_shared_context);
   o.cuda.fp8_experts = absl::GetFlag(FLAGS_fp8_weights);
   o.cuda.fp8_cublaslt = absl::GetFlag(FLAGS_fp8_cublaslt);
+  o.cuda.shared_prefix_attention = absl::GetFlag(FLAGS_shared_prefix);
+  const int tp = std::max(1, absl::GetFlag(FLAGS_tp));
+  o.tp = tp;
+  if (tp > 1) o.cuda.devices.assign(tp, 0);
   const auto t_create = std::chrono::steady_clock::now();
   auto created = CudaEngine::Create(o);
   if (!created.ok()) {
@@ -289,7 +300,8 @@ int main(int argc, char** argv) {
                 .count();
         Row row{ctx, nodes, batch, med, batch * (nodes + 1) / (med / 1e3), e.last_profile(), 0};
         row.host_ms = std::max(0.0, prof_wall - row.prof.total_ms);
-        if (absl::GetFlag(FLAGS_standalone) && row.prof.verify_kernel) {
+        row.shared_packs = e.last_shared_prefix_packs();
+        if (absl::GetFlag(FLAGS_standalone) && row.prof.verify_kernel && tp == 1) {
           row.standalone_us = StandaloneAttentionUs(reqs, c, e.kv_slots());
         }
         if (absl::GetFlag(FLAGS_extras)) {
@@ -350,7 +362,8 @@ int main(int argc, char** argv) {
          "comes from one profiled step (CUDA events on rank 0)"},
     };
   }
-  j["tp"] = 1;
+  j["tp"] = tp;
+  j["shared_prefix"] = absl::GetFlag(FLAGS_shared_prefix);
   j["model"] = c.name;
   j["layers"] = c.num_hidden_layers;
   j["verify_kernel"] = rows.empty() ? false : rows[0].prof.verify_kernel;
@@ -382,15 +395,16 @@ int main(int argc, char** argv) {
          {"host_ms", r.host_ms},
          {"attention_per_layer_us", 1e3 * r.prof.attention_ms / c.num_hidden_layers},
          {"standalone_kernel_us", r.standalone_us},
+         {"shared_prefix_packs", r.shared_packs},
          {"extras_step_ms", r.extras_ms}});
   }
   if (!absl::GetFlag(FLAGS_json).empty()) {
     std::ofstream(absl::GetFlag(FLAGS_json)) << j.dump(2) << "\n";
   }
   std::printf(
-      "\n%lld layers, TP=1, attention: %s. step = median wall ms of one Engine::Step;"
-      " split from one profiled step (GPU ms); attn/L = attention per layer\n",
-      static_cast<long long>(c.num_hidden_layers),
+      "\n%lld layers, TP=%d, attention: %s. step = median wall ms of one Engine::Step;"
+      " split from one profiled step (GPU ms, rank 0); attn/L = attention per layer\n",
+      static_cast<long long>(c.num_hidden_layers), tp,
       (!rows.empty() && rows[0].prof.verify_kernel) ? "verify kernel" : "fallback");
   std::printf("%7s %5s %5s | %9s %10s | %8s %8s %6s %7s %7s | %9s %9s %5s\n", "context", "nodes",
               "batch", "step ms", "tokens/s", "attn ms", "gemm ms", "comm", "other", "host",
