@@ -261,9 +261,12 @@ def engine_modes_table(spec):
     base_label, base = runs[spec.get("baseline", len(runs) - 1)]
     k = lambda r: (r["context"], r["nodes"], r["batch"])
     by = [{k(r): r for r in d["rows"]} for _, d in runs]
+    cols = spec.get("columns", ["step_ms", "gemm_ms"])
+    names = {"step_ms": "step ms", "gemm_ms": "GEMM ms", "attention_ms": "attention ms",
+             "shared_prefix_packs": "packs"}
     head = ["context", "nodes", "batch"]
     for label, _ in runs:
-        head += [f"{label} step ms", f"{label} GEMM ms"]
+        head += [f"{label} {names[c]}" for c in cols]
     head += [f"{label} / {base_label}" for label, _ in runs if label != base_label]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     ratios = {label: [] for label, _ in runs if label != base_label}
@@ -274,7 +277,9 @@ def engine_modes_table(spec):
             continue
         cells = [f"{r0['context']:,}", str(r0["nodes"]), str(r0["batch"])]
         for rows in by:
-            cells += [f"{rows[key_]['step_ms']:.2f}", f"{rows[key_]['gemm_ms']:.2f}"]
+            for c in cols:
+                v = rows[key_].get(c, 0)
+                cells.append(f"{v:.2f}" if isinstance(v, float) else str(v))
         for (label, _), rows in zip(runs, by):
             if label == base_label:
                 continue
