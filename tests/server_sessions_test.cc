@@ -281,6 +281,41 @@ TEST(ServerSessions, SlotsAreCountedExactlyThroughForkTruncateAndClose) {
   EXPECT_EQ(srv.active_sessions(), 0);
 }
 
+// A step's requests that share a prefix (forks of one session) are batched side by side,
+// whatever order the call listed them in (the CUDA verify attention reads a shared prefix
+// once for adjacent requests), and every item still gets its own result, in request order.
+TEST(ServerSessions, ForksAreBatchedSideBySide) {
+  ToyEngineOptions o;
+  Fixture f = Start(o);
+  VerifyClient& c = *f.t.client;
+  const std::vector<int32_t> pa = {1, 2, 3, 4, 5}, pb = {9, 8, 7};
+  auto a = c.Open(pa);
+  auto b = c.Open(pb);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto a1 = c.Fork(a->session_id);
+  auto a2 = c.Fork(a->session_id);
+  ASSERT_TRUE(a1.ok() && a2.ok());
+  v1::VerifyRequest req;
+  const std::vector<std::string> ids = {a1->session_id, b->session_id, a2->session_id,
+                                        a->session_id};
+  for (const std::string& id : ids) req.add_items()->set_session_id(id);
+  v1::VerifyResponse resp;
+  const absl::Status st = c.VerifyRaw(req, &resp);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(resp.results_size(), 4);
+  const auto ta = ToyEngine::Greedy(o, pa, 2), tb = ToyEngine::Greedy(o, pb, 2);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(resp.results(i).session_id(), ids[i]);
+    EXPECT_EQ(resp.results(i).bonus_token(), i == 1 ? tb[1] : ta[1]) << i;
+  }
+  // The engine saw a's three branches next to each other (the same first context slot).
+  const std::vector<int32_t> order = f.toy->last_first_context_slots();
+  ASSERT_EQ(order.size(), 4u);
+  int runs = 1;
+  for (size_t k = 1; k < order.size(); ++k) runs += order[k] != order[k - 1];
+  EXPECT_EQ(runs, 2) << "forks split apart in the batch";
+}
+
 TEST(ServerSessions, TruncateAndForkBadInputNameTheField) {
   ToyEngineOptions o;
   ServerOptions so;

@@ -198,6 +198,13 @@ absl::StatusOr<std::vector<tp::StepResult>> ToyEngine::Step(
       }
     }
   }
+  {
+    absl::MutexLock lock(&mu_);
+    last_first_slots_.clear();
+    for (const tp::StepRequest& r : batch) {
+      last_first_slots_.push_back(r.context_slots.empty() ? -1 : r.context_slots[0]);
+    }
+  }
   int seen = max_batch_seen_.load();
   while (static_cast<int>(batch.size()) > seen &&
          !max_batch_seen_.compare_exchange_weak(seen, static_cast<int>(batch.size()))) {
@@ -208,6 +215,11 @@ absl::StatusOr<std::vector<tp::StepResult>> ToyEngine::Step(
     timing->per_rank_s.assign(options_.tp_size, timing->total_s);
   }
   return out;
+}
+
+std::vector<int32_t> ToyEngine::last_first_context_slots() const {
+  absl::MutexLock lock(&mu_);
+  return last_first_slots_;
 }
 
 }  // namespace verifyd::server::testing

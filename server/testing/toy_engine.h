@@ -11,7 +11,8 @@
 // caught), parents topological, tokens < vocab, row and batch limits.
 //
 // Test hooks: pause/resume, a per-step delay, a one-shot injected step error, a permanent failure
-// (then failed() is true and Step is Unavailable), and the largest batch seen.
+// (then failed() is true and Step is Unavailable), the largest batch seen and the last batch's
+// order.
 //
 // Thread-safety: Step() from one thread at a time (the Engine contract); hooks and accessors
 // from any thread.
@@ -70,6 +71,9 @@ class ToyEngine : public tp::Engine {
   void Resume();
   int64_t steps_entered() const { return steps_entered_.load(); }
   int max_batch_seen() const { return max_batch_seen_.load(); }
+  // The first context slot of each request of the last successful step, in batch order (-1:
+  // no context), e.g. to check that requests sharing a prefix were batched side by side.
+  std::vector<int32_t> last_first_context_slots() const;
   int64_t steps() const { return steps_.load(); }
 
  private:
@@ -91,11 +95,12 @@ class ToyEngine : public tp::Engine {
   std::atomic<int> max_batch_seen_{0};
   std::atomic<int64_t> steps_{0};
   std::atomic<int64_t> steps_entered_{0};
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::Duration delay_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   std::optional<absl::Status> fail_next_ ABSL_GUARDED_BY(mu_);
   bool fail_permanently_ ABSL_GUARDED_BY(mu_) = false;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<int32_t> last_first_slots_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace verifyd::server::testing
