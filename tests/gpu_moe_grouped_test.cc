@@ -109,6 +109,17 @@ Compare CompareRows(const std::vector<float>& got, const std::vector<double>& re
   return c;
 }
 
+// n random e4m3 codes, every finite one possible (no NaN code 0x7f / 0xff).
+std::vector<uint8_t> RandomE4m3(std::mt19937& rng, int64_t n) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<uint8_t> v(n);
+  for (auto& c : v) {
+    do c = static_cast<uint8_t>(byte(rng));
+    while ((c & 0x7f) == 0x7f);
+  }
+  return v;
+}
+
 // fp64 reference of the block-scaled grouped GEMM (grouped_gemm.h kFp8Block128): for group g
 // and its rows [off[g], off[g + 1]), d[r, j] = sum over 128-deep k blocks q of
 // a_scale[r, q] * b_scale[g, j / 128, q] * (e4m3 a . e4m3 b over the block).
@@ -209,17 +220,8 @@ TEST_F(GroupedGemmTest, Fp8BlockScaledMatchesReference) {
   const int64_t n = 256, k = 512, kb = k / 128, nb = n / 128;
   const std::vector<int32_t> off = Offsets(G, rng);
   const int64_t rows = off[G], pad = 5;
-  std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> sc(0.25f, 4.f);
-  auto fp8 = [&] {
-    uint8_t v;
-    do v = static_cast<uint8_t>(byte(rng));
-    while ((v & 0x7f) == 0x7f);
-    return v;
-  };
-  std::vector<uint8_t> a(rows * k), b(G * n * k);
-  for (auto& v : a) v = fp8();
-  for (auto& v : b) v = fp8();
+  const std::vector<uint8_t> a = RandomE4m3(rng, rows * k), b = RandomE4m3(rng, G * n * k);
   std::vector<float> sa(rows * kb), sb(G * nb * kb);
   for (auto& v : sa) v = sc(rng) / 448.f;
   for (auto& v : sb) v = sc(rng) / 448.f;
@@ -389,19 +391,10 @@ TEST(Fp8MlpTest, MatchesHostReferenceStageByStage) {
   std::mt19937 rng(std::random_device{}());
   const int64_t R = 77, H = 256, I = 384, hb = H / 128, ib = I / 128, pad = 3;
   std::normal_distribution<float> nd(0.f, 1.f);
-  std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> sc(0.25f, 4.f);
-  auto fp8 = [&] {
-    uint8_t v;
-    do v = static_cast<uint8_t>(byte(rng));
-    while ((v & 0x7f) == 0x7f);
-    return v;
-  };
   std::vector<uint16_t> x(R * H);
   for (auto& v : x) v = FloatToBf16(nd(rng));
-  std::vector<uint8_t> wgu(2 * I * H), wdn(H * I);
-  for (auto& v : wgu) v = fp8();
-  for (auto& v : wdn) v = fp8();
+  const std::vector<uint8_t> wgu = RandomE4m3(rng, 2 * I * H), wdn = RandomE4m3(rng, H * I);
   std::vector<float> sgu(2 * ib * hb), sdn(hb * ib);
   for (auto& v : sgu) v = sc(rng) / 448.f / 64.f;  // |gate_up| ~ 1: SwiGLU in its curved part
   for (auto& v : sdn) v = sc(rng) / 448.f;
@@ -533,15 +526,10 @@ TEST(Fp8LinearTest, StridedInputMatchesHostReference) {
   const int64_t R = 45, K = 384, N = 640, ldx = K + 128, kb = K / 128, nb = N / 128, pad = 2;
   const int64_t R4 = kc::Fp8LtRows(R), kb4 = kc::Fp8LtScaleLd(K);
   std::normal_distribution<float> nd(0.f, 1.f);
-  std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> sc(0.25f, 4.f);
   std::vector<uint16_t> x(R * ldx);
   for (auto& v : x) v = FloatToBf16(nd(rng));
-  std::vector<uint8_t> w(N * K);
-  for (auto& v : w) {
-    do v = static_cast<uint8_t>(byte(rng));
-    while ((v & 0x7f) == 0x7f);
-  }
+  const std::vector<uint8_t> w = RandomE4m3(rng, N * K);
   std::vector<float> ws(nb * kb), ws_lt(nb * kb4, 1.f);
   for (int64_t i = 0; i < nb * kb; ++i) {
     ws[i] = sc(rng) / 448.f;
@@ -641,15 +629,8 @@ TEST(Fp8BlockGemmLtTest, MatchesHostReference) {
   const int64_t M4 = kc::Fp8LtRows(M), kb4 = kc::Fp8LtScaleLd(K);
   ASSERT_EQ(M4, 48);
   ASSERT_EQ(kb4, 4);
-  std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> sc(0.25f, 4.f);
-  std::vector<uint8_t> x(M4 * K), w(N * K);
-  for (auto* v : {&x, &w}) {
-    for (auto& c : *v) {
-      do c = static_cast<uint8_t>(byte(rng));
-      while ((c & 0x7f) == 0x7f);
-    }
-  }
+  const std::vector<uint8_t> x = RandomE4m3(rng, M4 * K), w = RandomE4m3(rng, N * K);
   std::vector<float> xs(M4 * kb), ws(nb * kb);  // row-major, as the reference reads them
   for (auto& v : xs) v = sc(rng) / 448.f;
   for (auto& v : ws) v = sc(rng) / 448.f;

@@ -334,27 +334,29 @@ void RunFallback(const HostBatch& h, std::vector<bf16_bits>* out) {
   CUDA_ASSERT(cudaMemcpy(out->data(), d.out.p, d.out.bytes, cudaMemcpyDeviceToHost));
 }
 
-// Runs the reference and the CUDA path for one case; returns the errors.
-void RunCase(const Case& c, Errors* err) {
-  const HostBatch h = MakeBatch(c);
-  const size_t out_elems = static_cast<size_t>(h.total_rows) * h.heads * kV;
-  const size_t lse_elems = static_cast<size_t>(h.total_rows) * h.heads;
-
-  const VerifyAttentionParams p = ScalarParams(h);
-
-  // Reference on host copies.
-  std::vector<bf16_bits> ref_out(out_elems, kBf16NaN);
-  std::vector<float> ref_lse(lse_elems, NAN);
-  VerifyAttentionParams rp = p;
+// The C++ reference on a batch's host copies: out (NaN-initialised) and, when lse is given,
+// the log-sum-exp rows.
+void RunReference(const HostBatch& h, std::vector<bf16_bits>* out, std::vector<float>* lse) {
+  out->assign(static_cast<size_t>(h.total_rows) * h.heads * kV, kBf16NaN);
+  if (lse != nullptr) lse->assign(static_cast<size_t>(h.total_rows) * h.heads, NAN);
+  VerifyAttentionParams rp = ScalarParams(h);
   rp.q = h.q.data();
   rp.kv = h.kv.data();
   rp.q_indptr = h.q_indptr.data();
   rp.kv_indptr = h.kv_indptr.data();
   rp.kv_indices = h.kv_indices.data();
   rp.tree_mask = h.mask.data();
-  rp.out = ref_out.data();
-  rp.lse = c.with_lse ? ref_lse.data() : nullptr;
+  rp.out = out->data();
+  rp.lse = lse != nullptr ? lse->data() : nullptr;
   ASSERT_TRUE(VerifyAttentionReference(rp).ok());
+}
+
+// Runs the reference and the CUDA path for one case; returns the errors.
+void RunCase(const Case& c, Errors* err) {
+  const HostBatch h = MakeBatch(c);
+  std::vector<bf16_bits> ref_out;
+  std::vector<float> ref_lse;
+  ASSERT_NO_FATAL_FAILURE(RunReference(h, &ref_out, c.with_lse ? &ref_lse : nullptr));
 
   std::vector<bf16_bits> out;
   std::vector<float> lse;
@@ -935,16 +937,8 @@ TEST(VerifyAttentionCuda, FallbackTreeEqualsChainAndReference) {
       }
     }
     // Against the reference (as the optimised kernel's cases).
-    std::vector<bf16_bits> ref_out(tree_out.size(), kBf16NaN);
-    VerifyAttentionParams rp = ScalarParams(tree);
-    rp.q = tree.q.data();
-    rp.kv = tree.kv.data();
-    rp.q_indptr = tree.q_indptr.data();
-    rp.kv_indptr = tree.kv_indptr.data();
-    rp.kv_indices = tree.kv_indices.data();
-    rp.tree_mask = tree.mask.data();
-    rp.out = ref_out.data();
-    ASSERT_TRUE(VerifyAttentionReference(rp).ok());
+    std::vector<bf16_bits> ref_out;
+    ASSERT_NO_FATAL_FAILURE(RunReference(tree, &ref_out, nullptr));
     Errors err;
     CompareRows(tree_out, ref_out, nullptr, nullptr, &err);
     std::printf(

@@ -104,6 +104,21 @@ absl::Status GatherExpertInputs(const MoeMlpArgs& a, bool fp8) {
   return MoeGatherCuda(g);
 }
 
+// d = a . b^T per group of `gemm` (grouped_gemm.h): the groups' rows from the device offsets.
+absl::Status RunGrouped(GroupedGemm* gemm, const int32_t* offsets, const void* a,
+                        const float* a_scale, const void* b, const float* b_scale, float* d,
+                        void* stream) {
+  GroupedGemmArgs g;
+  g.offsets = offsets;
+  g.a = a;
+  g.a_scale = a_scale;
+  g.b = b;
+  g.b_scale = b_scale;
+  g.d = d;
+  g.stream = stream;
+  return gemm->Run(g);
+}
+
 // gate_up / SwiGLU / down over the local experts' permuted pairs with one grouped GEMM per
 // projection; the inputs gathered (and quantized) first.
 absl::Status GroupedExperts(const MoeMlpArgs& a, const std::function<void(MoePhase)>& mark) {
@@ -120,15 +135,10 @@ absl::Status GroupedExperts(const MoeMlpArgs& a, const std::function<void(MoePha
   }
   VERIFYD_RETURN_IF_ERROR(GatherExpertInputs(a, fp8));
   mark(MoePhase::kGateUp);
-  GroupedGemmArgs gu;
-  gu.offsets = offsets;
-  gu.a = fp8 ? static_cast<const void*>(b.xq) : b.x;
-  gu.a_scale = b.xq_scale;
-  gu.b = fp8 ? static_cast<const void*>(w.gate_up_fp8) : w.gate_up;
-  gu.b_scale = w.gate_up_scale;
-  gu.d = b.gate_up;
-  gu.stream = a.stream;
-  VERIFYD_RETURN_IF_ERROR(b.gemm_gate_up->Run(gu));
+  VERIFYD_RETURN_IF_ERROR(RunGrouped(b.gemm_gate_up, offsets,
+                                     fp8 ? static_cast<const void*>(b.xq) : b.x, b.xq_scale,
+                                     fp8 ? static_cast<const void*>(w.gate_up_fp8) : w.gate_up,
+                                     w.gate_up_scale, b.gate_up, a.stream));
   mark(MoePhase::kSwiGlu);
   if (fp8) {
     SwiGluQuantFp8Params q;
@@ -147,15 +157,9 @@ absl::Status GroupedExperts(const MoeMlpArgs& a, const std::function<void(MoePha
     VERIFYD_RETURN_IF_ERROR(SwiGlu(P, s.inter, b.gate_up, b.act, a.stream, rows.begin, rows.end));
   }
   mark(MoePhase::kDown);
-  GroupedGemmArgs dn;
-  dn.offsets = offsets;
-  dn.a = fp8 ? static_cast<const void*>(b.actq) : b.act;
-  dn.a_scale = b.actq_scale;
-  dn.b = fp8 ? static_cast<const void*>(w.down_fp8) : w.down;
-  dn.b_scale = w.down_scale;
-  dn.d = b.y;
-  dn.stream = a.stream;
-  return b.gemm_down->Run(dn);
+  return RunGrouped(b.gemm_down, offsets, fp8 ? static_cast<const void*>(b.actq) : b.act,
+                    b.actq_scale, fp8 ? static_cast<const void*>(w.down_fp8) : w.down, w.down_scale,
+                    b.y, a.stream);
 }
 
 // The rows gathered, the per-expert row counts read on the host (one sync), then one cuBLAS
@@ -213,15 +217,7 @@ absl::Status OneGroupFp8(Fp8BlockGemmLt* lt, GroupedGemm* gemm, int64_t rows,
     g.stream = stream;
     return lt->Run(g);
   }
-  GroupedGemmArgs m;
-  m.offsets = offsets;
-  m.a = a;
-  m.a_scale = a_scale;
-  m.b = b;
-  m.b_scale = b_scale;
-  m.d = d;
-  m.stream = stream;
-  return gemm->Run(m);
+  return RunGrouped(gemm, offsets, a, a_scale, b, b_scale, d, stream);
 }
 
 }  // namespace
