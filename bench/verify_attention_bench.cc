@@ -10,12 +10,14 @@
 // only when a CUDA call or the op fails.
 //
 // Inputs: bf16 random values, slots scattered at random over a pool (page size 1), one chain
-// tree per request (node t sees nodes 0..t).
+// tree per request (node t sees nodes 0..t). --kv_dtype=fp8: the same rows stored in the FP8
+// format (kernels/kv_fp8.h, 656 bytes a key); KV GB/s and the memory floor count those bytes.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -33,6 +35,7 @@
 #include "bench/gather_ceiling.h"
 #include "kernels/common.h"
 #include "kernels/cuda/verify_attention/api.h"
+#include "kernels/kv_fp8.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, json, "verify_attention_bench.json", "where to write the JSON results");
@@ -63,6 +66,8 @@ ABSL_FLAG(bool, gather_ceiling, true,
           "first measure the random-row gather ceiling (1152-byte rows, page size 1)");
 ABSL_FLAG(int, split_overhead, -1, "planner per-split overhead in keys (-1: the default)");
 ABSL_FLAG(int, min_split_tiles, -1, "planner's shortest split in key tiles (-1: the default)");
+ABSL_FLAG(std::string, kv_dtype, "bf16",
+          "latent cache: bf16 (1,152 bytes a key) or fp8 (kernels/kv_fp8.h, 656 bytes a key)");
 
 namespace {
 
@@ -149,9 +154,10 @@ struct Result {
 
 int RunShape(const Shape& s, vc::VerifyKernelConfig config,
              const vc::VerifyAttentionDeviceInfo& dev, vc::VerifyAttentionWorkspace& ws,
-             Result* res) {
+             bool kv_fp8, Result* res) {
   const int L = s.ctx + s.q;  // slots per request: context + the tree's own rows
-  const int64_t set_kv_bytes = int64_t{s.B} * L * 576 * 2;
+  const int64_t row_bytes = kv_fp8 ? verifyd::kernels::KvFp8RowBytes(512, 64, 128) : 576 * 2;
+  const int64_t set_kv_bytes = int64_t{s.B} * L * row_bytes;
   const int sets = static_cast<int>(std::clamp<int64_t>(
       (absl::GetFlag(FLAGS_rotate_bytes) + set_kv_bytes - 1) / set_kv_bytes, 2, 64));
   const int64_t slots_per_set = int64_t{s.B} * L;
@@ -159,19 +165,32 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   const int rows = s.B * s.q;
 
   std::mt19937_64 rng(12345);
-  // KV pool: random bf16, filled on the device from a host block repeated with an offset.
+  // KV pool: random bf16 rows (or those rows in the FP8 format), filled on the device from a
+  // host block of rows repeated with an offset.
   void* kv = nullptr;
-  BENCH_CUDA(cudaMalloc(&kv, kv_slots * 576 * 2));
+  BENCH_CUDA(cudaMalloc(&kv, kv_slots * row_bytes));
   {
-    std::vector<uint16_t> block(size_t{1} << 22);
+    constexpr int64_t kBlockRows = 8192, kShiftRows = 64;
+    std::vector<uint8_t> block(static_cast<size_t>((kBlockRows + kShiftRows) * row_bytes));
     std::uniform_real_distribution<float> u(-1.f, 1.f);
-    for (auto& v : block) v = FloatToBf16(u(rng));
-    const int64_t total = kv_slots * 576;
-    const int64_t chunk = static_cast<int64_t>(block.size()) - 1024;
-    for (int64_t off = 0; off < total; off += chunk) {
-      const int64_t n = std::min<int64_t>(chunk, total - off);
-      const int64_t shift = (off / chunk * 7) % 1024;  // vary the content between chunks
-      BENCH_CUDA(cudaMemcpy(static_cast<uint16_t*>(kv) + off, block.data() + shift, n * 2,
+    std::vector<float> row(576);
+    for (int64_t r = 0; r < kBlockRows + kShiftRows; ++r) {
+      for (auto& v : row) v = verifyd::kernels::RoundToBf16(u(rng));
+      uint8_t* dst = block.data() + r * row_bytes;
+      if (kv_fp8) {
+        verifyd::kernels::KvFp8EncodeRow(row.data(), 512, 64, 128, dst);
+      } else {
+        for (int d = 0; d < 576; ++d) {
+          const uint16_t b = FloatToBf16(row[d]);
+          std::memcpy(dst + 2 * d, &b, 2);
+        }
+      }
+    }
+    for (int64_t r0 = 0; r0 < kv_slots; r0 += kBlockRows) {
+      const int64_t n = std::min<int64_t>(kBlockRows, kv_slots - r0);
+      const int64_t shift = (r0 / kBlockRows * 7) % kShiftRows;  // vary the content
+      BENCH_CUDA(cudaMemcpy(static_cast<uint8_t*>(kv) + r0 * row_bytes,
+                            block.data() + shift * row_bytes, n * row_bytes,
                             cudaMemcpyHostToDevice));
     }
   }
@@ -224,6 +243,7 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   p.softmax_scale = 1.0f / std::sqrt(192.0f);
   p.kv_slots = kv_slots;
   p.kv = kv;
+  p.kv_fp8 = kv_fp8;
   p.tree_mask = mask;
   p.mask_words = 2;
   p.out = out;
@@ -303,7 +323,7 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   res->eager_ms = ms[iters / 2];
   res->ms = gms[reps / 2];
   res->sets = sets;
-  const double bytes = static_cast<double>(s.B) * s.ctx * 1152.0;
+  const double bytes = static_cast<double>(s.B) * s.ctx * static_cast<double>(row_bytes);
   const double flops = static_cast<double>(s.B) * s.ctx * s.q * s.H * (576.0 + 512.0) * 2.0;
   res->gbps = bytes / (res->ms * 1e-3) / 1e9;
   res->tflops = flops / (res->ms * 1e-3) / 1e12;
@@ -351,10 +371,18 @@ int main(int argc, char** argv) {
                                                          int64_t{1} << 22)
                 : vc::VerifyAttentionWorkspace::AllocateDefault();
   BENCH_OK(ws.status());
+  const std::string kv_dtype = absl::GetFlag(FLAGS_kv_dtype);
+  if (kv_dtype != "bf16" && kv_dtype != "fp8") {
+    std::fprintf(stderr, "--kv_dtype: '%s' is not bf16 or fp8\n", kv_dtype.c_str());
+    return 2;
+  }
+  const bool kv_fp8 = kv_dtype == "fp8";
 
-  std::printf("device: %s, %d SMs, sm_%d%d; config %s; floors: copy %.0f GB/s, bf16 %.0f TFLOP/s\n",
-              prop.name, dev->num_sms, dev->cc_major, dev->cc_minor, cfg.c_str(),
-              absl::GetFlag(FLAGS_copy_gbps), absl::GetFlag(FLAGS_mma_tflops));
+  std::printf(
+      "device: %s, %d SMs, sm_%d%d; config %s; kv %s; floors: copy %.0f GB/s, bf16 %.0f "
+      "TFLOP/s\n",
+      prop.name, dev->num_sms, dev->cc_major, dev->cc_minor, cfg.c_str(), kv_dtype.c_str(),
+      absl::GetFlag(FLAGS_copy_gbps), absl::GetFlag(FLAGS_mma_tflops));
   nlohmann::json gather_gbps = nullptr;  // random-order gather ceiling, when measured
   if (absl::GetFlag(FLAGS_gather_ceiling)) {
     // ~1.1 GB pool (many times L2): random slot order vs pool order.
@@ -390,7 +418,7 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) {
     if (!only.empty() && s.Label().find(only) == std::string::npos) continue;
     Result r;
-    if (RunShape(s, config, *dev, *ws, &r) != 0) return 1;
+    if (RunShape(s, config, *dev, *ws, kv_fp8, &r) != 0) return 1;
     results.push_back(r);
   }
   int driver = 0, runtime = 0, sm_khz = 0, mem_khz = 0, dev_id = 0;
@@ -418,6 +446,7 @@ int main(int argc, char** argv) {
       {"copy_gbps", absl::GetFlag(FLAGS_copy_gbps)},
       {"mma_tflops", absl::GetFlag(FLAGS_mma_tflops)},
       {"gather_ceiling_gbps", gather_gbps},
+      {"kv_dtype", kv_dtype},
   };
   j["results"] = nlohmann::json::array();
   std::printf(
@@ -437,6 +466,7 @@ int main(int argc, char** argv) {
                             {"ctx", s.ctx},
                             {"mask", "tree-chain"},
                             {"page_size", 1},
+                            {"kv_dtype", kv_dtype},
                             {"config", r.config},
                             {"forks", absl::GetFlag(FLAGS_forks)},
                             {"shared_packs", r.shared_packs},

@@ -23,6 +23,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/common.h"  // Fp8E4m3ToFloat, RoundToBf16
 
@@ -32,8 +33,15 @@ inline constexpr int kKvFp8Group = 128;    // c_kv columns per scale
 inline constexpr float kE4m3Max = 448.0f;  // largest finite e4m3
 inline constexpr float kKvFp8MinAmax = 1e-10f;
 
+// The layout helpers below are host and device functions (the CUDA KV write uses them).
+#if defined(__CUDACC__)
+#define VERIFYD_KV_FP8_HD __host__ __device__
+#else
+#define VERIFYD_KV_FP8_HD
+#endif
+
 // Bytes of one latent row in the FP8 format.
-inline int64_t KvFp8RowBytes(int64_t kv_lora, int64_t rope, int64_t group) {
+VERIFYD_KV_FP8_HD inline int64_t KvFp8RowBytes(int64_t kv_lora, int64_t rope, int64_t group) {
   return kv_lora + 4 * ((kv_lora + group - 1) / group) + 2 * rope;
 }
 
@@ -75,6 +83,46 @@ inline void KvFp8RoundTrip(float* row, int64_t kv_lora, int64_t rope, int64_t gr
     for (int64_t j = g0; j < g1; ++j) row[j] = Fp8E4m3ToFloat(Fp8E4m3FromFloat(row[j] / s)) * s;
   }
   for (int64_t j = kv_lora; j < kv_lora + rope; ++j) row[j] = RoundToBf16(row[j]);
+}
+
+// Byte offsets within a stored row: the scales after the codes, the bf16 rope part after them.
+VERIFYD_KV_FP8_HD inline int64_t KvFp8ScaleOffset(int64_t kv_lora) { return kv_lora; }
+VERIFYD_KV_FP8_HD inline int64_t KvFp8RopeOffset(int64_t kv_lora, int64_t group) {
+  return kv_lora + 4 * ((kv_lora + group - 1) / group);
+}
+
+// Stores a latent row [kv_lora + rope] (float) as the format's KvFp8RowBytes bytes at `out`
+// (the bytes the GPU's KV write produces for the same float row).
+inline void KvFp8EncodeRow(const float* row, int64_t kv_lora, int64_t rope, int64_t group,
+                           uint8_t* out) {
+  for (int64_t g0 = 0; g0 < kv_lora; g0 += group) {
+    const int64_t g1 = g0 + group < kv_lora ? g0 + group : kv_lora;
+    const float s = KvFp8Scale(row, g0, g1);
+    std::memcpy(out + KvFp8ScaleOffset(kv_lora) + 4 * (g0 / group), &s, 4);
+    for (int64_t j = g0; j < g1; ++j) out[j] = Fp8E4m3FromFloat(row[j] / s);
+  }
+  uint8_t* rope_out = out + KvFp8RopeOffset(kv_lora, group);
+  for (int64_t j = 0; j < rope; ++j) {
+    const bf16_bits b = FloatToBf16(row[kv_lora + j]);
+    std::memcpy(rope_out + 2 * j, &b, 2);
+  }
+}
+
+// The dequantized row [kv_lora + rope] (float) of a stored row (what every kernel computes
+// with, up to its own rounding of the products).
+inline void KvFp8DecodeRow(const uint8_t* in, int64_t kv_lora, int64_t rope, int64_t group,
+                           float* row) {
+  for (int64_t j = 0; j < kv_lora; ++j) {
+    float s = 0.0f;
+    std::memcpy(&s, in + KvFp8ScaleOffset(kv_lora) + 4 * (j / group), 4);
+    row[j] = Fp8E4m3ToFloat(in[j]) * s;
+  }
+  const uint8_t* rope_in = in + KvFp8RopeOffset(kv_lora, group);
+  for (int64_t j = 0; j < rope; ++j) {
+    bf16_bits b = 0;
+    std::memcpy(&b, rope_in + 2 * j, 2);
+    row[kv_lora + j] = Bf16ToFloat(b);
+  }
 }
 
 }  // namespace verifyd::kernels

@@ -43,10 +43,14 @@ struct VerifyAttentionParams {
   int qk_dim = 576;    // latent width: kv_lora_rank + qk_rope_head_dim
   int v_dim = 512;     // value width: kv_lora_rank (the first v_dim latent columns)
   float softmax_scale = 1.0f;
-  DType dtype = DType::kBFloat16;  // of q, kv and out
+  DType dtype = DType::kBFloat16;  // of q and out, and of kv unless kv_fp8
+  // The latent cache holds rows of the FP8 format (kernels/kv_fp8.h: kv_lora = v_dim, rope =
+  // qk_dim - v_dim, KvFp8RowBytes bytes a row) instead of dtype rows. Keys and values are the
+  // dequantized rows.
+  bool kv_fp8 = false;
 
   const void* q = nullptr;   // [total_rows, num_heads, qk_dim], contiguous
-  const void* kv = nullptr;  // [kv_slots, qk_dim], contiguous: the latent cache
+  const void* kv = nullptr;  // [kv_slots, qk_dim] (or [kv_slots, row bytes] when kv_fp8)
   int64_t kv_slots = 0;      // rows in the cache; every slot index must be < kv_slots
 
   const int32_t* q_indptr = nullptr;    // [batch + 1]

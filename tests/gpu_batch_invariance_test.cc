@@ -26,8 +26,9 @@ constexpr int kMaxOthers = 7;
 constexpr int kMaxNodes = 64;
 
 std::unique_ptr<CudaEngine> MakeEngine(const std::string& model, int tp, bool invariant,
-                                       bool shared_context = false) {
+                                       bool shared_context = false, bool kv_fp8 = false) {
   EngineOptions o;
+  if (kv_fp8) o.kv_dtype = KvDtype::kFp8;
   o.model = model;
   o.preset_layers = 2;
   o.tp = tp;
@@ -199,6 +200,25 @@ TEST(GpuBatchInvariance, TreeNodesEqualPlainDecoding) {
         EXPECT_EQ(differ, 0) << model << " tp " << tp << " shared " << shared;
       }
     }
+  }
+}
+
+// The FP8 latent cache (--kv_dtype=fp8: the 16-row FP8 kernel's positional plans, the FP8 KV
+// write): the probe stays bit-identical and tree nodes equal plain decoding, TP 1 and 2.
+TEST(GpuBatchInvariance, Fp8KvCacheKeepsBothProperties) {
+  SKIP_WITHOUT_GPU();
+  for (const int tp : {1, 2}) {
+    std::unique_ptr<CudaEngine> e =
+        MakeEngine("kimi-k2-attn", tp, /*invariant=*/true, /*shared_context=*/true, true);
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->kv_cache_dtype(), "fp8_e4m3");
+    EXPECT_EQ(ChangedProbeRows(*e), 0) << "tp " << tp;
+    int64_t compared = 0;
+    const int64_t differ = TreeNodesUnlikePlainDecoding(*e, &compared);
+    std::printf("kimi-k2-attn fp8 kv tp=%d: %lld decode steps, %lld differ from the tree's node\n",
+                tp, static_cast<long long>(compared), static_cast<long long>(differ));
+    EXPECT_GT(compared, 25);
+    EXPECT_EQ(differ, 0) << "tp " << tp;
   }
 }
 

@@ -12,7 +12,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -26,6 +28,7 @@
 #include "kernels/cuda/dense/rms_norm.h"
 #include "kernels/cuda/dense/rope.h"
 #include "kernels/cuda/dense/weight_gen.h"
+#include "kernels/kv_fp8.h"
 #include "kernels/reference/ops.h"
 #include "kernels/weight_init.h"
 #include "tests/gpu_test_util.h"
@@ -261,7 +264,90 @@ TEST(GpuDense, RopeAndLatentWriteMatchReference) {
         ASSERT_TRUE(std::isnan(c[int64_t{sl} * lat])) << "slot " << sl << " written";
       }
     }
+
+    // The same rows into an FP8 cache (kernels/kv_fp8.h), poisoned 0xff: the rope part equals
+    // the bf16 write's bit for bit, each group's scale is its largest |value| / 448 (bf16 write's
+    // values: within one bf16 rounding), every c_kv value within half an e4m3 step of the bf16
+    // write's (+ its rounding), unwritten rows untouched.
+    const int64_t rb = KvFp8RowBytes(s.kv_lora, s.rope, kKvFp8Group);
+    Dev<uint8_t> cache8(static_cast<size_t>(kv_slots * rb));
+    cache8.Put(std::vector<uint8_t>(static_cast<size_t>(kv_slots * rb), 0xff));
+    lp.cache = cache8.p;
+    lp.fp8 = true;
+    ASSERT_TRUE(LatentKvWriteCuda(lp).ok());
+    const std::vector<uint8_t> c8 = cache8.Get();
+    std::vector<float> row(lat);
+    for (int i = 0; i < rows; ++i) {
+      const uint8_t* stored = c8.data() + int64_t{slots[i]} * rb;
+      KvFp8DecodeRow(stored, s.kv_lora, s.rope, kKvFp8Group, row.data());
+      const float* b = c.data() + int64_t{slots[i]} * lat;
+      for (int j = s.kv_lora; j < lat; ++j) ASSERT_EQ(row[j], b[j]) << "rope " << j;
+      for (int g0 = 0; g0 < s.kv_lora; g0 += kKvFp8Group) {
+        const int g1 = std::min(g0 + kKvFp8Group, s.kv_lora);
+        float amax = 0.f, scale = 0.f;
+        for (int j = g0; j < g1; ++j) amax = std::max(amax, std::fabs(b[j]));
+        std::memcpy(&scale, stored + s.kv_lora + 4 * (g0 / kKvFp8Group), 4);
+        EXPECT_NEAR(scale, amax / kE4m3Max, amax / kE4m3Max * 8e-3) << "group " << g0;
+        for (int j = g0; j < g1; ++j) {
+          const float bound =
+              std::max(std::fabs(b[j]) / 16.f, scale / 1024.f) * 1.01f + std::fabs(b[j]) / 128.f;
+          ASSERT_LE(std::fabs(row[j] - b[j]), bound) << "c_kv " << j << " row " << i;
+        }
+      }
+    }
+    for (int sl = 0; sl < kv_slots; ++sl) {
+      if (!written[sl]) {
+        for (int64_t j = 0; j < rb; ++j) ASSERT_EQ(c8[sl * rb + j], 0xff) << "slot " << sl;
+      }
+    }
   }
+}
+
+// The GPU's FP8 encoder (KvFp8EncodeRowsCuda; the KV write shares its code) stores exactly the
+// bytes of the host's KvFp8EncodeRow: random bf16 rows of several magnitudes, a zero group, a
+// group with one huge value, subnormal-scale values.
+TEST(GpuDense, KvFp8EncodeIsTheHostFormat) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(15);
+  for (const int kv_lora : {512, 64, 200}) {
+    const int rope = 64, lat = kv_lora + rope, rows = 257;
+    std::vector<float> v(static_cast<size_t>(rows) * lat);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (int r = 0; r < rows; ++r) {
+      const float mag = std::ldexp(1.f, static_cast<int>(rng() % 30) - 20);
+      for (int j = 0; j < lat; ++j) v[r * lat + j] = RoundToBf16(nd(rng) * mag);
+    }
+    for (int j = 0; j < std::min(kv_lora, 128); ++j) v[j] = 0.f;  // row 0: a zero group
+    v[lat + 5] = RoundToBf16(3e4f);                               // row 1: one huge value
+    Dev<bf16> in(ToBf16(v));
+    const int64_t rb = KvFp8RowBytes(kv_lora, rope, kKvFp8Group);
+    Dev<uint8_t> out(static_cast<size_t>(rows * rb));
+    out.Put(std::vector<uint8_t>(static_cast<size_t>(rows * rb), 0xab));
+    KvFp8EncodeRowsParams p;
+    p.rows = rows;
+    p.kv_lora = kv_lora;
+    p.rope_dim = rope;
+    p.in = in.p;
+    p.ld_in = lat;
+    p.out = out.p;
+    ASSERT_TRUE(KvFp8EncodeRowsCuda(p).ok());
+    const std::vector<uint8_t> got = out.Get();
+    std::vector<uint8_t> want(static_cast<size_t>(rb));
+    int64_t differing = 0;
+    for (int r = 0; r < rows; ++r) {
+      KvFp8EncodeRow(v.data() + r * lat, kv_lora, rope, kKvFp8Group, want.data());
+      differing += std::memcmp(want.data(), got.data() + r * rb, rb) != 0;
+    }
+    EXPECT_EQ(differing, 0) << "kv_lora " << kv_lora;
+  }
+  KvFp8EncodeRowsParams bad;
+  bad.rows = 1;
+  bad.kv_lora = 30;
+  bad.rope_dim = 64;
+  bad.ld_in = 94;
+  bad.in = reinterpret_cast<const bf16*>(16);
+  bad.out = reinterpret_cast<void*>(16);
+  EXPECT_EQ(KvFp8EncodeRowsCuda(bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(GpuDense, SwiGluAddGatherMatchReference) {

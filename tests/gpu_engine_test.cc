@@ -34,6 +34,10 @@ namespace verifyd::tp {
 namespace {
 
 constexpr double kLogitRelTol = 3e-2;
+// Latent rows of the FP8 cache, GPU vs CPU engine (both dequantized): each side rounds its
+// own values (bf16 activations vs fp32) to e4m3 codes, a code step is 6-12 % of a value, and
+// near a rounding boundary the two pick neighbouring codes. Rows differ by a few such steps.
+constexpr double kKvFp8LatentTol = 6e-2;
 
 // A small model with the real latent width (kv_lora 512 + rope 64 = 576), so the optimised
 // verify kernel runs; few layers, heads and hidden units so the CPU engine stays fast.
@@ -61,8 +65,9 @@ ModelConfig ConfigByName(const std::string& name) {
 
 // tp > 1: every rank on device 0 (the loopback communicator).
 std::unique_ptr<CudaEngine> MakeGpu(const ModelConfig& c, uint64_t seed, int64_t kv,
-                                    bool host_weights = false, int tp = 1) {
+                                    bool host_weights = false, int tp = 1, bool kv_fp8 = false) {
   EngineOptions o;
+  if (kv_fp8) o.kv_dtype = KvDtype::kFp8;
   if (host_weights) {
     auto w = GenerateRandomWeights(c, seed);
     if (!w.ok()) return nullptr;
@@ -80,8 +85,10 @@ std::unique_ptr<CudaEngine> MakeGpu(const ModelConfig& c, uint64_t seed, int64_t
   return e.ok() ? std::move(*e) : nullptr;
 }
 
-std::unique_ptr<CpuEngine> MakeCpu(const ModelConfig& c, uint64_t seed, int64_t kv) {
+std::unique_ptr<CpuEngine> MakeCpu(const ModelConfig& c, uint64_t seed, int64_t kv,
+                                   bool kv_fp8 = false) {
   EngineOptions o;
+  if (kv_fp8) o.kv_dtype = KvDtype::kFp8;
   auto w = GenerateRandomWeights(c, seed);
   if (!w.ok()) return nullptr;
   o.weights = std::make_shared<const ModelWeights>(std::move(*w));
@@ -215,12 +222,13 @@ std::vector<int32_t> AllPredictions(const std::vector<StepResult>& r) {
   return p;
 }
 
-void RunGpuVsCpu(const std::string& model, bool host_weights) {
+// kv_fp8: both engines store the latent cache in the FP8 format (kernels/kv_fp8.h).
+void RunGpuVsCpu(const std::string& model, bool host_weights, bool kv_fp8 = false) {
   const ModelConfig cfg = ConfigByName(model);
   Compare cmp;
   for (uint64_t seed : {1u, 2u, 3u}) {
-    auto gpu = MakeGpu(cfg, seed, 4096, host_weights);
-    auto cpu = MakeCpu(cfg, seed, 4096);
+    auto gpu = MakeGpu(cfg, seed, 4096, host_weights, /*tp=*/1, kv_fp8);
+    auto cpu = MakeCpu(cfg, seed, 4096, kv_fp8);
     ASSERT_NE(gpu, nullptr);
     ASSERT_NE(cpu, nullptr);
     std::mt19937 rng(100 + seed);
@@ -257,14 +265,18 @@ void RunGpuVsCpu(const std::string& model, bool host_weights) {
     // residual and so its later latent rows (gpu_reference_checkpoint_test's GpuMoeControl shows
     // the GPU MoE path within 2e-2 of the CPU engine when routing cannot flip); measured 3.7e-2
     // on tiny-moe seed 2, hence a wider bound for the latent rows of MoE models only.
-    const double latent_tol = cfg.moe.n_routed_experts > 0 ? 5e-2 : kLogitRelTol;
+    // FP8 cache: a value that bf16 activations move across a rounding boundary of its e4m3
+    // code changes by a whole step (1/8 of its binade): KvFp8LatentTol.
+    const double latent_tol = kv_fp8                         ? kKvFp8LatentTol
+                              : cfg.moe.n_routed_experts > 0 ? 5e-2
+                                                             : kLogitRelTol;
     EXPECT_LT(std::sqrt(num / den), latent_tol) << "latent rows, seed " << seed;
   }
   std::printf(
-      "%s%s: logits rel L2 %.3g, max abs %.3g; greedy tokens %lld / %lld differ "
+      "%s%s%s: logits rel L2 %.3g, max abs %.3g; greedy tokens %lld / %lld differ "
       "(%lld not explained by a near-tie)\n",
-      model.c_str(), host_weights ? " (host weights)" : "", cmp.rel_l2, cmp.max_abs,
-      static_cast<long long>(cmp.token_mismatches), static_cast<long long>(cmp.rows),
+      model.c_str(), host_weights ? " (host weights)" : "", kv_fp8 ? " (fp8 kv)" : "", cmp.rel_l2,
+      cmp.max_abs, static_cast<long long>(cmp.token_mismatches), static_cast<long long>(cmp.rows),
       static_cast<long long>(cmp.unexplained));
   EXPECT_LT(cmp.rel_l2, kLogitRelTol) << model;
   EXPECT_EQ(cmp.unexplained, 0) << model;
@@ -281,6 +293,14 @@ TEST(GpuEngine, MatchesCpuEngineTiny) {
 TEST(GpuEngine, MatchesCpuEngineTiny576VerifyKernelShape) {
   SKIP_WITHOUT_GPU();
   RunGpuVsCpu("tiny576", false);
+}
+// --kv_dtype=fp8 on both engines: the FP8 KV write and the FP8 attention kernels (tiny576:
+// the 16-row FP8 verify kernel; tiny: the fallback attention) against the CPU engine's FP8
+// cache, with the same tolerances on logits and greedy tokens.
+TEST(GpuEngine, MatchesCpuEngineFp8KvCache) {
+  SKIP_WITHOUT_GPU();
+  RunGpuVsCpu("tiny576", false, /*kv_fp8=*/true);
+  RunGpuVsCpu("tiny", false, /*kv_fp8=*/true);
 }
 // Forks of one 1,500-token context in one step (a decode row or a small draft tree each):
 // the verify attention packs them and reads the shared prefix once per pack (8 heads: up to

@@ -25,6 +25,7 @@
 #include "kernels/common.h"
 #include "kernels/cuda/dense/fallback_attention.h"
 #include "kernels/cuda/verify_attention/api.h"
+#include "kernels/kv_fp8.h"
 #include "kernels/verify_attention.h"
 #include "tests/gpu_test_util.h"
 
@@ -72,6 +73,7 @@ struct Case {
   // slots (forks), and the planner gets the host kv indices (shared-prefix plans).
   int prefix = 0;
   std::vector<bool> shared;
+  bool kv_fp8 = false;  // the cache in the FP8 format (kernels/kv_fp8.h)
   std::string Name() const {
     int64_t rows = 0, keys = 0;
     for (size_t b = 0; b < nodes.size(); ++b) {
@@ -81,7 +83,7 @@ struct Case {
     return absl::StrCat("B=", nodes.size(), " H=", heads, " rows=", rows, " max_ctx=", keys,
                         " seed=", seed, " cfg=", static_cast<int>(config),
                         positional ? " positional" : "", shared_context ? " shared" : "",
-                        prefix > 0 ? absl::StrCat(" prefix=", prefix) : "",
+                        prefix > 0 ? absl::StrCat(" prefix=", prefix) : "", kv_fp8 ? " fp8" : "",
                         " max_splits=", max_splits);
   }
 };
@@ -94,6 +96,14 @@ struct HostBatch {
   std::vector<int32_t> q_indptr, kv_indptr, kv_indices;
   std::vector<uint64_t> mask;
   std::vector<bf16_bits> q, kv;
+  // FP8 cache: every listed row of kv stored in the format (KvFp8EncodeRow of its values);
+  // the rows nobody lists are 0xff bytes (NaN codes and scales).
+  bool kv_fp8 = false;
+  std::vector<uint8_t> kv8;
+  const void* kv_data() const {
+    return kv_fp8 ? static_cast<const void*>(kv8.data()) : static_cast<const void*>(kv.data());
+  }
+  size_t kv_bytes() const { return kv_fp8 ? kv8.size() : kv.size() * 2; }
 };
 
 HostBatch MakeBatch(const Case& c) {
@@ -155,6 +165,17 @@ HostBatch MakeBatch(const Case& c) {
         for (int w = 0; w < h.mask_words; ++w) m[w] = pm[w];
       }
       m[t / 64] |= 1ull << (t % 64);
+    }
+  }
+  if (c.kv_fp8) {
+    h.kv_fp8 = true;
+    const int64_t rb = KvFp8RowBytes(kV, kQk - kV, kKvFp8Group);
+    h.kv8.assign(static_cast<size_t>(h.kv_slots * rb), 0xff);
+    std::vector<float> row(kQk);
+    for (int64_t i = 0; i < used; ++i) {
+      const int64_t slot = h.kv_indices[i];
+      for (int d = 0; d < kQk; ++d) row[d] = Bf16ToFloat(h.kv[slot * kQk + d]);
+      KvFp8EncodeRow(row.data(), kV, kQk - kV, kKvFp8Group, h.kv8.data() + slot * rb);
     }
   }
   return h;
@@ -225,6 +246,7 @@ VerifyAttentionParams ScalarParams(const HostBatch& h) {
   p.softmax_scale = h.scale;
   p.dtype = DType::kBFloat16;
   p.kv_slots = h.kv_slots;
+  p.kv_fp8 = h.kv_fp8;
   p.mask_words = h.mask_words;
   return p;
 }
@@ -235,7 +257,7 @@ struct DeviceBatch {
   DevBuf q, kv, q_indptr, kv_indptr, kv_indices, mask, out, lse;
   explicit DeviceBatch(const HostBatch& h)
       : q(h.q.size() * 2),
-        kv(h.kv.size() * 2),
+        kv(h.kv_bytes()),
         q_indptr(h.q_indptr.size() * 4),
         kv_indptr(h.kv_indptr.size() * 4),
         kv_indices(h.kv_indices.size() * 4),
@@ -245,7 +267,7 @@ struct DeviceBatch {
   void Upload(const HostBatch& h) {
     ASSERT_NE(kv.p, nullptr);
     CUDA_ASSERT(cudaMemcpy(q.p, h.q.data(), q.bytes, cudaMemcpyHostToDevice));
-    CUDA_ASSERT(cudaMemcpy(kv.p, h.kv.data(), kv.bytes, cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMemcpy(kv.p, h.kv_data(), kv.bytes, cudaMemcpyHostToDevice));
     CUDA_ASSERT(cudaMemcpy(q_indptr.p, h.q_indptr.data(), q_indptr.bytes, cudaMemcpyHostToDevice));
     CUDA_ASSERT(
         cudaMemcpy(kv_indptr.p, h.kv_indptr.data(), kv_indptr.bytes, cudaMemcpyHostToDevice));
@@ -321,6 +343,7 @@ void RunFallback(const HostBatch& h, std::vector<bf16_bits>* out) {
   p.softmax_scale = h.scale;
   p.q = d.q.p;
   p.kv = d.kv.p;
+  p.kv_fp8 = h.kv_fp8;
   p.q_indptr = d.q_indptr.as<int32_t>();
   p.kv_indptr = d.kv_indptr.as<int32_t>();
   p.kv_indices = d.kv_indices.as<int32_t>();
@@ -341,7 +364,7 @@ void RunReference(const HostBatch& h, std::vector<bf16_bits>* out, std::vector<f
   if (lse != nullptr) lse->assign(static_cast<size_t>(h.total_rows) * h.heads, NAN);
   VerifyAttentionParams rp = ScalarParams(h);
   rp.q = h.q.data();
-  rp.kv = h.kv.data();
+  rp.kv = h.kv_data();
   rp.q_indptr = h.q_indptr.data();
   rp.kv_indptr = h.kv_indptr.data();
   rp.kv_indices = h.kv_indices.data();
@@ -377,6 +400,11 @@ void RunCase(const Case& c, Errors* err) {
 constexpr double kRelL2Tol = 2e-2;
 constexpr double kMaxAbsTol = 3e-2;
 constexpr double kLseTol = 2e-3;  // relative to max(1, |lse|): fp32 scores, other order
+// FP8 cache: the kernels round each dequantized key to bf16 (e4m3 x scale has up to 11
+// significant bits), the reference keeps it in fp32: a score moves by ~2^-9 of |q| |k| (about
+// 2e-3 here), which the LSE shows (measured up to 3.4e-3 on an H200); the outputs stay
+// within the bf16 tolerances above.
+constexpr double kLseTolFp8 = 1e-2;
 
 void ExpectCase(const Case& c) {
   SCOPED_TRACE(c.Name());
@@ -387,7 +415,7 @@ void ExpectCase(const Case& c) {
   EXPECT_EQ(e.inf_mismatch, 0);
   EXPECT_EQ(e.lse_mismatch, 0);
   EXPECT_LE(e.max_abs, kMaxAbsTol);
-  EXPECT_LE(e.lse_max_abs, kLseTol);
+  EXPECT_LE(e.lse_max_abs, c.kv_fp8 ? kLseTolFp8 : kLseTol);
   EXPECT_LE(e.rel_l2, kRelL2Tol) << "worst folded row " << e.worst_row;
   std::printf("  %-70s rel_l2 %.2e max_abs %.2e lse %.2e\n", c.Name().c_str(), e.rel_l2, e.max_abs,
               e.lse_max_abs);
@@ -634,6 +662,102 @@ TEST(VerifyAttentionCuda, SharedPrefixMatchesReference) {
     cases.push_back(c);
   }
   for (const Case& c : cases) ExpectCase(c);
+}
+
+// The FP8 latent cache (kernels/kv_fp8.h): the 16-row FP8 variants (8 stages on sm_90)
+// against the reference over the same stored bytes: head / node grid, splits, a long context,
+// positional plans (and their passes), shared prefixes, rows that see nothing. The rows nobody
+// lists are NaN codes and scales; the sentinel leaf keys (+-3e4) are stored exactly.
+TEST(VerifyAttentionCuda, Fp8CacheMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  std::vector<Case> cases;
+  uint64_t seed = 700;
+  for (int heads : {1, 8, 16, 64, 128}) {
+    for (int nodes : {1, 2, 16, 65}) {
+      Case c;
+      c.heads = heads;
+      const int ctx = static_cast<int>(std::min<int64_t>(3000, 6'000'000 / (heads * nodes)));
+      c.nodes = {nodes, std::max(1, nodes / 2)};
+      c.ctx = {ctx, ctx / 3 + 5};
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+  }
+  {
+    Case c;  // one long decode row: many splits and the combine
+    c.heads = 16;
+    c.nodes = {1};
+    c.ctx = {70000};
+    c.seed = seed++;
+    cases.push_back(c);
+  }
+  {
+    Case c;  // mixed batch, few splits allowed
+    c.heads = 8;
+    c.nodes = {4, 1, 9, 2, 1};
+    c.ctx = {1200, 33, 5000, 0, 777};
+    c.max_splits = 3;
+    c.seed = seed++;
+    cases.push_back(c);
+  }
+  {
+    Case c;  // positional plans, shared context, passes through a small workspace
+    c.heads = 16;
+    c.nodes = {7, 1, 3};
+    c.ctx = {9000, 2500, 40};
+    c.positional = true;
+    c.shared_context = true;
+    c.max_partial_rows = 512;  // a 9,000-key node: 18 splits x 16 rows
+    c.seed = seed++;
+    cases.push_back(c);
+    c.shared_context = false;
+    c.max_partial_rows = 0;
+    c.seed = seed++;
+    cases.push_back(c);
+  }
+  {
+    Case c;  // forks sharing an 8,192-key prefix
+    c.heads = 8;
+    c.nodes.assign(16, 1);
+    c.ctx.assign(16, 8192);
+    c.prefix = 8192;
+    c.seed = seed++;
+    cases.push_back(c);
+  }
+  {
+    Case c;  // random masks: rows that see no tail key (some see nothing at all)
+    c.heads = 8;
+    c.nodes = {5, 3};
+    c.ctx = {0, 100};
+    c.empty_rows = true;
+    c.seed = seed++;
+    cases.push_back(c);
+  }
+  for (Case& c : cases) {
+    c.kv_fp8 = true;
+    ExpectCase(c);
+  }
+}
+
+// The fallback attention over an FP8 cache against the reference (same bytes).
+TEST(VerifyAttentionCuda, FallbackFp8CacheMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.heads = 8;
+  c.nodes = {9, 1, 3};
+  c.ctx = {1500, 4000, 0};
+  c.seed = 4401;
+  c.kv_fp8 = true;
+  const HostBatch h = MakeBatch(c);
+  std::vector<bf16_bits> out, ref_out;
+  ASSERT_NO_FATAL_FAILURE(RunFallback(h, &out));
+  ASSERT_NO_FATAL_FAILURE(RunReference(h, &ref_out, nullptr));
+  Errors err;
+  CompareRows(out, ref_out, nullptr, nullptr, &err);
+  std::printf("  fallback, FP8 cache: rel_l2 %.2e max_abs %.2e\n", err.rel_l2, err.max_abs);
+  EXPECT_EQ(err.nan_mismatch, 0);
+  EXPECT_LT(err.rel_l2, kRelL2Tol);
+  EXPECT_LT(err.max_abs, kMaxAbsTol);
 }
 
 bool SkipUnlessSm90() {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -102,6 +103,32 @@ TEST(KvFp8, RowRoundTripWithinTheFormatsError) {
   std::vector<float> zero(128 + 64, 0.f);
   KvFp8RoundTrip(zero.data(), 128, 64, kKvFp8Group);
   for (const float v : zero) EXPECT_EQ(v, 0.f);
+}
+
+// The stored bytes decode to exactly the round trip's values (the CPU backend computes with
+// the round trip, the GPU kernels with the bytes), at the documented offsets.
+TEST(KvFp8, EncodedBytesDecodeToTheRoundTrip) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (const int kv_lora : {512, 64, 200}) {
+    const int rope = 64;
+    std::vector<float> row(kv_lora + rope);
+    for (auto& v : row) v = nd(rng) * 3.f;
+    std::vector<uint8_t> bytes(KvFp8RowBytes(kv_lora, rope, kKvFp8Group), 0xAB);
+    KvFp8EncodeRow(row.data(), kv_lora, rope, kKvFp8Group, bytes.data());
+    std::vector<float> decoded(row.size(), NAN);
+    KvFp8DecodeRow(bytes.data(), kv_lora, rope, kKvFp8Group, decoded.data());
+    std::vector<float> rt = row;
+    KvFp8RoundTrip(rt.data(), kv_lora, rope, kKvFp8Group);
+    for (size_t j = 0; j < row.size(); ++j) EXPECT_EQ(decoded[j], rt[j]) << kv_lora << " " << j;
+    // The first scale sits right after the codes; the rope part after the last scale.
+    float s0 = 0.f;
+    std::memcpy(&s0, bytes.data() + kv_lora, 4);
+    EXPECT_EQ(s0, KvFp8Scale(row.data(), 0, std::min(kv_lora, kKvFp8Group)));
+    bf16_bits r0 = 0;
+    std::memcpy(&r0, bytes.data() + KvFp8RopeOffset(kv_lora, kKvFp8Group), 2);
+    EXPECT_EQ(r0, FloatToBf16(row[kv_lora]));
+  }
 }
 
 }  // namespace

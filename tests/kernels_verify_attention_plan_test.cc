@@ -170,6 +170,50 @@ TEST(VerifyAttentionPlan, VariantTable) {
   EXPECT_NE(too_big.status().message().find("shared memory"), std::string::npos);
 }
 
+// FP8 latent cache: the 16-row configuration has an FP8 variant per architecture (two CTAs
+// per SM on sm_90, one within the 99 KB of sm_120); the seesaw has none. kAuto and positional plans
+// pick the 16-row one for every batch, and the plan remembers the format.
+TEST(VerifyAttentionPlan, Fp8CacheVariants) {
+  auto fp8_90 = detail::ResolveVariant(VerifyKernelConfig::kM16, kH200, /*kv_fp8=*/true);
+  ASSERT_TRUE(fp8_90.ok()) << fp8_90.status();
+  EXPECT_TRUE(fp8_90->kv_fp8);
+  EXPECT_EQ(fp8_90->stages, 2);
+  EXPECT_EQ(fp8_90->ctas_per_sm, 2);
+  EXPECT_LE(2 * (fp8_90->smem_bytes + 1024), 233472u);
+  auto fp8_120 = detail::ResolveVariant(VerifyKernelConfig::kM16, kSm120, true);
+  ASSERT_TRUE(fp8_120.ok()) << fp8_120.status();
+  EXPECT_TRUE(fp8_120->kv_fp8);
+  EXPECT_EQ(fp8_120->stages, 2);
+  EXPECT_LE(fp8_120->smem_bytes, 101376u);
+  EXPECT_FALSE(detail::ResolveVariant(VerifyKernelConfig::kM16, kH200)->kv_fp8);
+  auto s64 = detail::ResolveVariant(VerifyKernelConfig::kS64, kH200, true);
+  EXPECT_EQ(s64.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(s64.status().message().find("FP8"), std::string::npos) << s64.status();
+  EXPECT_EQ(PositionalConfigFor(9, true), VerifyKernelConfig::kM16);
+
+  const VerifyAttentionWorkspace ws = CapacityOnly();
+  const std::vector<int32_t> qi = {0, 16}, ki = {0, 65536 + 16};
+  VerifyAttentionParams p;
+  p.batch = 1;
+  p.total_rows = 16;
+  p.num_heads = 16;
+  p.kv_fp8 = true;
+  for (const VerifyAttentionDeviceInfo& device : {kH200, kSm120}) {
+    auto plan = PlanVerifyAttention(p, qi.data(), ki.data(), device, ws);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->config, VerifyKernelConfig::kM16);
+    EXPECT_TRUE(plan->kv_fp8);
+    // One 16-row tile over 65k keys: split over every CTA slot (2 per SM on sm_90).
+    EXPECT_GT(static_cast<int>(plan->work.size()), device.num_sms * (device.cc_major == 9 ? 1 : 0))
+        << device.cc_major;
+    EXPECT_LE(static_cast<int>(plan->work.size()), device.num_sms * (device.cc_major == 9 ? 2 : 1));
+  }
+  VerifyPlanOptions forced;
+  forced.config = VerifyKernelConfig::kS64;
+  EXPECT_EQ(PlanVerifyAttention(p, qi.data(), ki.data(), kH200, ws, forced).status().code(),
+            absl::StatusCode::kUnimplemented);
+}
+
 TEST(VerifyAttentionPlan, WorkspaceLayout) {
   const detail::WorkspaceLayout l = detail::LayoutWorkspace(65536, 16384, 32768);
   EXPECT_EQ(l.work, 0u);

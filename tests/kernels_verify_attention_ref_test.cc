@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "kernels/common.h"
+#include "kernels/kv_fp8.h"
 #include "kernels/verify_attention.h"
 
 namespace verifyd::kernels {
@@ -125,7 +126,8 @@ struct Result {
   std::vector<float> lse;  // [rows, heads]
 };
 
-Result RunOp(const Batch& b, bool with_lse = true) {
+// kv_fp8: the cache is these FP8-format rows (kernels/kv_fp8.h) instead of b.kv.
+Result RunOp(const Batch& b, bool with_lse = true, const std::vector<uint8_t>* kv_fp8 = nullptr) {
   const Typed q = ToTyped(b.q, b.dtype);
   const Typed kv = ToTyped(b.kv, b.dtype);
   Typed out =
@@ -141,7 +143,8 @@ Result RunOp(const Batch& b, bool with_lse = true) {
   p.softmax_scale = b.scale;
   p.dtype = b.dtype;
   p.q = q.data(b.dtype);
-  p.kv = kv.data(b.dtype);
+  p.kv = kv_fp8 != nullptr ? static_cast<const void*>(kv_fp8->data()) : kv.data(b.dtype);
+  p.kv_fp8 = kv_fp8 != nullptr;
   p.kv_slots = b.kv_slots;
   p.q_indptr = b.q_indptr.data();
   p.kv_indptr = b.kv_indptr.data();
@@ -250,6 +253,28 @@ void SweepDtype(DType dtype) {
 
 TEST(VerifyAttentionReference, MatchesFloat64Float32) { SweepDtype(DType::kFloat32); }
 TEST(VerifyAttentionReference, MatchesFloat64Bf16) { SweepDtype(DType::kBFloat16); }
+
+// The FP8 latent cache: each listed slot's row stored in the format (unlisted slots all 0xFF:
+// NaN codes and scales), checked against the float64 attention over the dequantized rows.
+TEST(VerifyAttentionReference, Fp8CacheIsTheDequantizedRows) {
+  uint32_t seed = 300;
+  for (const Case& c : kCases) {
+    if (c.qk_dim == c.v_dim) continue;  // the format has a rope part
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      Batch b = MakeBatch(c.ctx, c.rows, c.heads, c.qk_dim, c.v_dim, dtype, ++seed);
+      const int D = b.qk_dim, V = b.v_dim;
+      const int64_t rb = KvFp8RowBytes(V, D - V, kKvFp8Group);
+      std::vector<uint8_t> bytes(static_cast<size_t>(b.kv_slots * rb), 0xFF);
+      for (int32_t slot : b.kv_indices) {
+        float* row = b.kv.data() + static_cast<size_t>(slot) * D;
+        KvFp8EncodeRow(row, V, D - V, kKvFp8Group, bytes.data() + slot * rb);
+        KvFp8DecodeRow(bytes.data() + slot * rb, V, D - V, kKvFp8Group, row);
+      }
+      const Result r = RunOp(b, true, &bytes);
+      ExpectClose(b, r, "fp8 cache seed " + std::to_string(seed));
+    }
+  }
+}
 
 TEST(VerifyAttentionReference, WithoutLseSameOutput) {
   const Batch b = MakeBatch({20, 3}, {4, 2}, 2, 32, 24, DType::kFloat32, 7);

@@ -35,8 +35,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "kernels/cuda/dense/rope.h"
 #include "kernels/cuda/dense/weight_gen.h"
 #include "kernels/cuda/verify_attention/api.h"
+#include "kernels/kv_fp8.h"
 #include "nlohmann/json.hpp"
 #include "tp/batch_plan.h"
 #include "tp/cuda/cuda_engine.h"
@@ -57,6 +59,8 @@ ABSL_FLAG(bool, fp8_cublaslt, true,
           "the FP8 linears (not the routed experts) through cuBLASLt (EngineOptions::cuda."
           "fp8_cublaslt); false: the grouped kernel");
 ABSL_FLAG(int64_t, layers, 61, "decoder layers of the preset (Kimi-K2 has 61)");
+ABSL_FLAG(std::string, kv_dtype, "auto",
+          "latent KV cache: auto (bf16) or fp8 (EngineOptions::kv_dtype, kernels/kv_fp8.h)");
 ABSL_FLAG(std::string, contexts, "4096,16384,65536,185000", "committed context lengths");
 ABSL_FLAG(std::string, trees, "1,8,16,64", "draft nodes per tree (rows = nodes + 1)");
 ABSL_FLAG(std::string, batches, "1,8,32", "requests per step");
@@ -124,10 +128,11 @@ double TimeSteps(CudaEngine& e, const std::vector<StepRequest>& reqs) {
 }
 
 // Median time (us) of the verify attention kernel alone (plan once, run many) on the batch's
-// exact index arrays, 64 / tp heads, random bf16 q and latent cache, with a 256 MB write
-// before every run so the cache comes from HBM as it does inside a step. 0 on any error.
+// exact index arrays, 64 / tp heads, random bf16 q and latent cache (kv_fp8: those rows in
+// the FP8 format), with a 256 MB write before every run so the cache comes from HBM as it
+// does inside a step. 0 on any error.
 double StandaloneAttentionUs(const std::vector<StepRequest>& reqs,
-                             const verifyd::tp::ModelConfig& c, int64_t kv_slots) {
+                             const verifyd::tp::ModelConfig& c, int64_t kv_slots, bool kv_fp8) {
   namespace kc = verifyd::kernels::cuda;
   verifyd::tp::EngineLimits lim;
   lim.max_batch = static_cast<int>(reqs.size());
@@ -136,7 +141,7 @@ double StandaloneAttentionUs(const std::vector<StepRequest>& reqs,
   auto plan = verifyd::tp::BuildBatchPlan(reqs, c, lim, kv_slots);
   if (!plan.ok()) return 0;
   const int64_t R = plan->total_rows, H = c.num_attention_heads, lat = c.latent_dim();
-  void *q = nullptr, *kv = nullptr, *out = nullptr, *flush = nullptr;
+  void *q = nullptr, *kv = nullptr, *kv8 = nullptr, *out = nullptr, *flush = nullptr;
   int32_t *qi = nullptr, *ki = nullptr, *idx = nullptr;
   uint64_t* mask = nullptr;
   const size_t flush_bytes = size_t{256} << 20;
@@ -168,6 +173,19 @@ double StandaloneAttentionUs(const std::vector<StepRequest>& reqs,
     g.rows = kv_slots;
     g.out = static_cast<verifyd::kernels::bf16_bits*>(kv);
     ok = ok && kc::GenerateWeightsCuda(g).ok();
+    if (ok && kv_fp8) {
+      kc::KvFp8EncodeRowsParams e;
+      e.rows = kv_slots;
+      e.kv_lora = static_cast<int>(c.kv_lora_rank);
+      e.rope_dim = static_cast<int>(c.qk_rope_head_dim);
+      e.in = static_cast<const verifyd::kernels::bf16_bits*>(kv);
+      e.ld_in = lat;
+      ok = cudaMalloc(&kv8, kv_slots * verifyd::kernels::KvFp8RowBytes(
+                                           c.kv_lora_rank, c.qk_rope_head_dim,
+                                           verifyd::kernels::kKvFp8Group)) == cudaSuccess;
+      e.out = kv8;
+      ok = ok && kc::KvFp8EncodeRowsCuda(e).ok();
+    }
     verifyd::kernels::VerifyAttentionParams p;
     p.batch = plan->batch;
     p.total_rows = static_cast<int>(R);
@@ -176,7 +194,8 @@ double StandaloneAttentionUs(const std::vector<StepRequest>& reqs,
     p.v_dim = static_cast<int>(c.kv_lora_rank);
     p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
     p.q = q;
-    p.kv = kv;
+    p.kv = kv_fp8 ? kv8 : kv;
+    p.kv_fp8 = kv_fp8;
     p.kv_slots = kv_slots;
     p.q_indptr = qi;
     p.kv_indptr = ki;
@@ -214,7 +233,7 @@ double StandaloneAttentionUs(const std::vector<StepRequest>& reqs,
       (void)ws->Free();
     }
   }
-  for (void* ptr : {q, kv, out, flush, static_cast<void*>(qi), static_cast<void*>(ki),
+  for (void* ptr : {q, kv, kv8, out, flush, static_cast<void*>(qi), static_cast<void*>(ki),
                     static_cast<void*>(idx), static_cast<void*>(mask)}) {
     if (ptr) cudaFree(ptr);
   }
@@ -246,6 +265,15 @@ int main(int argc, char** argv) {
   o.cuda.fp8_experts = absl::GetFlag(FLAGS_fp8_weights);
   o.cuda.fp8_cublaslt = absl::GetFlag(FLAGS_fp8_cublaslt);
   o.cuda.shared_prefix_attention = absl::GetFlag(FLAGS_shared_prefix);
+  {
+    auto kv = verifyd::tp::ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype));
+    if (!kv.ok()) {
+      std::fprintf(stderr, "--%s\n", kv.status().ToString().c_str());
+      return 2;
+    }
+    o.kv_dtype = *kv;
+  }
+  const bool kv_fp8 = o.kv_dtype == verifyd::tp::KvDtype::kFp8;
   const int tp = std::max(1, absl::GetFlag(FLAGS_tp));
   o.tp = tp;
   if (tp > 1) o.cuda.devices.assign(tp, 0);
@@ -302,7 +330,7 @@ int main(int argc, char** argv) {
         row.host_ms = std::max(0.0, prof_wall - row.prof.total_ms);
         row.shared_packs = e.last_shared_prefix_packs();
         if (absl::GetFlag(FLAGS_standalone) && row.prof.verify_kernel && tp == 1) {
-          row.standalone_us = StandaloneAttentionUs(reqs, c, e.kv_slots());
+          row.standalone_us = StandaloneAttentionUs(reqs, c, e.kv_slots(), kv_fp8);
         }
         if (absl::GetFlag(FLAGS_extras)) {
           e.set_profile(false);
@@ -378,6 +406,7 @@ int main(int argc, char** argv) {
                        : absl::StrCat("checkpoint ", std::filesystem::path(m).filename().string());
   }
   j["fp8_attention"] = e.fp8_attention();
+  j["kv_cache_dtype"] = e.kv_cache_dtype();
   j["fp8_mlps"] = e.fp8_mlps();
   j["fp8_gemm"] = e.fp8_gemm();
   for (const Row& r : rows) {

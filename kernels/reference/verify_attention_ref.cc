@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/common.h"
+#include "kernels/kv_fp8.h"
 #include "kernels/reference/dot.h"
 #include "kernels/reference/parallel.h"
 #include "kernels/verify_attention.h"
@@ -89,7 +90,8 @@ absl::Status ValidateIndices(const VerifyAttentionParams& p) {
 }
 
 // Attention for the (row, head) pairs [pair0, pair1) of request-independent flat index
-// pair = r * num_heads + h. T is float or bf16_bits (q, kv and out share it).
+// pair = r * num_heads + h. T is float or bf16_bits (q and out share it, and kv unless it is
+// the FP8 format).
 template <typename T>
 void AttendPairs(const VerifyAttentionParams& p, const std::vector<int>& row_request, int64_t pair0,
                  int64_t pair1) {
@@ -100,7 +102,11 @@ void AttendPairs(const VerifyAttentionParams& p, const std::vector<int>& row_req
   std::vector<float> qf(static_cast<size_t>(D));
   std::vector<float> acc(static_cast<size_t>(V));
   std::vector<float> scores;       // s_j of the visible keys, key order
-  std::vector<const T*> key_rows;  // their cache rows, same order
+  std::vector<int32_t> key_slots;  // their cache slots, same order
+  // FP8 latent cache (kernels/kv_fp8.h): a key is dequantized into `key` (float) when read.
+  const auto* kv8 = static_cast<const uint8_t*>(p.kv);
+  const int64_t row_bytes = KvFp8RowBytes(V, D - V, kKvFp8Group);
+  std::vector<float> key(p.kv_fp8 ? static_cast<size_t>(D) : 0);
 
   for (int64_t pair = pair0; pair < pair1; ++pair) {
     const int64_t r = pair / H;
@@ -118,15 +124,21 @@ void AttendPairs(const VerifyAttentionParams& p, const std::vector<int>& row_req
 
     // Pass 1: scores of the visible keys and their max.
     scores.clear();
-    key_rows.clear();
+    key_slots.clear();
     float m = -std::numeric_limits<float>::infinity();
     for (int32_t j = 0; j < len; ++j) {
       if (j >= ctx && !TailVisible(mask, j - ctx)) continue;  // masked: never read
-      const T* key = kv + int64_t{slots[j]} * D;
-      const float s = p.softmax_scale * BlockedDot(qf.data(), key, D);
+      float dot = 0.f;
+      if (p.kv_fp8) {
+        KvFp8DecodeRow(kv8 + int64_t{slots[j]} * row_bytes, V, D - V, kKvFp8Group, key.data());
+        dot = BlockedDot(qf.data(), key.data(), D);
+      } else {
+        dot = BlockedDot(qf.data(), kv + int64_t{slots[j]} * D, D);
+      }
+      const float s = p.softmax_scale * dot;
       if (s > m) m = s;
       scores.push_back(s);
-      key_rows.push_back(key);
+      key_slots.push_back(slots[j]);
     }
 
     float* lse = p.lse ? p.lse + r * H + h : nullptr;
@@ -143,8 +155,13 @@ void AttendPairs(const VerifyAttentionParams& p, const std::vector<int>& row_req
     for (size_t j = 0; j < scores.size(); ++j) {
       const float e = std::exp(scores[j] - m);
       sum += e;
-      const T* vrow = key_rows[j];
-      for (int d = 0; d < V; ++d) acc[d] += e * LoadAsFloat(vrow, d);
+      if (p.kv_fp8) {
+        KvFp8DecodeRow(kv8 + int64_t{key_slots[j]} * row_bytes, V, D - V, kKvFp8Group, key.data());
+        for (int d = 0; d < V; ++d) acc[d] += e * key[d];
+      } else {
+        const T* vrow = kv + int64_t{key_slots[j]} * D;
+        for (int d = 0; d < V; ++d) acc[d] += e * LoadAsFloat(vrow, d);
+      }
     }
     for (int d = 0; d < V; ++d) StoreFromFloat(orow, d, acc[d] / sum);
     if (lse) *lse = m + std::log(sum);

@@ -23,9 +23,11 @@
 #include "absl/strings/str_join.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dense/moe.h"
+#include "kernels/cuda/dense/rope.h"
 #include "kernels/cuda/dense/weight_gen.h"
 #include "kernels/cuda/tree_accept_cuda.h"
 #include "kernels/cuda/verify_attention/api.h"
+#include "kernels/kv_fp8.h"
 #include "kernels/status.h"
 #include "kernels/tree_accept.h"
 #include "kernels/verify_attention.h"
@@ -257,6 +259,7 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
   ap.mask_words = kMaskWords;
   ap.out = rk.olat;
   ap.stream = rk.stream;
+  ap.kv_fp8 = rk.kv_fp8;  // the pool's format (kernels/kv_fp8.h)
   kc::VerifyAttentionPlan vk_plan;
   if (rk.have_vk) {
     ap.kv = rk.kv.empty() ? nullptr : rk.kv[0];
@@ -630,6 +633,10 @@ int CudaEngine::last_shared_prefix_packs() const {
   return impl_->ranks.empty() ? 0 : impl_->ranks[0]->shared_prefix_packs;
 }
 
+std::string CudaEngine::kv_cache_dtype() const {
+  return impl_->options.kv_dtype == KvDtype::kFp8 ? "fp8_e4m3" : "bfloat16";
+}
+
 bool CudaEngine::fp8_attention() const {
   return !impl_->ranks.empty() && impl_->ranks[0]->fp8_attention;
 }
@@ -649,16 +656,29 @@ absl::StatusOr<std::vector<float>> CudaEngine::LatentRow(int rank, int64_t layer
     return absl::InvalidArgumentError("layer out of range");
   if (slot < 0 || slot >= m.kv_slots) return absl::InvalidArgumentError("slot out of range");
   const int64_t lat = m.config.latent_dim();
-  std::vector<bf16> raw(lat);
+  const int64_t kvl = m.config.kv_lora_rank;
+  std::vector<uint8_t> raw;
+  bool fp8 = false;
   RankGroup::Outcome run = m.RunOnRanks([&](CudaRankContext& rk) -> absl::Status {
     if (rk.rank != rank) return absl::OkStatus();
-    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpy(raw.data(), rk.kv[layer] + int64_t{slot} * lat,
-                                            lat * sizeof(bf16), cudaMemcpyDeviceToHost));
+    fp8 = rk.kv_fp8;
+    raw.resize(static_cast<size_t>(rk.kv_row_bytes));
+    VERIFYD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(raw.data(), static_cast<const uint8_t*>(rk.kv[layer]) + slot * rk.kv_row_bytes,
+                   raw.size(), cudaMemcpyDeviceToHost));
     return absl::OkStatus();
   });
   if (!run.status.ok()) return run.status;
   std::vector<float> out(lat);
-  for (int64_t i = 0; i < lat; ++i) out[i] = kernels::Bf16ToFloat(raw[i]);
+  if (fp8) {
+    kernels::KvFp8DecodeRow(raw.data(), kvl, lat - kvl, kernels::kKvFp8Group, out.data());
+  } else {
+    for (int64_t i = 0; i < lat; ++i) {
+      bf16 b;
+      std::memcpy(&b, raw.data() + 2 * i, 2);
+      out[i] = kernels::Bf16ToFloat(b);
+    }
+  }
   return out;
 }
 
@@ -669,21 +689,50 @@ absl::Status CudaEngine::FillLatentCacheRandom(uint64_t seed) {
   const int64_t lat = m.config.latent_dim();
   return m
       .RunOnRanks([&](CudaRankContext& rk) -> absl::Status {
-        for (size_t l = 0; l < rk.kv.size(); ++l) {
-          kc::GenerateWeightsParams g;
-          // Same values on every rank (each keeps the full latent cache).
-          g.tensor_key =
-              kernels::WeightTensorKey(seed, kernels::WeightNameHash(absl::StrCat("kv_pool.", l)));
-          g.scale = 1.0f;
-          g.rows = m.kv_slots;
-          g.cols = lat;
-          g.full_cols = lat;
-          g.out = rk.kv[l];
-          g.ld_out = lat;
-          g.stream = rk.stream;
-          VERIFYD_RETURN_IF_ERROR(kc::GenerateWeightsCuda(g));
+        // An FP8 pool: bf16 rows generated into a staging buffer a chunk at a time, then
+        // stored in the format.
+        constexpr int64_t kChunkRows = 65536;
+        bf16* staging = nullptr;
+        if (rk.kv_fp8) {
+          VERIFYD_CUDA_RETURN_IF_ERROR(
+              cudaMalloc(reinterpret_cast<void**>(&staging),
+                         std::min(kChunkRows, m.kv_slots) * lat * sizeof(bf16)));
         }
-        VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rk.stream));
+        absl::Status st = absl::OkStatus();
+        for (size_t l = 0; l < rk.kv.size() && st.ok(); ++l) {
+          const int64_t chunk = rk.kv_fp8 ? kChunkRows : m.kv_slots;
+          for (int64_t r0 = 0; r0 < m.kv_slots && st.ok(); r0 += chunk) {
+            const int64_t rows = std::min(chunk, m.kv_slots - r0);
+            kc::GenerateWeightsParams g;
+            // Same values on every rank (each keeps the full latent cache).
+            g.tensor_key = kernels::WeightTensorKey(
+                seed, kernels::WeightNameHash(absl::StrCat("kv_pool.", l)));
+            g.scale = 1.0f;
+            g.rows = rows;
+            g.row0 = r0;
+            g.cols = lat;
+            g.full_cols = lat;
+            g.out = rk.kv_fp8 ? staging : static_cast<bf16*>(rk.kv[l]);
+            g.ld_out = lat;
+            g.stream = rk.stream;
+            st = kc::GenerateWeightsCuda(g);
+            if (st.ok() && rk.kv_fp8) {
+              kc::KvFp8EncodeRowsParams e;
+              e.rows = rows;
+              e.kv_lora = static_cast<int>(m.config.kv_lora_rank);
+              e.rope_dim = static_cast<int>(m.config.qk_rope_head_dim);
+              e.in = staging;
+              e.ld_in = lat;
+              e.out = static_cast<uint8_t*>(rk.kv[l]) + r0 * rk.kv_row_bytes;
+              e.stream = rk.stream;
+              st = kc::KvFp8EncodeRowsCuda(e);
+            }
+          }
+        }
+        const cudaError_t sync = cudaStreamSynchronize(rk.stream);
+        if (staging != nullptr) cudaFree(staging);
+        VERIFYD_RETURN_IF_ERROR(st);
+        VERIFYD_CUDA_RETURN_IF_ERROR(sync);
         return absl::OkStatus();
       })
       .status;
@@ -706,11 +755,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
     return bad("kv_memory_fraction: ", kv_fraction, " must be in (0, 1)");
   }
   if (o.comm_timeout_ms <= 0) return bad("comm_timeout_ms must be > 0");
-  if (o.kv_dtype == KvDtype::kFp8) {
-    return absl::UnimplementedError(
-        "kv_dtype: fp8 is implemented by the cpu backend only (the CUDA kernels read a bf16 "
-        "latent cache)");
-  }
+
   const int ndev = CudaDeviceCount();
   if (ndev == 0) return absl::FailedPreconditionError("cuda engine: no CUDA device is visible");
   std::vector<int> devices = o.cuda.devices;
@@ -754,6 +799,12 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   }
   VERIFYD_RETURN_IF_ERROR(ValidateModelConfig(m.config));
   VERIFYD_RETURN_IF_ERROR(CheckCudaSupports(m.config));
+  const bool kv_fp8 = o.kv_dtype == KvDtype::kFp8;
+  if (kv_fp8 && m.config.kv_lora_rank % 4 != 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "kv_dtype: fp8 on the cuda backend needs kv_lora_rank % 4 == 0 (aligned scales), got ",
+        m.config.kv_lora_rank));
+  }
   VERIFYD_RETURN_IF_ERROR(ValidateTpSize(m.config, o.tp));
   if (m.config.qk_rope_head_dim % 2 != 0) return bad("qk_rope_head_dim must be even");
   for (const TensorSpec& s : ModelTensorSpecs(m.config)) m.specs[s.name] = s;
@@ -809,16 +860,17 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   } else {
     size_t free_min = std::numeric_limits<size_t>::max();
     for (const auto& r : m.ranks) free_min = std::min(free_min, r->free_bytes);
-    const double per_slot =
-        static_cast<double>(m.config.num_hidden_layers) * m.config.latent_dim() * sizeof(bf16);
+    const double per_slot = static_cast<double>(m.config.num_hidden_layers) *
+                            static_cast<double>(KvRowBytes(m.config, kv_fp8));
     m.kv_slots =
         std::min<int64_t>(INT32_MAX, static_cast<int64_t>(kv_fraction * free_min / per_slot));
     if (m.kv_slots < 1) {
       return absl::ResourceExhaustedError("cuda engine: no device memory left for the KV pool");
     }
   }
-  run =
-      m.RunOnRanks([&m](CudaRankContext& rk) { return AllocateKvPool(m.config, m.kv_slots, rk); });
+  run = m.RunOnRanks([&m, kv_fp8](CudaRankContext& rk) {
+    return AllocateKvPool(m.config, m.kv_slots, kv_fp8, rk);
+  });
   if (!run.status.ok()) {
     return absl::Status(run.status.code(), absl::StrCat("cuda engine init: ", run.failure));
   }

@@ -74,7 +74,8 @@ class CudaEngine final : public Engine {
   int64_t kv_slots() const override;
   EngineLimits limits() const override;
   bool batch_invariant() const override;  // EngineOptions::cuda.batch_invariant
-  std::string kv_cache_dtype() const override { return "bfloat16"; }
+  // "bfloat16", or "fp8_e4m3" (EngineOptions::kv_dtype fp8: kernels/kv_fp8.h).
+  std::string kv_cache_dtype() const override;
   bool failed() const override;
 
   absl::StatusOr<std::vector<StepResult>> Step(const std::vector<StepRequest>& batch,
@@ -83,11 +84,12 @@ class CudaEngine final : public Engine {
   absl::StatusOr<std::vector<StepResult>> StepWithLogits(const std::vector<StepRequest>& batch,
                                                          std::vector<float>* logits,
                                                          StepTiming* timing = nullptr);
-  // Rank r's latent KV row of `slot` in `layer` (kv_lora + rope values). Test API.
+  // Rank r's latent KV row of `slot` in `layer` (kv_lora + rope values; an FP8 cache's row
+  // dequantized). Test API.
   absl::StatusOr<std::vector<float>> LatentRow(int rank, int64_t layer, int32_t slot);
   // Fills every layer's whole latent KV pool with finite pseudo-random values from `seed`
-  // (bf16, uniform [-1, 1)): a benchmark can then attend over long contexts without
-  // prefilling them. Benchmark / test API.
+  // (bf16, uniform [-1, 1); an FP8 cache stores those rows in its format): a benchmark can
+  // then attend over long contexts without prefilling them. Benchmark / test API.
   absl::Status FillLatentCacheRandom(uint64_t seed);
   // Turns the per-step time split on or off (EngineOptions::cuda.profile) between steps.
   void set_profile(bool on);

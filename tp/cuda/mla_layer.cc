@@ -87,6 +87,7 @@ absl::Status FallbackAttention(const kernels::VerifyAttentionParams& ap) {
   p.softmax_scale = ap.softmax_scale;
   p.q = ap.q;
   p.kv = ap.kv;
+  p.kv_fp8 = ap.kv_fp8;
   p.q_indptr = ap.q_indptr;
   p.kv_indptr = ap.kv_indptr;
   p.kv_indices = ap.kv_indices;
@@ -216,6 +217,7 @@ absl::Status RunMlaLayer(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
     p.sin_table = rk.sin_t;
     p.slots = s.slots;
     p.cache = rk.kv[layer];
+    p.fp8 = rk.kv_fp8;
     p.kv_slots = s.kv_slots;
     p.stream = rk.stream;
     VERIFYD_RETURN_IF_ERROR(kc::LatentKvWriteCuda(p));

@@ -11,6 +11,7 @@
 #include "kernels/cuda/dense/moe.h"
 #include "kernels/cuda/dense/rope.h"
 #include "kernels/cuda/dense/weight_gen.h"
+#include "kernels/kv_fp8.h"
 #include "kernels/reference/yarn.h"
 #include "kernels/status.h"
 #include "kernels/weight_init.h"
@@ -760,17 +761,25 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
   return absl::OkStatus();
 }
 
-absl::Status AllocateKvPool(const ModelConfig& config, int64_t kv_slots, CudaRankContext& rk) {
-  const int64_t lat = config.latent_dim();
+int64_t KvRowBytes(const ModelConfig& config, bool kv_fp8) {
+  return kv_fp8 ? kernels::KvFp8RowBytes(config.kv_lora_rank, config.qk_rope_head_dim,
+                                         kernels::kKvFp8Group)
+                : config.latent_dim() * static_cast<int64_t>(sizeof(bf16));
+}
+
+absl::Status AllocateKvPool(const ModelConfig& config, int64_t kv_slots, bool kv_fp8,
+                            CudaRankContext& rk) {
+  rk.kv_fp8 = kv_fp8;
+  rk.kv_row_bytes = KvRowBytes(config, kv_fp8);
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    absl::StatusOr<bf16*> p = rk.Alloc<bf16>(kv_slots * lat);
+    absl::StatusOr<uint8_t*> p = rk.Alloc<uint8_t>(kv_slots * rk.kv_row_bytes);
     if (!p.ok()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("latent KV pool of ", kv_slots, " slots: ", p.status().message()));
     }
-    // Poison: every byte 0xFF is a bf16 NaN, so a read of a slot nothing wrote shows up.
-    VERIFYD_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(*p, 0xFF, kv_slots * lat * sizeof(bf16), rk.stream));
+    // Poison: every byte 0xFF is a bf16 NaN (FP8: NaN codes and scales), so a read of a slot
+    // nothing wrote shows up.
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(*p, 0xFF, kv_slots * rk.kv_row_bytes, rk.stream));
     rk.kv.push_back(*p);
   }
   VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rk.stream));

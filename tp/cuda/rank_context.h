@@ -144,7 +144,11 @@ struct CudaRankContext {
   bf16* final_norm = nullptr;
   bf16* lm_head = nullptr;
   std::vector<CudaLayerWeights> layers;
-  std::vector<bf16*> kv;  // [layers] -> [kv_slots, lat]: the latent KV pool
+  // [layers] -> [kv_slots, kv_row_bytes]: the latent KV pool, bf16 rows [lat] or (kv_fp8) rows
+  // of the FP8 format (kernels/kv_fp8.h).
+  std::vector<void*> kv;
+  bool kv_fp8 = false;
+  int64_t kv_row_bytes = 0;
 
   // Activations for the largest step (see the top of the file).
   float *x = nullptr, *qa = nullptr, *kva = nullptr, *part = nullptr, *gu = nullptr;
@@ -277,9 +281,14 @@ struct RankSetup {
 // activation buffers, sets up the verify attention, and records the free device memory.
 absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk);
 
-// On the rank's thread: the latent KV pool, every byte 0xFF (bf16 NaN: a read of a slot
-// nothing wrote shows up). ResourceExhausted when it does not fit.
-absl::Status AllocateKvPool(const ModelConfig& config, int64_t kv_slots, CudaRankContext& rk);
+// Bytes of one latent row of the pool: bf16 [latent_dim], or the FP8 format's row.
+int64_t KvRowBytes(const ModelConfig& config, bool kv_fp8);
+
+// On the rank's thread: the latent KV pool (bf16, or with kv_fp8 the FP8 format), every byte
+// 0xFF (bf16 NaN; FP8 NaN codes and scales: a read of a slot nothing wrote shows up).
+// ResourceExhausted when it does not fit.
+absl::Status AllocateKvPool(const ModelConfig& config, int64_t kv_slots, bool kv_fp8,
+                            CudaRankContext& rk);
 
 // On the rank's thread: frees everything (after draining the stream).
 void FreeRankContext(CudaRankContext& rk);

@@ -1,12 +1,16 @@
 // The fallback verify attention (see fallback_attention.h).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dense/fallback_attention.h"
+#include "kernels/kv_fp8.h"
 
 namespace verifyd::kernels::cuda {
 namespace {
@@ -18,11 +22,32 @@ constexpr int kMaxVPerLane = 16;  // v_dim <= 512
 // One CTA per (row, head). Warp w handles visible keys w, w + kWarps, ...: the 32 lanes split the
 // dot product over qk_dim and the value columns (lane owns columns lane + 32 i); each warp
 // keeps its own running max / sum / accumulator, merged at the end (log-sum-exp merge).
-__global__ void __launch_bounds__(kWarps * 32) FallbackAttentionKernel(
-    const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ kv,
-    const int32_t* __restrict__ q_indptr, const int32_t* __restrict__ kv_indptr,
-    const int32_t* __restrict__ kv_indices, const uint64_t* __restrict__ mask, int mask_words,
-    int batch, int heads, int qk_dim, int v_dim, float scale, __nv_bfloat16* __restrict__ out) {
+// Key element i of a cache row: bf16, or (kFp8) the FP8 format's dequantized value.
+template <bool kFp8>
+__device__ __forceinline__ float KeyAt(const unsigned char* row, int i, int kv_lora) {
+  if constexpr (kFp8) {
+    if (i < kv_lora) {
+      const float s =
+          reinterpret_cast<const float*>(row + KvFp8ScaleOffset(kv_lora))[i / kKvFp8Group];
+      const __half_raw h = __nv_cvt_fp8_to_halfraw(row[i], __NV_E4M3);
+      return __half2float(__half(h)) * s;
+    }
+    return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(
+        row + KvFp8RopeOffset(kv_lora, kKvFp8Group))[i - kv_lora]);
+  } else {
+    return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[i]);
+  }
+}
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kWarps * 32)
+    FallbackAttentionKernel(const __nv_bfloat16* __restrict__ q,
+                            const unsigned char* __restrict__ kv, int64_t row_bytes,
+                            const int32_t* __restrict__ q_indptr,
+                            const int32_t* __restrict__ kv_indptr,
+                            const int32_t* __restrict__ kv_indices,
+                            const uint64_t* __restrict__ mask, int mask_words, int batch, int heads,
+                            int qk_dim, int v_dim, float scale, __nv_bfloat16* __restrict__ out) {
   __shared__ float qs[kMaxQk];
   __shared__ float wm[kWarps], wl[kWarps];
   __shared__ float wacc[kWarps][kMaxVPerLane * 32];
@@ -50,9 +75,9 @@ __global__ void __launch_bounds__(kWarps * 32) FallbackAttentionKernel(
   for (int i = 0; i < kMaxVPerLane; ++i) acc[i] = 0.f;
   const int vper = (v_dim + 31) / 32;
   auto attend = [&](int j) {
-    const __nv_bfloat16* k = kv + static_cast<int64_t>(kv_indices[kv0 + j]) * qk_dim;
+    const unsigned char* k = kv + static_cast<int64_t>(kv_indices[kv0 + j]) * row_bytes;
     float s = 0.f;
-    for (int i = lane; i < qk_dim; i += 32) s += qs[i] * __bfloat162float(k[i]);
+    for (int i = lane; i < qk_dim; i += 32) s += qs[i] * KeyAt<kFp8>(k, i, v_dim);
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     s *= scale;
     const float m_new = fmaxf(m, s);
@@ -63,7 +88,7 @@ __global__ void __launch_bounds__(kWarps * 32) FallbackAttentionKernel(
     for (int i = 0; i < kMaxVPerLane; ++i) {
       if (i < vper) {
         const int c = lane + 32 * i;
-        const float v = c < v_dim ? __bfloat162float(k[c]) : 0.f;
+        const float v = c < v_dim ? KeyAt<kFp8>(k, c, v_dim) : 0.f;
         acc[i] = acc[i] * corr + p * v;
       }
     }
@@ -119,11 +144,25 @@ absl::Status FallbackAttentionCuda(const FallbackAttentionParams& p) {
     return absl::InvalidArgumentError("fallback verify attention: bad batch/total_rows/num_heads");
   }
   if (p.total_rows == 0 || p.batch == 0) return absl::OkStatus();
+  if (p.kv_fp8 && (p.v_dim % 4 != 0 || reinterpret_cast<uintptr_t>(p.kv) % 4 != 0)) {
+    return absl::InvalidArgumentError(
+        "fallback verify attention: an FP8 cache needs v_dim % 4 == 0 and 4-byte alignment");
+  }
   dim3 grid(static_cast<unsigned>(p.total_rows), static_cast<unsigned>(p.num_heads));
-  FallbackAttentionKernel<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(p.stream)>>>(
-      static_cast<const __nv_bfloat16*>(p.q), static_cast<const __nv_bfloat16*>(p.kv), p.q_indptr,
-      p.kv_indptr, p.kv_indices, p.tree_mask, p.mask_words, p.batch, p.num_heads, p.qk_dim, p.v_dim,
-      p.softmax_scale, static_cast<__nv_bfloat16*>(p.out));
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q);
+  const auto* kv = static_cast<const unsigned char*>(p.kv);
+  auto* out = static_cast<__nv_bfloat16*>(p.out);
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  if (p.kv_fp8) {
+    FallbackAttentionKernel<true><<<grid, kWarps * 32, 0, stream>>>(
+        q, kv, KvFp8RowBytes(p.v_dim, p.qk_dim - p.v_dim, kKvFp8Group), p.q_indptr, p.kv_indptr,
+        p.kv_indices, p.tree_mask, p.mask_words, p.batch, p.num_heads, p.qk_dim, p.v_dim,
+        p.softmax_scale, out);
+  } else {
+    FallbackAttentionKernel<false><<<grid, kWarps * 32, 0, stream>>>(
+        q, kv, int64_t{p.qk_dim} * 2, p.q_indptr, p.kv_indptr, p.kv_indices, p.tree_mask,
+        p.mask_words, p.batch, p.num_heads, p.qk_dim, p.v_dim, p.softmax_scale, out);
+  }
   VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("FallbackAttentionKernel");
   return absl::OkStatus();
 }

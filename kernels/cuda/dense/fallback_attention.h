@@ -29,6 +29,9 @@ struct FallbackAttentionParams {
 
   const void* q = nullptr;   // [total_rows, num_heads, qk_dim] bf16
   const void* kv = nullptr;  // [slots, qk_dim] bf16: one layer's latent cache
+  // kv holds rows of the FP8 format instead (kernels/kv_fp8.h with kv_lora = v_dim, rope =
+  // qk_dim - v_dim; v_dim % 4 == 0): keys and values are float(e4m3) * scale, float(bf16).
+  bool kv_fp8 = false;
 
   const int32_t* q_indptr = nullptr;    // [batch + 1]
   const int32_t* kv_indptr = nullptr;   // [batch + 1]; context then tail rows per request

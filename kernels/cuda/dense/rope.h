@@ -70,10 +70,29 @@ struct LatentKvWriteParams {
   const float* cos_table = nullptr;  // [rows, rope_dim / 2]
   const float* sin_table = nullptr;
   const int32_t* slots = nullptr;  // [rows] cache slot of each row, device
-  bf16_bits* cache = nullptr;      // [kv_slots, kv_lora + rope_dim] bf16
-  int64_t kv_slots = 0;            // slots are trusted (validated on the host)
+  // [kv_slots, kv_lora + rope_dim] bf16, or with fp8 [kv_slots, KvFp8RowBytes] bytes
+  void* cache = nullptr;
+  // The cache holds rows of the FP8 format (kernels/kv_fp8.h): each row's normed c_kv is
+  // stored as e4m3 codes with a float32 scale per kKvFp8Group columns, k_pe as bf16; the bytes
+  // KvFp8EncodeRow gives for the same float row. Needs kv_lora % 4 == 0 (aligned scales).
+  bool fp8 = false;
+  int64_t kv_slots = 0;  // slots are trusted (validated on the host)
   void* stream = nullptr;
 };
 absl::Status LatentKvWriteCuda(const LatentKvWriteParams& p);
+
+// Stores `rows` bf16 latent rows ([rows, ld_in], kv_lora + rope_dim columns) in the FP8 format
+// (kernels/kv_fp8.h): row i at out + i * KvFp8RowBytes, bit for bit KvFp8EncodeRow of the
+// row's float values. (Random cache contents for benchmarks; the test of the encoder.)
+struct KvFp8EncodeRowsParams {
+  int64_t rows = 0;
+  int kv_lora = 0;  // % 4 == 0
+  int rope_dim = 0;
+  const bf16_bits* in = nullptr;
+  int64_t ld_in = 0;
+  void* out = nullptr;
+  void* stream = nullptr;
+};
+absl::Status KvFp8EncodeRowsCuda(const KvFp8EncodeRowsParams& p);
 
 }  // namespace verifyd::kernels::cuda

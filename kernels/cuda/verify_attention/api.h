@@ -19,7 +19,9 @@
 //
 // The semantics are those of kernels/verify_attention.h (the reference). Supported here:
 // dtype bf16, qk_dim 576, v_dim 512, mask_words <= 2 (<= 128 tail rows per request), any
-// head count >= 1. SupportsVerifyAttentionCuda() says which case is not supported.
+// head count >= 1, a bf16 or an FP8 latent cache (kv_fp8: kernels/kv_fp8.h, 656 bytes a key;
+// the 16-row configuration only). SupportsVerifyAttentionCuda() says which case is not
+// supported.
 //
 // Kernel configurations (VerifyKernelConfig; the planner picks one per batch, the variants
 // behind them are declared once in verify_attention/variants.h):
@@ -27,6 +29,9 @@
 //          99 KB of shared memory on sm_80 / sm_120. Tiny decode batches and non-sm_90.
 //   kS64   64 folded rows, 64-key tiles, warp-specialised wgmma "seesaw" schedule (sm_90a;
 //          docs/KERNEL_NOTES.md): kAuto's choice on sm_90 for every other batch.
+// FP8 latent cache: kM16 only (its FP8 variants gather the stored rows into a ring of FP8
+// stages, 8 on sm_90 and 2 within 99 KB elsewhere, and dequantize each into one bf16 tile:
+// each value bf16(e4m3 x scale), one rounding); kAuto picks it for every batch.
 //
 // Positional plans (VerifyPlanOptions::positional: the engine's batch-invariant mode). A
 // node's visible keys (the request's context, then its visible tail rows in index order: for
@@ -106,9 +111,10 @@ enum class VerifyKernelConfig : int {
 };
 
 // The configuration of positional plans on a device of compute capability `cc_major`: the
-// seesaw kernel on sm_90 (its producer streams keys best), the 16-row kernel elsewhere. A
-// function of the device only, so every step of an engine uses the same one.
-VerifyKernelConfig PositionalConfigFor(int cc_major);
+// seesaw kernel on sm_90 (its producer streams keys best), the 16-row kernel elsewhere and
+// for an FP8 cache (`kv_fp8`). A function of the device and the cache format only, so every
+// step of an engine uses the same one.
+VerifyKernelConfig PositionalConfigFor(int cc_major, bool kv_fp8 = false);
 
 // Positional plans: a node with n visible keys runs in ceil(n / len) splits of `len` keys,
 // len = the smallest multiple of 64 that covers n in at most
@@ -175,6 +181,7 @@ struct VerifyPass {
 
 struct VerifyAttentionPlan {
   VerifyKernelConfig config = VerifyKernelConfig::kM16;
+  bool kv_fp8 = false;  // made for an FP8 latent cache (VerifyAttentionParams::kv_fp8)
   int rows_per_cta = 16;
   int keys_per_tile = 32;
   int num_heads = 0;

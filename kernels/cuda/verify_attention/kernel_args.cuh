@@ -17,7 +17,7 @@ namespace verifyd::kernels::cuda::detail {
 
 struct VerifyKernelArgs {
   const __nv_bfloat16* q;      // [total_rows, heads, 576]
-  const __nv_bfloat16* kv;     // [kv_slots, 576]
+  const __nv_bfloat16* kv;     // [kv_slots, 576]; FP8 variants: [kv_slots, 656] bytes
   const int32_t* kv_indices;   // [kv_indptr[batch]]
   const int32_t* pos_indices;  // positional plans' index lists (work items with kv_off < 0)
   const uint64_t* tree_mask;   // [total_rows, mask_words]

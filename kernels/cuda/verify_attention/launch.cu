@@ -101,6 +101,11 @@ absl::Status UploadVerifyAttentionPlan(const VerifyAttentionPlan& plan,
 
 absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAttentionPlan& plan,
                                  const VerifyAttentionWorkspace& ws) {
+  if (p.kv_fp8 != plan.kv_fp8) {
+    return absl::InvalidArgumentError(absl::StrCat("verify attention: the plan was made for ",
+                                                   plan.kv_fp8 ? "an FP8" : "a bf16",
+                                                   " latent cache; params.kv_fp8 says otherwise"));
+  }
   if (p.batch != plan.batch || p.num_heads != plan.num_heads || p.total_rows != plan.total_rows) {
     return absl::InvalidArgumentError(absl::StrCat("verify attention: plan was made for batch ",
                                                    plan.batch, ", heads ", plan.num_heads,
@@ -122,7 +127,8 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
     return absl::InvalidArgumentError("verify attention: tree_mask is null");
   if (p.out == nullptr) return absl::InvalidArgumentError("verify attention: out is null");
   // The kernels move q / kv rows with 16-byte copies and out rows with bulk copies (16-byte
-  // granules): rows are 1152 / 1024 bytes, so the base pointers must be 16-byte aligned.
+  // granules): rows are 1152 (FP8 kv: 656) / 1024 bytes, so the base pointers must be 16-byte
+  // aligned.
   for (const auto& [name, ptr] :
        {std::pair<const char*, const void*>{"q", p.q}, {"kv", p.kv}, {"out", p.out}}) {
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {
@@ -171,7 +177,7 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
   // checked by the planner).
   const detail::VariantInfo* variant = nullptr;
   for (const detail::VariantInfo& v : detail::kVariantTable) {
-    if (v.config == plan.config && v.runs_on(major)) {
+    if (v.config == plan.config && v.kv_fp8 == plan.kv_fp8 && v.runs_on(major)) {
       variant = &v;
       break;
     }

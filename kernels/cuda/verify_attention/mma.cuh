@@ -15,10 +15,20 @@
 //   O += P V   [BM, 512]: warp w owns output columns [64w, 64w+64) for all BM rows.
 // Shared-memory layout and geometry: mma_traits.h. The variants that use this kernel and the
 // architectures each has a body for: variants.h. Instantiated in mma_m16.cu.
+//
+// FP8 latent cache (V::kKvFp8; kernels/kv_fp8.h): the gathers copy the stored 656-byte rows
+// into a ring of FP8 stages; when a tile's turn comes, the CTA dequantizes its stage into one
+// bf16 tile (each value bf16(e4m3 * scale), the rope part copied) and the MMAs run on it as
+// above. With Q in registers Q's shared-memory tile is that bf16 tile (read into registers
+// before the first dequantization). The sm_90 FP8 variant keeps Q in shared memory instead
+// and runs two CTAs per SM (<= 128 registers): the tile loop is bound by its barriers and
+// dependent MMA chains, and a second CTA fills those gaps.
 // Internal CUDA header. Thread-safety: n/a (device code).
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -42,8 +52,17 @@ __device__ constexpr bool MmaBodyOnThisArch() {
 #endif
 }
 
+// Two e4m3 codes (low byte first) times `scale`, as bf16x2 bits: each value
+// bf16(float(code) * scale) (e4m3 -> f16 is exact, the product rounded once).
+__device__ __forceinline__ uint32_t DequantE4m3x2(uint16_t codes, float scale) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(codes, __NV_E4M3);
+  const float2 f = __half22float2(__half2(h));
+  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+
 template <class V>
-__global__ void __launch_bounds__(kMmaThreads, 1)
+__global__ void __launch_bounds__(kMmaThreads, V::kCtasPerSm)
     VerifyAttentionMmaKernel(const VerifyKernelArgs args) {
   if constexpr (!MmaBodyOnThisArch<V>()) {
     return;
@@ -51,14 +70,15 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     constexpr int BM = V::kRows;
     constexpr int BN = V::kKeys;
     constexpr int STAGES = V::kStages;
-    using Tr = MmaTraits<BM, BN, STAGES>;
+    constexpr bool kFp8 = V::kKvFp8;
+    using Tr = MmaTraits<BM, BN, STAGES, kFp8, V::kQInRegs>;
     extern __shared__ __align__(128) unsigned char smem[];
-    __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem);
-    __nv_bfloat16* sKV = reinterpret_cast<__nv_bfloat16*>(smem + Tr::kQBytes);
-    float* sS = reinterpret_cast<float*>(smem + Tr::kQBytes + STAGES * Tr::kKvStageBytes);
-    __nv_bfloat16* sP =
-        reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<unsigned char*>(sS) + Tr::kSBytes);
-    float* sM = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(sP) + Tr::kPBytes);
+    __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem + Tr::kQOffset);
+    __nv_bfloat16* sKV = reinterpret_cast<__nv_bfloat16*>(smem + Tr::kKvOffset);
+    unsigned char* sStaging = smem + Tr::kStagingOffset;  // FP8 cache only
+    float* sS = reinterpret_cast<float*>(smem + Tr::kSOffset);
+    __nv_bfloat16* sP = reinterpret_cast<__nv_bfloat16*>(smem + Tr::kPOffset);
+    float* sM = reinterpret_cast<float*>(smem + Tr::kStatOffset);
     float* sL = sM + BM;
     float* sAlpha = sL + BM;
 
@@ -101,8 +121,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       }
     }
 
-    // KV loader: warp w gathers keys w, w+8, ... of a tile; lanes stream the row's 72
-    // 16-byte chunks. Slot ids of the next tile are fetched one iteration ahead.
+    // KV loader: warp w gathers keys w, w+8, ... of a tile; lanes stream the row's 16-byte
+    // chunks. Slot ids of the next tile are fetched one iteration ahead.
     constexpr int kKeysPerWarp = BN / kMmaWarps;
     auto load_slots = [&](int tile, int32_t* slots) {
 #pragma unroll
@@ -112,18 +132,58 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       }
     };
     auto load_tile = [&](int stage, const int32_t* slots) {
-      __nv_bfloat16* dst_stage = sKV + stage * BN * kMmaSmemStride;
 #pragma unroll
       for (int j = 0; j < kKeysPerWarp; ++j) {
         const int k = warp + j * kMmaWarps;
         const bool valid = slots[j] >= 0;
-        const __nv_bfloat16* src_row =
-            args.kv + (valid ? static_cast<int64_t>(slots[j]) * kQkDim : 0);
-        const uint32_t dst_row = SmemAddr(dst_stage + k * kMmaSmemStride);
+        if constexpr (kFp8) {
+          // The FP8 row as stored (656 bytes: 41 chunks) into the stage.
+          const unsigned char* src_row =
+              reinterpret_cast<const unsigned char*>(args.kv) +
+              (valid ? static_cast<int64_t>(slots[j]) * kFp8RowBytes : 0);
+          const uint32_t dst_row =
+              SmemAddr(sStaging + stage * Tr::kFp8StageBytes + k * kFp8RowBytes);
 #pragma unroll
-        for (int ch = lane; ch < kChunksPerRow; ch += 32) {
-          CpAsync16(dst_row + ch * 16, src_row + ch * 8, valid);
+          for (int ch = lane; ch < kFp8ChunksPerRow; ch += 32) {
+            CpAsync16(dst_row + ch * 16, src_row + ch * 16, valid);
+          }
+        } else {
+          const __nv_bfloat16* src_row =
+              args.kv + (valid ? static_cast<int64_t>(slots[j]) * kQkDim : 0);
+          const uint32_t dst_row = SmemAddr(sKV + stage * BN * kMmaSmemStride + k * kMmaSmemStride);
+#pragma unroll
+          for (int ch = lane; ch < kChunksPerRow; ch += 32) {
+            CpAsync16(dst_row + ch * 16, src_row + ch * 8, valid);
+          }
         }
+      }
+    };
+    // FP8 cache: dequantizes stage `stage` into the bf16 tile. Codes: thread t takes 8 codes
+    // (8 bytes) of key t / 64 + 4 i, columns 8 (t % 64) on, i < BN / 4; each value becomes
+    // bf16(float(code) * scale) (one rounding of the exact product). Rope: 16 bytes a thread.
+    auto dequantize_stage = [&](int stage) {
+      const unsigned char* st = sStaging + stage * Tr::kFp8StageBytes;
+      const int part = tid & 63;  // 8-code chunk within the row
+#pragma unroll
+      for (int i = 0; i < BN * 64 / kMmaThreads; ++i) {
+        const int key = (tid >> 6) + i * (kMmaThreads / 64);
+        const unsigned char* row = st + key * kFp8RowBytes;
+        const uint2 codes = *reinterpret_cast<const uint2*>(row + part * 8);
+        const float scale =
+            *reinterpret_cast<const float*>(row + kFp8ScaleOffset + (part >> 4) * 4);
+        uint4 out;
+        out.x = DequantE4m3x2(static_cast<uint16_t>(codes.x & 0xffffu), scale);
+        out.y = DequantE4m3x2(static_cast<uint16_t>(codes.x >> 16), scale);
+        out.z = DequantE4m3x2(static_cast<uint16_t>(codes.y & 0xffffu), scale);
+        out.w = DequantE4m3x2(static_cast<uint16_t>(codes.y >> 16), scale);
+        *reinterpret_cast<uint4*>(sKV + key * kMmaSmemStride + part * 8) = out;
+      }
+      static_assert(BN * 8 == kMmaThreads, "rope copy: one 16-byte chunk per thread");
+      {
+        const int key = tid >> 3;
+        const int ch = tid & 7;
+        *reinterpret_cast<uint4*>(sKV + key * kMmaSmemStride + kVDim + ch * 8) =
+            *reinterpret_cast<const uint4*>(st + key * kFp8RowBytes + kFp8RopeOffset + ch * 16);
       }
     };
 
@@ -172,6 +232,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
             LdMatrixX4(SmemAddr(sQ + row * kMmaSmemStride + col), qfrag[k][0], qfrag[k][1],
                        qfrag[k][2], qfrag[k][3]);
           }
+          // FP8 cache: Q's tile is the bf16 KV tile the dequantization overwrites next.
+          if constexpr (kFp8) __syncthreads();
         }
       }
 
@@ -185,7 +247,14 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         CpAsyncCommit();
       }
 
-      const __nv_bfloat16* sK = sKV + (tile % STAGES) * BN * kMmaSmemStride;
+      const __nv_bfloat16* sK = sKV;
+      if constexpr (kFp8) {
+        // The previous tile's P V is done (the barrier at the top), so the bf16 tile is free.
+        dequantize_stage(tile % STAGES);
+        __syncthreads();
+      } else {
+        sK = sKV + (tile % STAGES) * BN * kMmaSmemStride;
+      }
 
       // ---- S = Q K^T (partial over this warp's k range) ----
       {
@@ -385,7 +454,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
 // Launches variant V's mma.sync kernel: grid CTAs of kMmaThreads, its shared memory.
 template <class V>
 absl::Status LaunchMmaVariant(const VerifyKernelArgs& args, int grid, void* stream) {
-  using Tr = MmaTraits<V::kRows, V::kKeys, V::kStages>;
+  using Tr = MmaTraits<V::kRows, V::kKeys, V::kStages, V::kKvFp8, V::kQInRegs>;
   static_assert(Tr::kSmemBytes == V::kSmemBytes, "variants.h and mma_traits.h disagree");
   static std::atomic<uint64_t> configured_devices{0};
   return LaunchWithSmem(

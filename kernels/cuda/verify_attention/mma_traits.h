@@ -17,13 +17,28 @@ inline constexpr int kChunksPerRow = kQkDim / 8;   // 16-byte chunks per latent 
 inline constexpr int kMmaThreads = 256;
 inline constexpr int kMmaWarps = kMmaThreads / 32;
 
+// The FP8 latent row (kernels/kv_fp8.h with kv_lora 512, rope 64, a scale per 128 columns):
+// 512 e4m3 codes, 4 float32 scales, 64 bf16 rope values.
+inline constexpr int kFp8RowBytes = 656;
+inline constexpr int kFp8ScaleOffset = 512;
+inline constexpr int kFp8RopeOffset = 528;
+inline constexpr int kFp8ChunksPerRow = kFp8RowBytes / 16;
+
 // Shared memory (dynamic, 128-byte aligned), in this order:
 //   Q       [BM][kMmaSmemStride] bf16
 //   KV      [STAGES][BN][kMmaSmemStride] bf16 (V = the first 512 columns of a stage)
 //   S       [kKSplit][BM][kSStride] fp32   partial Q K^T sums of the k-split warp groups
 //   P       [BM][kPStride] bf16            probabilities of the current tile
 //   m, l, alpha [BM] fp32 each              running max, running sum, rescale factor
-template <int BM, int BN, int STAGES>
+// With an FP8 cache (KV_FP8) the gathers land in a ring of FP8 stages and the tile the MMAs
+// read is one bf16 tile, dequantized from a stage by the CTA when its turn comes. Q in
+// registers (Q_REGS): its tile aliases the bf16 tile (read into registers before the first
+// dequantization); else it has its own:
+//   KV      [BN][kMmaSmemStride] bf16 (Q [BM][kMmaSmemStride] at its start when Q_REGS)
+//   STAGING [STAGES][BN][kFp8RowBytes] FP8 rows as stored
+//   Q       [BM][kMmaSmemStride] bf16 (not Q_REGS)
+//   S, P, m, l, alpha as above
+template <int BM, int BN, int STAGES, bool KV_FP8 = false, bool Q_REGS = (BM == 16)>
 struct MmaTraits {
   static constexpr int kMTiles = BM / 16;
   static constexpr int kNTiles = BN / 8;
@@ -31,8 +46,9 @@ struct MmaTraits {
   static constexpr int kKSplit = kSTiles >= kMmaWarps ? 1 : kMmaWarps / kSTiles;
   static constexpr int kTilesPerWarp = kSTiles >= kMmaWarps ? kSTiles / kMmaWarps : 1;
   static constexpr int kKSteps = kQkDim / 16 / kKSplit;  // k16 steps per warp in S
-  // Q fragments stay in registers with 16 rows (register budget of one CTA per SM).
-  static constexpr bool kQInRegs = (BM == 16);
+  // Q fragments stay in registers with 16 rows (register budget of one CTA per SM) unless
+  // the variant asks otherwise (Q_REGS: two CTAs per SM leave 128 registers a thread).
+  static constexpr bool kQInRegs = Q_REGS;
   static constexpr int kSStride = BN + 4;        // floats
   static constexpr int kPStride = BN + 8;        // bf16
   static constexpr int kTpr = kMmaThreads / BM;  // softmax threads per row
@@ -40,11 +56,21 @@ struct MmaTraits {
 
   static constexpr size_t kQBytes = size_t(BM) * kMmaSmemStride * 2;
   static constexpr size_t kKvStageBytes = size_t(BN) * kMmaSmemStride * 2;
+  static constexpr size_t kFp8StageBytes = size_t(BN) * kFp8RowBytes;
   static constexpr size_t kSBytes = size_t(kKSplit) * BM * kSStride * 4;
   static constexpr size_t kPBytes = size_t(BM) * kPStride * 2;
   static constexpr size_t kStatBytes = size_t(3) * BM * 4;
-  static constexpr size_t kSmemBytes =
-      kQBytes + STAGES * kKvStageBytes + kSBytes + kPBytes + kStatBytes;
+  // Offsets of the regions (bytes from the start of dynamic shared memory).
+  static constexpr size_t kKvOffset = KV_FP8 ? 0 : kQBytes;
+  static constexpr size_t kStagingOffset = KV_FP8 ? kKvStageBytes : 0;
+  static constexpr size_t kQOffset =
+      !KV_FP8 ? 0 : (kQInRegs ? 0 : kStagingOffset + STAGES * kFp8StageBytes);
+  static constexpr size_t kSOffset =
+      KV_FP8 ? kStagingOffset + STAGES * kFp8StageBytes + (kQInRegs ? 0 : kQBytes)
+             : kKvOffset + STAGES * kKvStageBytes;
+  static constexpr size_t kPOffset = kSOffset + kSBytes;
+  static constexpr size_t kStatOffset = kPOffset + kPBytes;
+  static constexpr size_t kSmemBytes = kStatOffset + kStatBytes;
 
   static_assert(BM % 16 == 0 && BN % 16 == 0, "tile shape");
   static_assert(kSTiles >= kMmaWarps ? (kSTiles % kMmaWarps == 0 && kNTiles % kTilesPerWarp == 0)
@@ -55,6 +81,8 @@ struct MmaTraits {
   static_assert(kTpr <= 32 && kEpt >= 1, "softmax mapping");
   static_assert(BN % kMmaWarps == 0, "loader: keys per warp");
   static_assert(STAGES >= 2, "pipeline");
+  static_assert(!KV_FP8 || kQBytes <= kKvStageBytes, "FP8 cache: Q's tile fits the bf16 tile");
+  static_assert(kFp8StageBytes % 16 == 0 && kSOffset % 16 == 0, "16-byte aligned regions");
 };
 
 }  // namespace verifyd::kernels::cuda::detail

@@ -54,11 +54,16 @@ double Makespan(const std::vector<double>& costs, int slots) {
 }  // namespace
 
 absl::StatusOr<VariantInfo> ResolveVariant(VerifyKernelConfig config,
-                                           const VerifyAttentionDeviceInfo& device) {
+                                           const VerifyAttentionDeviceInfo& device, bool kv_fp8) {
   std::string wanted;
   const char* name = nullptr;
+  bool other_format = false;
   for (const VariantInfo& v : kVariantTable) {
     if (v.config != config) continue;
+    if (v.kv_fp8 != kv_fp8) {
+      other_format = true;
+      continue;
+    }
     if (name == nullptr) name = v.name;
     if (v.runs_on(device.cc_major)) {
       if (!Fits(v, device)) {
@@ -70,6 +75,11 @@ absl::StatusOr<VariantInfo> ResolveVariant(VerifyKernelConfig config,
     }
     absl::StrAppend(&wanted, wanted.empty() ? "" : " or ", v.arch);
   }
+  if (name == nullptr && other_format) {
+    return absl::UnimplementedError(absl::StrCat("verify attention: configuration ",
+                                                 static_cast<int>(config), " has no variant for ",
+                                                 kv_fp8 ? "an FP8" : "a bf16", " latent cache"));
+  }
   if (name == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("verify attention: no kernel configuration ", static_cast<int>(config)));
@@ -80,16 +90,18 @@ absl::StatusOr<VariantInfo> ResolveVariant(VerifyKernelConfig config,
 }
 
 absl::StatusOr<VariantInfo> AutoVariant(const VerifyAttentionDeviceInfo& device,
-                                        int64_t max_folded_rows_per_request, int64_t total_keys) {
+                                        int64_t max_folded_rows_per_request, int64_t total_keys,
+                                        bool kv_fp8) {
   const bool tiny = IsTinyDecodeBatch(max_folded_rows_per_request, total_keys);
   for (const VariantInfo& v : kVariantTable) {
+    if (v.kv_fp8 != kv_fp8) continue;
     if (AutoForcedToMma() && v.config != VerifyKernelConfig::kM16) continue;
     if (!v.runs_on(device.cc_major) || !Fits(v, device)) continue;
     if (v.auto_use == AutoUse::kNotTinyDecode && tiny) continue;
     return v;
   }
   // Nothing runs here: the error of the portable configuration names the reason.
-  return ResolveVariant(VerifyKernelConfig::kM16, device);
+  return ResolveVariant(VerifyKernelConfig::kM16, device, kv_fp8);
 }
 
 WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items, int64_t max_partial_rows,
@@ -107,8 +119,8 @@ WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items, int64
 
 }  // namespace detail
 
-VerifyKernelConfig PositionalConfigFor(int cc_major) {
-  return cc_major == 9 ? VerifyKernelConfig::kS64 : VerifyKernelConfig::kM16;
+VerifyKernelConfig PositionalConfigFor(int cc_major, bool kv_fp8) {
+  return cc_major == 9 && !kv_fp8 ? VerifyKernelConfig::kS64 : VerifyKernelConfig::kM16;
 }
 
 int64_t PositionalSplitKeys(int64_t n) {
@@ -143,6 +155,7 @@ struct PositionalBuilder {
                     const VerifyAttentionWorkspace& w, const VerifyPlanOptions& o)
       : params(p), ws(w), options(o) {
     plan.config = variant.config;
+    plan.kv_fp8 = p.kv_fp8;
     plan.rows_per_cta = variant.rows;
     plan.keys_per_tile = variant.keys;
     plan.num_heads = p.num_heads;
@@ -514,8 +527,12 @@ absl::Status SupportsVerifyAttentionCuda(const VerifyAttentionParams& p,
         absl::StrCat("verify attention (CUDA): needs sm_80 or newer, device is sm_",
                      device.cc_major, device.cc_minor));
   }
-  // Every supported device runs the 16-row configuration.
-  return detail::ResolveVariant(VerifyKernelConfig::kM16, device).status();
+  if (p.kv_fp8 && p.kv_slots > 0 &&
+      p.kv_slots > std::numeric_limits<int64_t>::max() / detail::kFp8RowBytes) {
+    return absl::InvalidArgumentError("verify attention: kv_slots too large");
+  }
+  // Every supported device runs the 16-row configuration (of either cache format).
+  return detail::ResolveVariant(VerifyKernelConfig::kM16, device, p.kv_fp8).status();
 }
 
 absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionParams& params,
@@ -557,31 +574,36 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionPar
   for (int b = 0; b < B; ++b) total_keys += L[b];
   if (options.positional) {
     // The configuration depends on the device only (never on the batch).
-    VERIFYD_ASSIGN_OR_RETURN(const detail::VariantInfo variant,
-                             detail::ResolveVariant(options.config == VerifyKernelConfig::kAuto
-                                                        ? PositionalConfigFor(device.cc_major)
-                                                        : options.config,
-                                                    device));
+    VERIFYD_ASSIGN_OR_RETURN(
+        const detail::VariantInfo variant,
+        detail::ResolveVariant(options.config == VerifyKernelConfig::kAuto
+                                   ? PositionalConfigFor(device.cc_major, params.kv_fp8)
+                                   : options.config,
+                               device, params.kv_fp8));
     return detail::PlanPositional(params, hq, hkv, variant, ws, options);
   }
   VERIFYD_ASSIGN_OR_RETURN(const detail::VariantInfo variant,
                            options.config == VerifyKernelConfig::kAuto
-                               ? detail::AutoVariant(device, max_rows, total_keys)
-                               : detail::ResolveVariant(options.config, device));
+                               ? detail::AutoVariant(device, max_rows, total_keys, params.kv_fp8)
+                               : detail::ResolveVariant(options.config, device, params.kv_fp8));
   const int BM = variant.rows;
   const int BN = variant.keys;
 
   VerifyAttentionPlan plan;
   plan.config = variant.config;
+  plan.kv_fp8 = params.kv_fp8;
   plan.rows_per_cta = BM;
   plan.keys_per_tile = BN;
   plan.num_heads = H;
   plan.batch = B;
   plan.total_rows = params.total_rows;
 
-  // One CTA resident per SM for every variant (> 96 KB of shared memory, registers capped
-  // for one block).
-  const int slots = std::max(1, device.num_sms);
+  // CTAs resident at once: one per SM for most variants (> 96 KB of shared memory,
+  // registers capped for one block), two for the sm_90 FP8 one (variants.h).
+  const int64_t fit_per_sm =
+      device.max_smem_per_sm / (static_cast<int64_t>(variant.smem_bytes) + 1024);
+  const int slots = std::max<int>(1, device.num_sms * static_cast<int>(std::clamp<int64_t>(
+                                                          fit_per_sm, 1, variant.ctas_per_sm)));
   const double ov = options.split_overhead_keys;
 
   // Requests that share a prefix are planned apart (their items join the list below); the

@@ -12,17 +12,21 @@
 
 namespace verifyd::kernels::cuda::detail {
 
-// The variant that runs `config` (not kAuto) on `device`: the first one in the table with
-// that configuration that runs on the device's architecture. UNIMPLEMENTED naming the
-// configuration when none does or when its shared memory exceeds the device's limit.
+// The variant that runs `config` (not kAuto) on `device` for the cache format (`kv_fp8`:
+// VerifyAttentionParams::kv_fp8): the first one in the table with that configuration and
+// format that runs on the device's architecture. UNIMPLEMENTED naming the configuration when
+// none does or when its shared memory exceeds the device's limit.
 absl::StatusOr<VariantInfo> ResolveVariant(VerifyKernelConfig config,
-                                           const VerifyAttentionDeviceInfo& device);
+                                           const VerifyAttentionDeviceInfo& device,
+                                           bool kv_fp8 = false);
 
-// kAuto: the first variant in table order that runs on the device, fits its shared memory and
-// whose AutoUse rule holds for a batch with this many folded rows in its largest request and
-// keys in all. VERIFYD_VA_KERNEL=mma (read once per process) restricts the choice to kM16.
+// kAuto: the first variant of the format in table order that runs on the device, fits its
+// shared memory and whose AutoUse rule holds for a batch with this many folded rows in its
+// largest request and keys in all. VERIFYD_VA_KERNEL=mma (read once per process) restricts
+// the choice to kM16.
 absl::StatusOr<VariantInfo> AutoVariant(const VerifyAttentionDeviceInfo& device,
-                                        int64_t max_folded_rows_per_request, int64_t total_keys);
+                                        int64_t max_folded_rows_per_request, int64_t total_keys,
+                                        bool kv_fp8 = false);
 
 // Byte offsets of the workspace parts (256-byte aligned): work items, combine items, partial
 // log2-LSE [max_partial_rows] fp32, partial outputs [max_partial_rows][512] fp32, positional

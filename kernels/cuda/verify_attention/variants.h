@@ -5,7 +5,8 @@
 //
 // Adding a variant: a struct like the ones below (its Launch defined in the .cu file that
 // instantiates its kernel), one entry in VerifyVariants, and a test case forcing it.
-// The order of VerifyVariants is kAuto's preference order.
+// The order of VerifyVariants is kAuto's preference order. A variant reads one cache format
+// (kKvFp8); the planner and the dispatcher only consider the variants of the params' format.
 //
 // Plain C++ (no CUDA headers): the plan library includes it. Launch functions are only
 // declared here; only the CUDA library references them. Thread-safety: constants only.
@@ -48,6 +49,8 @@ struct SeesawS64 {
   static constexpr int kKeys = SeesawTraits::kKeys;
   static constexpr int kStages = SeesawTraits::kStages;
   static constexpr size_t kSmemBytes = kSeesawSmemBytes;
+  static constexpr int kCtasPerSm = 1;
+  static constexpr bool kKvFp8 = false;
   static constexpr const char* kArch = "an sm_90 device (sm_90a build)";
   static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
   static constexpr AutoUse kAuto = AutoUse::kNotTinyDecode;
@@ -61,7 +64,10 @@ struct MmaM16Sm90 {
   static constexpr int kRows = 16;
   static constexpr int kKeys = 32;
   static constexpr int kStages = 5;
+  static constexpr int kCtasPerSm = 1;
+  static constexpr bool kQInRegs = true;
   static constexpr size_t kSmemBytes = MmaTraits<kRows, kKeys, kStages>::kSmemBytes;
+  static constexpr bool kKvFp8 = false;
   static constexpr const char* kArch = "an sm_90 device";
   static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
   static constexpr AutoUse kAuto = AutoUse::kAlways;
@@ -75,7 +81,10 @@ struct MmaM16Portable {
   static constexpr int kRows = 16;
   static constexpr int kKeys = 32;
   static constexpr int kStages = 2;
+  static constexpr int kCtasPerSm = 1;
+  static constexpr bool kQInRegs = true;
   static constexpr size_t kSmemBytes = MmaTraits<kRows, kKeys, kStages>::kSmemBytes;
+  static constexpr bool kKvFp8 = false;
   static constexpr const char* kArch = "sm_80 or newer";
   static constexpr bool RunsOn(int cc_major) { return cc_major >= 8 && cc_major != 9; }
   static constexpr AutoUse kAuto = AutoUse::kAlways;
@@ -83,10 +92,52 @@ struct MmaM16Portable {
 };
 static_assert(MmaM16Portable::kSmemBytes <= 99 * 1024, "m16 portable: within 99 KB (sm_120)");
 
+// FP8 latent cache (VerifyAttentionParams::kv_fp8): the 16-row kernel gathering FP8 rows
+// (656 bytes a key) into 2 FP8 stages and dequantizing each into one bf16 tile before its
+// MMAs, Q read from shared memory (~102 KB, <= 128 registers): two CTAs per SM, whose
+// barrier-bound tile loops interleave. sm_90.
+struct MmaM16Fp8Sm90 {
+  static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kM16;
+  static constexpr const char* kName = "mma.sync 16-row, FP8 cache, 2 CTAs per SM (m16)";
+  static constexpr int kRows = 16;
+  static constexpr int kKeys = 32;
+  static constexpr int kStages = 2;
+  static constexpr int kCtasPerSm = 2;
+  static constexpr bool kQInRegs = false;
+  static constexpr size_t kSmemBytes = MmaTraits<kRows, kKeys, kStages, true, kQInRegs>::kSmemBytes;
+  static constexpr bool kKvFp8 = true;
+  static constexpr const char* kArch = "an sm_90 device";
+  static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
+  static constexpr AutoUse kAuto = AutoUse::kAlways;
+  static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
+};
+
+// FP8 cache, 2 FP8 stages within 99 KB of shared memory (~83 KB), the CTA's 8 warps
+// dequantizing each stage into one bf16 tile before its MMAs: sm_80, sm_120.
+struct MmaM16Fp8Portable {
+  static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kM16;
+  static constexpr const char* kName = "mma.sync 16-row, FP8 cache, 2 stages (m16)";
+  static constexpr int kRows = 16;
+  static constexpr int kKeys = 32;
+  static constexpr int kStages = 2;
+  static constexpr int kCtasPerSm = 1;
+  static constexpr bool kQInRegs = true;
+  static constexpr size_t kSmemBytes = MmaTraits<kRows, kKeys, kStages, true>::kSmemBytes;
+  static constexpr bool kKvFp8 = true;
+  static constexpr const char* kArch = "sm_80 or newer";
+  static constexpr bool RunsOn(int cc_major) { return cc_major >= 8 && cc_major != 9; }
+  static constexpr AutoUse kAuto = AutoUse::kAlways;
+  static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
+};
+static_assert(MmaM16Fp8Portable::kSmemBytes <= 99 * 1024, "m16 FP8 portable: within 99 KB");
+static_assert(2 * (MmaM16Fp8Sm90::kSmemBytes + 1024) <= 233472, "m16 FP8 sm_90: two CTAs per SM");
+
 template <class... V>
 struct VariantList {};
 // kAuto's preference order.
-using VerifyVariants = VariantList<SeesawS64, MmaM16Sm90, MmaM16Portable>;
+// kAuto's preference order (among the variants of the cache's format).
+using VerifyVariants =
+    VariantList<SeesawS64, MmaM16Sm90, MmaM16Portable, MmaM16Fp8Sm90, MmaM16Fp8Portable>;
 
 // ---- run-time view of the table (the planner) -------------------------------------------
 
@@ -101,12 +152,14 @@ struct VariantInfo {
   size_t smem_bytes = 0;
   AutoUse auto_use = AutoUse::kAlways;
   bool (*runs_on)(int cc_major) = nullptr;
+  bool kv_fp8 = false;  // reads the FP8 latent cache (VerifyAttentionParams::kv_fp8)
+  int ctas_per_sm = 1;  // CTAs resident per SM (shared memory and registers allow)
 };
 
 template <class V>
 constexpr VariantInfo InfoOf(int index) {
-  return {index,    V::kConfig, V::kName,      V::kArch, V::kRows,
-          V::kKeys, V::kStages, V::kSmemBytes, V::kAuto, &V::RunsOn};
+  return {index,      V::kConfig,    V::kName, V::kArch,   V::kRows,  V::kKeys,
+          V::kStages, V::kSmemBytes, V::kAuto, &V::RunsOn, V::kKvFp8, V::kCtasPerSm};
 }
 template <class... V>
 constexpr std::array<VariantInfo, sizeof...(V)> MakeVariantTable(VariantList<V...>) {
