@@ -294,9 +294,10 @@ def engine_modes_table(spec):
     out += ["", f"Model `{d0.get('model')}` ({d0.get('weights', '')}), {d0.get('layers')} layers, "
             f"TP {d0.get('tp', 1)}. Sources (raw JSON):"]
     for (label, d), m in zip(runs, spec["modes"]):
+        kv = f", KV cache: {d['kv_cache_dtype']}" if "kv_cache_dtype" in d else ""
         out.append(meta_line(f"{label} (fp8 attention: {d.get('fp8_attention')}, fp8 MLPs: "
                              f"{d.get('fp8_mlps') or 'none'}, fp8 GEMM: "
-                             f"{d.get('fp8_gemm') or 'none'})", d, m["file"]))
+                             f"{d.get('fp8_gemm') or 'none'}{kv})", d, m["file"]))
     return "\n".join(out)
 
 

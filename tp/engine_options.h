@@ -63,8 +63,9 @@ struct EngineOptions {
   // Storage of the latent KV cache: kAuto, the backend's own (float32 on the CPU, bf16 on the
   // GPU), or kFp8 (kernels/kv_fp8.h: e4m3 c_kv with a float32 scale per 128 columns, bf16
   // k_pe; 656 bytes a token for DeepSeek-V3 against 1,152). The CPU backend rounds every latent
-  // row it writes through the format (the reference of its accuracy); the CUDA backend does
-  // not implement it yet (Unimplemented at Create).
+  // row it writes through the format (the reference of its accuracy); the CUDA backend stores
+  // the format's bytes (656 a token) and attends over them (verify_attention/api.h; needs
+  // kv_lora_rank % 4 == 0, Unimplemented at Create otherwise).
   KvDtype kv_dtype = KvDtype::kAuto;
   RankFaultHook fault_hook;  // optional fault injection (tests)
 
