@@ -664,8 +664,8 @@ TEST(VerifyAttentionCuda, SharedPrefixMatchesReference) {
   for (const Case& c : cases) ExpectCase(c);
 }
 
-// The FP8 latent cache (kernels/kv_fp8.h): the 16-row FP8 variants (8 stages on sm_90)
-// against the reference over the same stored bytes: head / node grid, splits, a long context,
+// The FP8 latent cache (kernels/kv_fp8.h): the 16-row FP8 variant of the device (on sm_90
+// two CTAs per SM, Q in shared memory) against the reference over the same stored bytes: head / node grid, splits, a long context,
 // positional plans (and their passes), shared prefixes, rows that see nothing. The rows nobody
 // lists are NaN codes and scales; the sentinel leaf keys (+-3e4) are stored exactly.
 TEST(VerifyAttentionCuda, Fp8CacheMatchesReference) {

@@ -29,9 +29,10 @@
 //          99 KB of shared memory on sm_80 / sm_120. Tiny decode batches and non-sm_90.
 //   kS64   64 folded rows, 64-key tiles, warp-specialised wgmma "seesaw" schedule (sm_90a;
 //          docs/KERNEL_NOTES.md): kAuto's choice on sm_90 for every other batch.
-// FP8 latent cache: kM16 only (its FP8 variants gather the stored rows into a ring of FP8
-// stages, 8 on sm_90 and 2 within 99 KB elsewhere, and dequantize each into one bf16 tile:
-// each value bf16(e4m3 x scale), one rounding); kAuto picks it for every batch.
+// FP8 latent cache: kM16 only (its FP8 variants gather the stored rows into 2 FP8 stages and
+// dequantize each into one bf16 tile: each value bf16(e4m3 x scale), one rounding; two CTAs
+// per SM on sm_90, one within 99 KB elsewhere); kAuto picks it for every batch. Slower than
+// the bf16 cache's kernels (docs/PERF.md): it buys capacity.
 //
 // Positional plans (VerifyPlanOptions::positional: the engine's batch-invariant mode). A
 // node's visible keys (the request's context, then its visible tail rows in index order: for
