@@ -665,9 +665,10 @@ TEST(VerifyAttentionCuda, SharedPrefixMatchesReference) {
 }
 
 // The FP8 latent cache (kernels/kv_fp8.h): the 16-row FP8 variant of the device (on sm_90
-// two CTAs per SM, Q in shared memory) against the reference over the same stored bytes: head / node grid, splits, a long context,
-// positional plans (and their passes), shared prefixes, rows that see nothing. The rows nobody
-// lists are NaN codes and scales; the sentinel leaf keys (+-3e4) are stored exactly.
+// two CTAs per SM, Q in shared memory) against the reference over the same stored bytes: head /
+// node grid, splits, a long context, positional plans (and their passes), shared prefixes, rows
+// that see nothing. The rows nobody lists are NaN codes and scales; the sentinel leaf keys (+-3e4)
+// are stored exactly.
 TEST(VerifyAttentionCuda, Fp8CacheMatchesReference) {
   SKIP_WITHOUT_GPU();
   std::vector<Case> cases;
