@@ -45,7 +45,8 @@ TEST(VerifyAttentionLaunch, RejectsUnalignedPointers) {
   }
 }
 
-// A plan for another batch shape, and unsupported params, are refused without a launch.
+// A plan for another batch shape or cache format, and unsupported params, are refused without
+// a launch.
 TEST(VerifyAttentionLaunch, RejectsMismatchedPlan) {
   const VerifyAttentionDeviceInfo dev{132, 9, 0, 232448, 233472};
   VerifyAttentionWorkspace ws;
@@ -65,6 +66,18 @@ TEST(VerifyAttentionLaunch, RejectsMismatchedPlan) {
   other = p;
   other.dtype = DType::kFloat32;
   EXPECT_EQ(VerifyAttentionCuda(other, *plan, ws).code(), absl::StatusCode::kUnimplemented);
+  // A plan for the bf16 cache run on FP8 rows (and the other way round), naming the format.
+  other = p;
+  other.kv_fp8 = true;
+  absl::Status s = VerifyAttentionCuda(other, *plan, ws);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("bf16 latent cache"), std::string::npos) << s;
+  auto fp8_plan = PlanVerifyAttention(other, qi.data(), ki.data(), dev, ws);
+  ASSERT_TRUE(fp8_plan.ok()) << fp8_plan.status();
+  EXPECT_TRUE(fp8_plan->kv_fp8);
+  s = VerifyAttentionCuda(p, *fp8_plan, ws);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("FP8 latent cache"), std::string::npos) << s;
 }
 
 }  // namespace
