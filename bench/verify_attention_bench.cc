@@ -156,7 +156,8 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
              const vc::VerifyAttentionDeviceInfo& dev, vc::VerifyAttentionWorkspace& ws,
              bool kv_fp8, Result* res) {
   const int L = s.ctx + s.q;  // slots per request: context + the tree's own rows
-  const int64_t row_bytes = kv_fp8 ? verifyd::kernels::KvFp8RowBytes(512, 64, 128) : 576 * 2;
+  const int64_t row_bytes =
+      kv_fp8 ? verifyd::kernels::KvFp8RowBytes(512, 64, verifyd::kernels::kKvFp8Group) : 576 * 2;
   const int64_t set_kv_bytes = int64_t{s.B} * L * row_bytes;
   const int sets = static_cast<int>(std::clamp<int64_t>(
       (absl::GetFlag(FLAGS_rotate_bytes) + set_kv_bytes - 1) / set_kv_bytes, 2, 64));
@@ -178,7 +179,7 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
       for (auto& v : row) v = verifyd::kernels::RoundToBf16(u(rng));
       uint8_t* dst = block.data() + r * row_bytes;
       if (kv_fp8) {
-        verifyd::kernels::KvFp8EncodeRow(row.data(), 512, 64, 128, dst);
+        verifyd::kernels::KvFp8EncodeRow(row.data(), 512, 64, verifyd::kernels::kKvFp8Group, dst);
       } else {
         for (int d = 0; d < 576; ++d) {
           const uint16_t b = FloatToBf16(row[d]);

@@ -33,7 +33,8 @@ inline constexpr int kKvFp8Group = 128;    // c_kv columns per scale
 inline constexpr float kE4m3Max = 448.0f;  // largest finite e4m3
 inline constexpr float kKvFp8MinAmax = 1e-10f;
 
-// The layout helpers below are host and device functions (the CUDA KV write uses them).
+// The layout helpers below are constexpr host and device functions (the CUDA KV write uses
+// them; the attention kernels' row constants are computed from them).
 #if defined(__CUDACC__)
 #define VERIFYD_KV_FP8_HD __host__ __device__
 #else
@@ -41,7 +42,7 @@ inline constexpr float kKvFp8MinAmax = 1e-10f;
 #endif
 
 // Bytes of one latent row in the FP8 format.
-VERIFYD_KV_FP8_HD inline int64_t KvFp8RowBytes(int64_t kv_lora, int64_t rope, int64_t group) {
+VERIFYD_KV_FP8_HD constexpr int64_t KvFp8RowBytes(int64_t kv_lora, int64_t rope, int64_t group) {
   return kv_lora + 4 * ((kv_lora + group - 1) / group) + 2 * rope;
 }
 
@@ -86,8 +87,8 @@ inline void KvFp8RoundTrip(float* row, int64_t kv_lora, int64_t rope, int64_t gr
 }
 
 // Byte offsets within a stored row: the scales after the codes, the bf16 rope part after them.
-VERIFYD_KV_FP8_HD inline int64_t KvFp8ScaleOffset(int64_t kv_lora) { return kv_lora; }
-VERIFYD_KV_FP8_HD inline int64_t KvFp8RopeOffset(int64_t kv_lora, int64_t group) {
+VERIFYD_KV_FP8_HD constexpr int64_t KvFp8ScaleOffset(int64_t kv_lora) { return kv_lora; }
+VERIFYD_KV_FP8_HD constexpr int64_t KvFp8RopeOffset(int64_t kv_lora, int64_t group) {
   return kv_lora + 4 * ((kv_lora + group - 1) / group);
 }
 

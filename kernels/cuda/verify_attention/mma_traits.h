@@ -6,6 +6,8 @@
 
 #include <cstddef>
 
+#include "kernels/kv_fp8.h"
+
 namespace verifyd::kernels::cuda::detail {
 
 inline constexpr int kQkDim = 576;  // latent width (kv_lora_rank + rope)
@@ -19,9 +21,13 @@ inline constexpr int kMmaWarps = kMmaThreads / 32;
 
 // The FP8 latent row (kernels/kv_fp8.h with kv_lora 512, rope 64, a scale per 128 columns):
 // 512 e4m3 codes, 4 float32 scales, 64 bf16 rope values.
-inline constexpr int kFp8RowBytes = 656;
-inline constexpr int kFp8ScaleOffset = 512;
-inline constexpr int kFp8RopeOffset = 528;
+inline constexpr int kFp8RowBytes =
+    static_cast<int>(KvFp8RowBytes(kVDim, kQkDim - kVDim, kKvFp8Group));
+inline constexpr int kFp8ScaleOffset = static_cast<int>(KvFp8ScaleOffset(kVDim));
+inline constexpr int kFp8RopeOffset = static_cast<int>(KvFp8RopeOffset(kVDim, kKvFp8Group));
+static_assert(kFp8RowBytes == 656 && kFp8ScaleOffset == 512 && kFp8RopeOffset == 528 &&
+                  kFp8RowBytes % 16 == 0,
+              "the FP8 row: 16-byte chunks, the scales and the rope part where the kernels expect");
 inline constexpr int kFp8ChunksPerRow = kFp8RowBytes / 16;
 
 // Shared memory (dynamic, 128-byte aligned), in this order:
