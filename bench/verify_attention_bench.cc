@@ -42,7 +42,8 @@ ABSL_FLAG(std::string, json, "verify_attention_bench.json", "where to write the 
 ABSL_FLAG(int, iters, 50, "timed iterations per shape (median reported)");
 ABSL_FLAG(int, warmup, 10, "untimed iterations per shape");
 ABSL_FLAG(std::string, config, "auto",
-          "kernel configuration: auto, m16 (mma.sync 16-row) or s64 (seesaw wgmma, sm_90a)");
+          "kernel configuration: auto, m16 (mma.sync 16-row), s64 (seesaw wgmma, sm_90a) or km16 "
+          "(keys-on-M wgmma, FP8 cache, sm_90a)");
 ABSL_FLAG(bool, positional, false,
           "positional plans (the batch-invariant mode's; --config=auto: the device's choice)");
 ABSL_FLAG(bool, shared_context, true,
@@ -76,7 +77,14 @@ using verifyd::kernels::VerifyAttentionParams;
 namespace vc = verifyd::kernels::cuda;
 
 const char* ConfigName(vc::VerifyKernelConfig c) {
-  return c == vc::VerifyKernelConfig::kS64 ? "s64" : "m16";
+  switch (c) {
+    case vc::VerifyKernelConfig::kS64:
+      return "s64";
+    case vc::VerifyKernelConfig::kKm16:
+      return "km16";
+    default:
+      return "m16";
+  }
 }
 
 struct Shape {
@@ -149,7 +157,8 @@ struct Result {
   double ms = 0, eager_ms = 0, gbps = 0, tflops = 0, mem_floor_ms = 0, compute_floor_ms = 0,
          pct = 0;
   int ctas = 0, max_splits = 0, rows_per_cta = 0, sets = 0, shared_packs = 0;
-  std::string config;  // the configuration the planner chose: "m16" or "s64" (+ " positional")
+  std::string
+      config;  // the configuration the planner chose: "m16", "s64" or "km16" (+ " positional")
 };
 
 int RunShape(const Shape& s, vc::VerifyKernelConfig config,
@@ -362,8 +371,10 @@ int main(int argc, char** argv) {
     config = vc::VerifyKernelConfig::kM16;
   } else if (cfg == "s64") {
     config = vc::VerifyKernelConfig::kS64;
+  } else if (cfg == "km16") {
+    config = vc::VerifyKernelConfig::kKm16;
   } else if (cfg != "auto") {
-    std::fprintf(stderr, "--config: '%s' is not auto, m16 or s64\n", cfg.c_str());
+    std::fprintf(stderr, "--config: '%s' is not auto, m16, s64 or km16\n", cfg.c_str());
     return 2;
   }
   // Positional plans get the engine's batch-invariant workspace (more partials, index lists).

@@ -74,6 +74,9 @@ struct Case {
   int prefix = 0;
   std::vector<bool> shared;
   bool kv_fp8 = false;  // the cache in the FP8 format (kernels/kv_fp8.h)
+  // Each listed key row scaled by its own 2^u, u uniform in [-20, 12] (FP8 scales spanning
+  // 2^32 within a tile).
+  bool kv_scale_spread = false;
   std::string Name() const {
     int64_t rows = 0, keys = 0;
     for (size_t b = 0; b < nodes.size(); ++b) {
@@ -84,7 +87,7 @@ struct Case {
                         " seed=", seed, " cfg=", static_cast<int>(config),
                         positional ? " positional" : "", shared_context ? " shared" : "",
                         prefix > 0 ? absl::StrCat(" prefix=", prefix) : "", kv_fp8 ? " fp8" : "",
-                        " max_splits=", max_splits);
+                        kv_scale_spread ? " spread" : "", " max_splits=", max_splits);
   }
 };
 
@@ -133,7 +136,9 @@ HostBatch MakeBatch(const Case& c) {
   h.kv.assign(h.kv_slots * kQk, kBf16NaN);
   for (int64_t i = 0; i < used; ++i) {
     bf16_bits* row = h.kv.data() + int64_t{h.kv_indices[i]} * kQk;
-    for (int d = 0; d < kQk; ++d) row[d] = FloatToBf16(ukv(rng));
+    const float spread =
+        c.kv_scale_spread ? std::ldexp(1.f, static_cast<int>(rng() % 33) - 20) : 1.f;
+    for (int d = 0; d < kQk; ++d) row[d] = FloatToBf16(ukv(rng) * spread);
   }
   // Sentinels: the last tail node of a tree is a leaf (parents precede children), so every
   // other row of the request must not see its key; +-3e4 in the key and value columns makes
@@ -734,9 +739,18 @@ TEST(VerifyAttentionCuda, Fp8CacheMatchesReference) {
     c.seed = seed++;
     cases.push_back(c);
   }
-  for (Case& c : cases) {
-    c.kv_fp8 = true;
-    ExpectCase(c);
+  auto dev = VerifyAttentionDeviceInfo::Query();
+  ASSERT_TRUE(dev.ok());
+  // kAuto (on sm_90 the keys-on-M kernel; positional plans: PositionalConfigFor), the 16-row
+  // FP8 variant forced, and on sm_90 the keys-on-M kernel forced (positional plans included).
+  std::vector<VerifyKernelConfig> configs = {VerifyKernelConfig::kAuto, VerifyKernelConfig::kM16};
+  if (dev->cc_major == 9) configs.push_back(VerifyKernelConfig::kKm16);
+  for (VerifyKernelConfig config : configs) {
+    for (Case c : cases) {
+      c.kv_fp8 = true;
+      c.config = config;
+      ExpectCase(c);
+    }
   }
 }
 
@@ -764,6 +778,37 @@ TEST(VerifyAttentionCuda, FallbackFp8CacheMatchesReference) {
 bool SkipUnlessSm90() {
   auto dev = VerifyAttentionDeviceInfo::Query();
   return !dev.ok() || dev->cc_major != 9;
+}
+
+// The keys-on-M FP8 kernel (sm_90a) at its tile and warpgroup boundaries: key counts around
+// 64 (one tile per warpgroup) and 128 / 256 (both warpgroups, odd and even tile counts), 1 to
+// 16 rows in a CTA, unsplit and split; scales spanning 2^-20 .. 2^12 within a tile.
+TEST(VerifyAttentionCuda, KeysOnMFp8Edges) {
+  SKIP_WITHOUT_GPU();
+  if (SkipUnlessSm90()) GTEST_SKIP() << "the keys-on-M kernel is sm_90a only";
+  uint64_t seed = 9100;
+  for (int keys : {1, 63, 64, 65, 127, 128, 129, 191, 256, 257, 700}) {
+    for (int heads : {1, 3, 8, 16}) {
+      Case c;
+      c.heads = heads;
+      c.nodes = {heads == 16 ? 1 : 2};
+      c.ctx = {keys};
+      c.kv_fp8 = true;
+      c.config = VerifyKernelConfig::kKm16;
+      c.max_splits = keys > 256 ? 3 : 1;
+      c.seed = seed++;
+      ExpectCase(c);
+    }
+  }
+  Case c;  // a spread of key magnitudes (the per-tile power of two of P_g moves)
+  c.heads = 16;
+  c.nodes = {1, 3};
+  c.ctx = {5000, 900};
+  c.kv_fp8 = true;
+  c.config = VerifyKernelConfig::kKm16;
+  c.kv_scale_spread = true;
+  c.seed = seed++;
+  ExpectCase(c);
 }
 
 // Small shapes (quick under compute-sanitizer): tile / pair boundaries and empty rows.

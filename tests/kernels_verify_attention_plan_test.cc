@@ -171,8 +171,9 @@ TEST(VerifyAttentionPlan, VariantTable) {
 }
 
 // FP8 latent cache: the 16-row configuration has an FP8 variant per architecture (two CTAs
-// per SM on sm_90, one within the 99 KB of sm_120); the seesaw has none. kAuto and positional plans
-// pick the 16-row one for every batch, and the plan remembers the format.
+// per SM on sm_90, one within the 99 KB of sm_120); the keys-on-M configuration is FP8-only and
+// sm_90-only; the seesaw has none. kAuto picks keys-on-M on sm_90 and the 16-row one
+// elsewhere, positional plans the 16-row one, and the plan remembers the format.
 TEST(VerifyAttentionPlan, Fp8CacheVariants) {
   auto fp8_90 = detail::ResolveVariant(VerifyKernelConfig::kM16, kH200, /*kv_fp8=*/true);
   ASSERT_TRUE(fp8_90.ok()) << fp8_90.status();
@@ -190,6 +191,14 @@ TEST(VerifyAttentionPlan, Fp8CacheVariants) {
   EXPECT_EQ(s64.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(s64.status().message().find("FP8"), std::string::npos) << s64.status();
   EXPECT_EQ(PositionalConfigFor(9, true), VerifyKernelConfig::kM16);
+  auto km16 = detail::ResolveVariant(VerifyKernelConfig::kKm16, kH200, true);
+  ASSERT_TRUE(km16.ok()) << km16.status();
+  EXPECT_EQ(km16->rows, 16);
+  EXPECT_EQ(km16->keys, 64);
+  EXPECT_EQ(detail::ResolveVariant(VerifyKernelConfig::kKm16, kH200).status().code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(detail::ResolveVariant(VerifyKernelConfig::kKm16, kSm120, true).status().code(),
+            absl::StatusCode::kUnimplemented);
 
   const VerifyAttentionWorkspace ws = CapacityOnly();
   const std::vector<int32_t> qi = {0, 16}, ki = {0, 65536 + 16};
@@ -201,12 +210,12 @@ TEST(VerifyAttentionPlan, Fp8CacheVariants) {
   for (const VerifyAttentionDeviceInfo& device : {kH200, kSm120}) {
     auto plan = PlanVerifyAttention(p, qi.data(), ki.data(), device, ws);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    EXPECT_EQ(plan->config, VerifyKernelConfig::kM16);
+    EXPECT_EQ(plan->config,
+              device.cc_major == 9 ? VerifyKernelConfig::kKm16 : VerifyKernelConfig::kM16);
     EXPECT_TRUE(plan->kv_fp8);
-    // One 16-row tile over 65k keys: split over every CTA slot (2 per SM on sm_90).
-    EXPECT_GT(static_cast<int>(plan->work.size()), device.num_sms * (device.cc_major == 9 ? 1 : 0))
-        << device.cc_major;
-    EXPECT_LE(static_cast<int>(plan->work.size()), device.num_sms * (device.cc_major == 9 ? 2 : 1));
+    // One 16-row tile over 65k keys: split over every CTA slot (one per SM).
+    EXPECT_GT(static_cast<int>(plan->work.size()), device.num_sms / 2) << device.cc_major;
+    EXPECT_LE(static_cast<int>(plan->work.size()), device.num_sms);
   }
   VerifyPlanOptions forced;
   forced.config = VerifyKernelConfig::kS64;

@@ -107,6 +107,9 @@ enum class VerifyKernelConfig : int {
   // 64 rows, 64-key tiles, wgmma "seesaw" schedule with a cp.async producer warpgroup
   // (sm_90a only): kAuto's many-rows choice on sm_90. docs/KERNEL_NOTES.md.
   kS64 = 5,
+  // FP8 latent cache only: 16 rows, 64-key tiles, keys on the wgmma M side (the stored codes
+  // become f16 operands in registers; sm_90a only): kAuto's FP8 choice on sm_90.
+  kKm16 = 8,
   // Values 6 and 7 belonged to the in-kernel positional variants (now a plan property:
   // VerifyPlanOptions::positional) and are not reused.
 };

@@ -214,6 +214,43 @@ __device__ __forceinline__ void WgmmaM64N128SmemAVTrans(float* d, uint64_t desc_
       : "l"(desc_a), "l"(desc_b));
 }
 
+// D[64 x 16] (+)= A[64 x 16] (registers: a[0..3] as for mma.sync's A) * B[16 x 16] (smem,
+// K-major) for one warpgroup, f16 inputs; scale_d == 0 overwrites D.
+__device__ __forceinline__ void WgmmaM64N16RegAF16(float* d, const uint32_t* a, uint64_t desc_b,
+                                                   int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+// Same with bf16 inputs.
+__device__ __forceinline__ void WgmmaM64N16RegABf16(float* d, const uint32_t* a, uint64_t desc_b,
+                                                    int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+// Keeps `r` live (and unmoved) up to this point: after a wgmma.wait_group, for the registers a
+// register-A wgmma read asynchronously.
+__device__ __forceinline__ void KeepLive(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+// Four e4m3 codes (byte 0 first) to two f16x2: lo = bytes 0, 1; hi = bytes 2, 3 (exact).
+__device__ __forceinline__ void E4m3x4ToF16x2x2(uint32_t codes, uint32_t& lo, uint32_t& hi) {
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\n"
+      "cvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(codes));
+}
+
 // ---- math, loads, bulk copies ------------------------------------------------------------
 
 // 2^x on the MUFU unit without exp2f's denormal-range fix-up (results below 2^-126 flush

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/verify_attention/api.h"
+#include "kernels/cuda/verify_attention/keys_on_m_layout.h"
 #include "kernels/cuda/verify_attention/mma_traits.h"
 #include "kernels/cuda/verify_attention/seesaw_layout.h"
 
@@ -92,6 +93,24 @@ struct MmaM16Portable {
 };
 static_assert(MmaM16Portable::kSmemBytes <= 99 * 1024, "m16 portable: within 99 KB (sm_120)");
 
+// FP8 latent cache, keys on the wgmma M side (keys_on_m.cu): 16 rows, 64-key tiles, the
+// stored codes converted to f16 MMA operands in registers (no dequantized tile), a producer
+// warpgroup and two math warpgroups with their own tiles (~207 KB). sm_90a.
+struct KeysOnMFp8Sm90 {
+  static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kKm16;
+  static constexpr const char* kName = "keys-on-M wgmma, FP8 cache (km16)";
+  static constexpr int kRows = KeysOnMTraits::kRows;
+  static constexpr int kKeys = KeysOnMTraits::kKeys;
+  static constexpr int kStages = KeysOnMTraits::kStages;
+  static constexpr size_t kSmemBytes = kKeysOnMSmemBytes;
+  static constexpr int kCtasPerSm = 1;
+  static constexpr bool kKvFp8 = true;
+  static constexpr const char* kArch = "an sm_90 device (sm_90a build)";
+  static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
+  static constexpr AutoUse kAuto = AutoUse::kAlways;
+  static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
+};
+
 // FP8 latent cache (VerifyAttentionParams::kv_fp8): the 16-row kernel gathering FP8 rows
 // (656 bytes a key) into 2 FP8 stages and dequantizing each into one bf16 tile before its
 // MMAs, Q read from shared memory (~102 KB, <= 128 registers): two CTAs per SM, whose
@@ -134,10 +153,9 @@ static_assert(2 * (MmaM16Fp8Sm90::kSmemBytes + 1024) <= 233472, "m16 FP8 sm_90: 
 
 template <class... V>
 struct VariantList {};
-// kAuto's preference order.
 // kAuto's preference order (among the variants of the cache's format).
-using VerifyVariants =
-    VariantList<SeesawS64, MmaM16Sm90, MmaM16Portable, MmaM16Fp8Sm90, MmaM16Fp8Portable>;
+using VerifyVariants = VariantList<SeesawS64, MmaM16Sm90, MmaM16Portable, KeysOnMFp8Sm90,
+                                   MmaM16Fp8Sm90, MmaM16Fp8Portable>;
 
 // ---- run-time view of the table (the planner) -------------------------------------------
 

@@ -1,0 +1,637 @@
+// The keys-on-M verify attention kernel for the FP8 latent cache (variant KeysOnMFp8Sm90 in
+// variants.h; sm_90a: H100 / H200): 16 folded rows per CTA, 64-key tiles, keys on the wgmma
+// M side, so the stored e4m3 codes become MMA operands in registers without a dequantized
+// tile in shared memory. kAuto's FP8 choice on sm_90. Same work items, partial-output and LSE
+// contract as the other variants (planner, combine kernel and tests shared). Shared memory:
+// KeysOnMSmem (keys_on_m_layout.h). Compiled for every configured architecture; the body
+// exists only in the sm_90a build. Notes and measurements: docs/KERNEL_NOTES.md.
+//
+// CTA = 3 warpgroups (384 threads):
+//   producer (WG2, setmaxnreg 40)  16-byte cp.async gathers of the stored 656-byte rows of
+//        tile t into stage t % 4 (row stride 672), signalled on full[stage] through
+//        cp.async.mbarrier.arrive; a stage is refilled after its warpgroup's four warps
+//        arrived on empty[stage].
+//   math WG0 / WG1 (setmaxnreg 232)  tiles t = wg, wg + 2, ... each with its own online
+//        softmax state and its own O^T [512 x 16] fp32 (64 registers a thread); merged in the
+//        epilogue. Per tile:
+//     S^T [64 keys x 16 rows] = K Q^T: A = the keys, from the stage's codes in registers
+//        (cvt.rn.f16x2.e4m3x2: exact), B = Q in shared memory (latent columns as f16 times
+//        2^e_row, rope columns bf16). One accumulator per 128-column scale group and one for
+//        the rope columns: S = sum_g scale[key][g] acc_g * 2^-e_row + acc_rope, so no code is
+//        ever multiplied by its scale.
+//     softmax  row maxima over the tile: quad shuffles, then the four warps through shared
+//        memory (one named barrier); row sums stay per thread until the epilogue.
+//     O^T [512 x 16] += V^T P_g^T: A = V^T from the stage's codes (a 4 x 4 byte transpose with
+//        prmt, then cvt), B = P_g = P * scale[key][g] * 2^c (f16, one [16 x 64] tile per scale
+//        group, written to shared memory; a second named barrier). c: a power of two per
+//        tile that keeps P_g below 2^14 (it only decreases; O^T is rescaled when it does).
+// Operand permutations (free, because a dot product does not care about order):
+//   Q K^T: in each 32-column block thread t of a quad loads codes 8t .. 8t + 7 of its key (one
+//     8-byte load); those land in k slots (2t, 2t + 1, 2t + 8, 2t + 9) of two k16 steps, and Q
+//     is stored with the same column order (pair 4t + i of the block at position 4i + t).
+//   P V: thread t's k slots (2t, 2t + 1, 2t + 8, 2t + 9) of a 16-key step hold keys
+//     (t, t + 4, t + 8, t + 12) (P_g is stored in that key order), and its M rows g, g + 8 of
+//     the two 64-column blocks of a scale group hold columns 4 (8 w + g) + 0, 1 / 2, 3, so
+//     one 4-byte load per key gives both blocks. Row stride 672 = 32 mod 128: the four keys
+//     of a load instruction hit four different 32-byte bank groups.
+// Masking: only tiles that reach the request's tail keys or the end of the key range.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/verify_attention/kernel_args.cuh"
+#include "kernels/cuda/verify_attention/keys_on_m_layout.h"
+#include "kernels/cuda/verify_attention/ptx.cuh"
+#include "kernels/cuda/verify_attention/variants.h"
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define VERIFYD_KEYS_ON_M_BODY 1
+#endif
+
+namespace verifyd::kernels::cuda::detail {
+namespace {
+#ifdef VERIFYD_KEYS_ON_M_BODY
+
+using Tr = KeysOnMTraits;
+
+// Named barriers (0 is __syncthreads).
+enum KeysOnMBarrier : int {
+  kBarQ = 1,         // both math warpgroups: Q and its row scaling in shared memory
+  kBarMax = 2,       // + wg: a warpgroup's row maxima of the tile exchanged (128 threads)
+  kBarP = 4,         // + wg: a warpgroup's P_g tiles written (128 threads)
+  kBarEpilogue = 6,  // both: every tile done (the stage ring is free)
+  kBarMerge = 7,     // both: WG1's state staged for WG0
+};
+
+// The f16 / bf16 x 2 word at position (row, pos) of a [16 x 64] 128-byte-swizzled atom.
+__device__ __forceinline__ uint32_t AtomOffset(int row, int byte) {
+  return row * 128 + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15);
+}
+
+// 2^e as a float, e in [-126, 127].
+__device__ __forceinline__ float Pow2(int e) { return __int_as_float((127 + e) << 23); }
+
+// The k16 step `k` (0..35) of Q's 576 columns: its B descriptor.
+__device__ __forceinline__ uint64_t QDesc(uint32_t sQ, int k) {
+  return WgmmaDesc(sQ + (k >> 2) * Tr::kQAtom + (k & 3) * 32, 16, 1024);
+}
+
+// A fragments of one scale group's 8 k16 steps (latent columns 128 grp ..): keys krow0 (M
+// row g) and krow1 (g + 8) of the thread's warp, quad position tq.
+__device__ __forceinline__ void LoadKeyGroup(const unsigned char* krow0, const unsigned char* krow1,
+                                             int grp, int tq, uint32_t (&a)[8][4]) {
+#pragma unroll
+  for (int blk = 0; blk < 4; ++blk) {
+    const int off = (grp * 4 + blk) * 32 + 8 * tq;
+    const uint2 x0 = *reinterpret_cast<const uint2*>(krow0 + off);
+    const uint2 x1 = *reinterpret_cast<const uint2*>(krow1 + off);
+    E4m3x4ToF16x2x2(x0.x, a[2 * blk][0], a[2 * blk][2]);
+    E4m3x4ToF16x2x2(x1.x, a[2 * blk][1], a[2 * blk][3]);
+    E4m3x4ToF16x2x2(x0.y, a[2 * blk + 1][0], a[2 * blk + 1][2]);
+    E4m3x4ToF16x2x2(x1.y, a[2 * blk + 1][1], a[2 * blk + 1][3]);
+  }
+}
+
+__device__ __forceinline__ void MmaKeyGroup(float* acc, const uint32_t (&a)[8][4], uint32_t sQ,
+                                            int grp) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) WgmmaM64N16RegAF16(acc, a[j], QDesc(sQ, grp * 8 + j), 1);
+}
+
+__device__ __forceinline__ void KeepLiveAll(uint32_t (&a)[8][4]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) KeepLive(a[j][e]);
+}
+
+// V^T A fragments of one 16-key step for all four scale groups: rows[e] = the stage rows of
+// keys (t, t + 4, t + 8, t + 12) of the step; a[grp][blk] = block 2 grp + blk.
+__device__ __forceinline__ void LoadValueStep(const unsigned char* const (&rows)[4], int col0,
+                                              uint32_t (&a)[4][2][4]) {
+#pragma unroll
+  for (int grp = 0; grp < Tr::kGroups; ++grp) {
+    const int off = grp * 128 + col0;
+    const uint32_t w0 = *reinterpret_cast<const uint32_t*>(rows[0] + off);
+    const uint32_t w1 = *reinterpret_cast<const uint32_t*>(rows[1] + off);
+    const uint32_t w2 = *reinterpret_cast<const uint32_t*>(rows[2] + off);
+    const uint32_t w3 = *reinterpret_cast<const uint32_t*>(rows[3] + off);
+    // [w0.b0, w1.b0, w0.b1, w1.b1]: columns d0 / d1 of keys (t, t + 4); likewise d2 / d3.
+    E4m3x4ToF16x2x2(__byte_perm(w0, w1, 0x5140), a[grp][0][0], a[grp][0][1]);
+    E4m3x4ToF16x2x2(__byte_perm(w2, w3, 0x5140), a[grp][0][2], a[grp][0][3]);
+    E4m3x4ToF16x2x2(__byte_perm(w0, w1, 0x7362), a[grp][1][0], a[grp][1][1]);
+    E4m3x4ToF16x2x2(__byte_perm(w2, w3, 0x7362), a[grp][1][2], a[grp][1][3]);
+  }
+}
+
+__device__ __forceinline__ void MmaValueStep(float (&o)[8][8], const uint32_t (&a)[4][2][4],
+                                             uint32_t sP, int kk) {
+#pragma unroll
+  for (int grp = 0; grp < Tr::kGroups; ++grp) {
+    const uint64_t desc = WgmmaDesc(sP + grp * Tr::kQAtom + kk * 32, 16, 1024);
+    WgmmaM64N16RegAF16(o[2 * grp], a[grp][0], desc, 1);
+    WgmmaM64N16RegAF16(o[2 * grp + 1], a[grp][1], desc, 1);
+  }
+}
+
+__device__ __forceinline__ void KeepLiveAll(uint32_t (&a)[4][2][4]) {
+#pragma unroll
+  for (int grp = 0; grp < Tr::kGroups; ++grp)
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) KeepLive(a[grp][b][e]);
+}
+
+#endif  // VERIFYD_KEYS_ON_M_BODY
+}  // namespace
+
+__global__ void __launch_bounds__(KeysOnMTraits::kThreads, 1)
+    VerifyAttentionKeysOnMKernel(const VerifyKernelArgs args) {
+#ifdef VERIFYD_KEYS_ON_M_BODY
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_addr = SmemAddr(smem_raw);
+  const uint32_t base = (raw_addr + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - raw_addr);
+  KeysOnMSmem& sm = *reinterpret_cast<KeysOnMSmem*>(smem);
+  const uint32_t sQ = base + offsetof(KeysOnMSmem, q);
+  const uint32_t sStage = base + offsetof(KeysOnMSmem, stage);
+  auto full_bar = [&](int s) {
+    return base + static_cast<uint32_t>(offsetof(KeysOnMSmem, full)) + 8u * s;
+  };
+  auto empty_bar = [&](int s) {
+    return base + static_cast<uint32_t>(offsetof(KeysOnMSmem, empty)) + 8u * s;
+  };
+
+  GridDepLaunchDependents();
+  const int tid = threadIdx.x;
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform, known to be
+  const int t128 = tid & 127;
+  const int lane = tid & 31;
+
+  if (tid == 0) {
+    for (int s = 0; s < Tr::kStages; ++s) {
+      MbarInit(full_bar(s), 128);
+      MbarInit(empty_bar(s), 4);
+    }
+  }
+  __syncthreads();
+
+  if (wg == 2) {
+    // ================= producer warpgroup: cp.async gathers =================
+    SetMaxRegsDec<Tr::kProducerRegs>();
+    const VerifyWorkItem wi = args.work[blockIdx.x];
+    const int keys = wi.kv_end - wi.kv_begin;
+    const int num_tiles = (keys + Tr::kKeys - 1) / Tr::kKeys;
+    // kv_off < 0: a positional plan's index list in the workspace (api.h, VerifyWorkItem).
+    const int32_t* idx =
+        (wi.kv_off >= 0 ? args.kv_indices + wi.kv_off : args.pos_indices + (-wi.kv_off - 1)) +
+        wi.kv_begin;
+    // Warp pw copies keys 16 pw .. 16 pw + 15 of each tile: 16 x 41 chunks, lane-consecutive
+    // (coalesced across row boundaries); lane l (and l + 16) holds the slot of key 16 pw + l % 16.
+    const int pw = t128 >> 5;
+    const int my_key = 16 * pw + (lane & 15);
+    const unsigned char* kv = reinterpret_cast<const unsigned char*>(args.kv);
+    int32_t slot = my_key < keys ? __ldg(idx + my_key) : -1;
+    for (int t = 0; t < num_tiles; ++t) {
+      const int s = t % Tr::kStages;
+      if (t >= Tr::kStages) MbarWait(empty_bar(s), ((t / Tr::kStages) - 1) & 1);
+      const int32_t cur = slot;
+      const int next = (t + 1) * Tr::kKeys + my_key;
+      slot = next < keys ? __ldg(idx + next) : -1;
+      const uint32_t dst = sStage + s * Tr::kStageBytes + 16 * pw * Tr::kRowStride;
+#pragma unroll 1
+      for (int i = 0; i < (16 * kFp8ChunksPerRow + 31) / 32; ++i) {
+        const int c = min(lane + 32 * i, 16 * kFp8ChunksPerRow - 1);
+        const int k = c / kFp8ChunksPerRow;
+        const int ch = c - k * kFp8ChunksPerRow;
+        const int32_t sl = __shfl_sync(0xffffffffu, cur, k);
+        if (lane + 32 * i < 16 * kFp8ChunksPerRow) {
+          const unsigned char* src =
+              kv + static_cast<int64_t>(static_cast<uint32_t>(max(sl, 0))) * kFp8RowBytes + ch * 16;
+          CpAsync16(dst + k * Tr::kRowStride + ch * 16, src, sl >= 0);
+        }
+      }
+      CpAsyncMbarArrive(full_bar(s));
+    }
+    CpAsyncWait<0>();
+    return;
+  }
+
+  // ================= math warpgroups =================
+  SetMaxRegsInc<Tr::kMathRegs>();
+  const VerifyWorkItem wi = args.work[blockIdx.x];
+  const int H = args.num_heads;
+  const int M = wi.num_nodes * H;
+  const int rows_here = min(Tr::kRows, M - wi.fold_begin);
+  const int ctx_len = wi.kv_len - wi.num_nodes;
+  const int num_tiles = (wi.kv_end - wi.kv_begin + Tr::kKeys - 1) / Tr::kKeys;
+  const int wl = t128 >> 5;  // warp in the warpgroup: keys 16 wl .. of a tile
+  const int g = lane >> 2;
+  const int tq = lane & 3;
+
+  // ---- Q: 16 threads a row; thread b takes latent block b (32 columns) and, b < 2, rope
+  // block b. Latent columns become f16 x 2^e with |q| 2^e < 2^15 (e per row); column pairs
+  // are permuted within each block (pair 4t + i to position 4i + t) and 128-byte swizzled.
+  {
+    const int r = tid >> 4;
+    const int b = tid & 15;
+    const bool valid = r < rows_here;
+    const __nv_bfloat16* qrow =
+        args.q +
+        (static_cast<int64_t>(wi.q_row0) * H + wi.fold_begin + min(r, rows_here - 1)) * kQkDim;
+    uint4 v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      v[i] =
+          valid ? __ldg(reinterpret_cast<const uint4*>(qrow + 32 * b) + i) : make_uint4(0, 0, 0, 0);
+    const uint32_t* pr = reinterpret_cast<const uint32_t*>(v);  // pair p: columns 2p, 2p + 1
+    float amax = 0.f;
+#pragma unroll
+    for (int p = 0; p < 16; ++p) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pr + p));
+      amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+    }
+#pragma unroll
+    for (int off = 1; off < 16; off <<= 1)
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    int e = 0;
+    if (amax > 0.f) {
+      int ex;
+      frexpf(amax, &ex);  // amax < 2^ex
+      e = min(max(15 - ex, -126), 126);
+    }
+    const float mul = Pow2(e);
+    uint32_t h[16];
+#pragma unroll
+    for (int p = 0; p < 16; ++p) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pr + p));
+      const __half2 x = __floats2half2_rn(f.x * mul, f.y * mul);
+      h[p] = *reinterpret_cast<const uint32_t*>(&x);
+    }
+    unsigned char* atom = smem + offsetof(KeysOnMSmem, q) + (b >> 1) * Tr::kQAtom;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      *reinterpret_cast<uint4*>(atom + AtomOffset(r, (b & 1) * 64 + 16 * i)) =
+          make_uint4(h[i], h[4 + i], h[8 + i], h[12 + i]);
+    }
+    if (b < 2) {
+      uint4 w[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        w[i] = valid ? __ldg(reinterpret_cast<const uint4*>(qrow + kVDim + 32 * b) + i)
+                     : make_uint4(0, 0, 0, 0);
+      const uint32_t* rp = reinterpret_cast<const uint32_t*>(w);
+      unsigned char* ratom = smem + offsetof(KeysOnMSmem, q) + 8 * Tr::kQAtom;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        *reinterpret_cast<uint4*>(ratom + AtomOffset(r, b * 64 + 16 * i)) =
+            make_uint4(rp[i], rp[4 + i], rp[8 + i], rp[12 + i]);
+      }
+    }
+    if (b == 0) sm.q_inv[r] = Pow2(-e);
+    FenceProxyAsyncShared();  // Q is read by wgmma (async proxy)
+  }
+  NamedBarSync(kBarQ, Tr::kMathThreads);
+
+  // This thread's 4 rows (the S^T / O^T accumulator columns): c -> 8 (c >> 1) + 2 tq + (c & 1);
+  // accumulator element i belongs to row c(i) = 2 (i >> 2) + (i & 1) and to M row
+  // g + 8 ((i >> 1) & 1) of the warp's 16.
+  int row_of[4];
+  float q_inv[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    row_of[c] = 8 * (c >> 1) + 2 * tq + (c & 1);
+    q_inv[c] = sm.q_inv[row_of[c]];
+  }
+
+  float o[8][8];
+#pragma unroll
+  for (int b = 0; b < 8; ++b)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[b][i] = 0.f;
+  float m_run[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  float l_part[4] = {0.f, 0.f, 0.f, 0.f};  // this thread's keys only (reduced at the end)
+  int c_run = 126;                         // O^T holds O x 2^c_run
+  const uint32_t sP = base + offsetof(KeysOnMSmem, p) + wg * Tr::kGroups * Tr::kQAtom;
+  unsigned char* p_tile = smem + offsetof(KeysOnMSmem, p) + wg * Tr::kGroups * Tr::kQAtom;
+
+  for (int t = wg; t < num_tiles; t += 2) {
+    const int s = t % Tr::kStages;
+    const unsigned char* st = smem + offsetof(KeysOnMSmem, stage) + s * Tr::kStageBytes;
+    MbarWait(full_bar(s), (t / Tr::kStages) & 1);
+
+    // ---- S^T = K Q^T ----
+    const unsigned char* krow0 = st + (16 * wl + g) * Tr::kRowStride;
+    const unsigned char* krow1 = krow0 + 8 * Tr::kRowStride;
+    float acc[5][8];
+#pragma unroll
+    for (int j = 0; j < 5; ++j)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[j][i] = 0.f;
+    {
+      uint32_t a0[8][4], a1[8][4];
+      LoadKeyGroup(krow0, krow1, 0, tq, a0);
+      WgmmaFence();
+      MmaKeyGroup(acc[0], a0, sQ, 0);
+      WgmmaCommit();
+      LoadKeyGroup(krow0, krow1, 1, tq, a1);
+      WgmmaFence();
+      MmaKeyGroup(acc[1], a1, sQ, 1);
+      WgmmaCommit();
+      WgmmaWait<1>();
+      KeepLiveAll(a0);
+      LoadKeyGroup(krow0, krow1, 2, tq, a0);
+      WgmmaFence();
+      MmaKeyGroup(acc[2], a0, sQ, 2);
+      WgmmaCommit();
+      WgmmaWait<1>();
+      KeepLiveAll(a1);
+      LoadKeyGroup(krow0, krow1, 3, tq, a1);
+      WgmmaFence();
+      MmaKeyGroup(acc[3], a1, sQ, 3);
+      WgmmaCommit();
+      // Rope: bf16 as stored; 16 bytes (8 columns) a key per 32-column block.
+      uint32_t ar[4][4];
+#pragma unroll
+      for (int blk = 0; blk < 2; ++blk) {
+        const int off = kFp8RopeOffset + 64 * blk + 16 * tq;
+        const uint4 y0 = *reinterpret_cast<const uint4*>(krow0 + off);
+        const uint4 y1 = *reinterpret_cast<const uint4*>(krow1 + off);
+        ar[2 * blk][0] = y0.x;
+        ar[2 * blk][1] = y1.x;
+        ar[2 * blk][2] = y0.y;
+        ar[2 * blk][3] = y1.y;
+        ar[2 * blk + 1][0] = y0.z;
+        ar[2 * blk + 1][1] = y1.z;
+        ar[2 * blk + 1][2] = y0.w;
+        ar[2 * blk + 1][3] = y1.w;
+      }
+      WgmmaFence();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) WgmmaM64N16RegABf16(acc[4], ar[j], QDesc(sQ, 32 + j), 1);
+      WgmmaCommit();
+      WgmmaWait<0>();
+      KeepLiveAll(a0);
+      KeepLiveAll(a1);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) KeepLive(ar[j][e]);
+    }
+
+    // ---- scores (log2 domain), masking, tile maxima ----
+    const float4 sc[2] = {*reinterpret_cast<const float4*>(krow0 + kFp8ScaleOffset),
+                          *reinterpret_cast<const float4*>(krow1 + kFp8ScaleOffset)};
+    float sv[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int hk = (i >> 1) & 1;
+      const int c = 2 * (i >> 2) + (i & 1);
+      const float lat =
+          acc[0][i] * sc[hk].x + acc[1][i] * sc[hk].y + acc[2][i] * sc[hk].z + acc[3][i] * sc[hk].w;
+      sv[i] = (lat * q_inv[c] + acc[4][i]) * args.scale_log2;
+    }
+    const int key0 = wi.kv_begin + t * Tr::kKeys;  // request-local key of tile row 0
+    if (key0 + Tr::kKeys > ctx_len || key0 + Tr::kKeys > wi.kv_end) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int f = wi.fold_begin + row_of[c];
+        uint64_t w0 = ~0ull, w1 = ~0ull;  // rows past the request see every key (never written)
+        if (f < M) {
+          const uint64_t* mrow =
+              args.tree_mask + static_cast<int64_t>(wi.q_row0 + f / H) * args.mask_words;
+          w0 = __ldg(mrow);
+          w1 = args.mask_words > 1 ? __ldg(mrow + 1) : 0ull;
+        }
+#pragma unroll
+        for (int hk = 0; hk < 2; ++hk) {
+          const int i = 4 * (c >> 1) + 2 * hk + (c & 1);
+          const int key = key0 + 16 * wl + g + 8 * hk;
+          bool vis = key < wi.kv_end;
+          if (vis && key >= ctx_len) {
+            const int tt = key - ctx_len;
+            vis = (((tt >> 6) ? w1 : w0) >> (tt & 63)) & 1ull;
+          }
+          if (!vis) sv[i] = -INFINITY;
+        }
+      }
+    }
+    float mx[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int i = 4 * (c >> 1) + (c & 1);
+      mx[c] = fmaxf(sv[i], sv[i + 2]);
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1)
+        mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], off));
+    }
+    float smax = fmaxf(fmaxf(fmaxf(sc[0].x, sc[0].y), fmaxf(sc[0].z, sc[0].w)),
+                       fmaxf(fmaxf(sc[1].x, sc[1].y), fmaxf(sc[1].z, sc[1].w)));
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1)
+      smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, off));
+    if (g == 0) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) sm.red[wg][wl][row_of[c]] = mx[c];
+      if (tq == 0) sm.red[wg][wl][Tr::kRows] = smax;
+    }
+    NamedBarSync(kBarMax + wg, 128);
+    float m_new[4], factor[4];
+    smax = fmaxf(fmaxf(sm.red[wg][0][Tr::kRows], sm.red[wg][1][Tr::kRows]),
+                 fmaxf(sm.red[wg][2][Tr::kRows], sm.red[wg][3][Tr::kRows]));
+    // P_g = P x scale x 2^c < 2^14: c from the tile's largest scale, never raised (O^T holds
+    // O x 2^c_run; lowering c rescales it exactly).
+    int c_new = c_run;
+    if (smax > 0.f) {
+      int ex;
+      frexpf(smax, &ex);  // smax < 2^ex
+      c_new = min(c_run, 14 - ex);
+    }
+    const float c_fix = ldexpf(1.f, c_new - c_run);
+    c_run = c_new;
+    const float p_mul = ldexpf(1.f, c_new);
+    bool all_one = c_fix == 1.f;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int r = row_of[c];
+      const float tmax = fmaxf(fmaxf(sm.red[wg][0][r], sm.red[wg][1][r]),
+                               fmaxf(sm.red[wg][2][r], sm.red[wg][3][r]));
+      m_new[c] = fmaxf(m_run[c], tmax);
+      const float alpha = m_new[c] == -INFINITY ? 1.f : exp2f(m_run[c] - m_new[c]);
+      l_part[c] *= alpha;
+      factor[c] = alpha * c_fix;
+      all_one = all_one && factor[c] == 1.f;
+      m_run[c] = m_new[c];
+    }
+    // ---- P, its row sums, P_g to shared memory ----
+    float pv[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int c = 2 * (i >> 2) + (i & 1);
+      const float mu = m_new[c] == -INFINITY ? 0.f : m_new[c];
+      pv[i] = FastExp2(sv[i] - mu);
+      l_part[c] += pv[i];
+    }
+    if (!__all_sync(0xffffffffu, all_one)) {
+#pragma unroll
+      for (int b = 0; b < 8; ++b)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[b][i] *= factor[2 * (i >> 2) + (i & 1)];
+    }
+#pragma unroll
+    for (int hk = 0; hk < 2; ++hk) {
+      // Key 16 wl + g + 8 hk sits at k position 16 wl + 2 (g & 3) + (g >> 2) + 8 hk.
+      const int byte = 2 * (16 * wl + 2 * (g & 3) + (g >> 2) + 8 * hk);
+      const float scl[4] = {sc[hk].x * p_mul, sc[hk].y * p_mul, sc[hk].z * p_mul, sc[hk].w * p_mul};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int i = 4 * (c >> 1) + 2 * hk + (c & 1);
+        const uint32_t off = AtomOffset(row_of[c], byte);
+#pragma unroll
+        for (int grp = 0; grp < Tr::kGroups; ++grp) {
+          *reinterpret_cast<__half*>(p_tile + grp * Tr::kQAtom + off) =
+              __float2half_rn(pv[i] * scl[grp]);
+        }
+      }
+    }
+    FenceProxyAsyncShared();  // P_g is read by wgmma (async proxy)
+    NamedBarSync(kBarP + wg, 128);
+
+    // ---- O^T += V^T P_g^T ----
+    {
+      const int col0 = 32 * wl + 4 * g;
+      uint32_t va[4][2][4], vb[4][2][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const unsigned char* rows[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) rows[e] = st + (16 * kk + 4 * e + tq) * Tr::kRowStride;
+        if (kk & 1) {
+          if (kk == 3) {
+            WgmmaWait<1>();
+            KeepLiveAll(vb);
+          }
+          LoadValueStep(rows, col0, vb);
+          if (kk == 3) {
+            __syncwarp();
+            if (lane == 0) MbarArrive(empty_bar(s));  // this warp's stage reads are done
+          }
+          WgmmaFence();
+          MmaValueStep(o, vb, sP, kk);
+        } else {
+          if (kk == 2) {
+            WgmmaWait<1>();
+            KeepLiveAll(va);
+          }
+          LoadValueStep(rows, col0, va);
+          WgmmaFence();
+          MmaValueStep(o, va, sP, kk);
+        }
+        WgmmaCommit();
+      }
+      WgmmaWait<0>();
+      KeepLiveAll(va);
+      KeepLiveAll(vb);
+    }
+  }
+
+  // ---- epilogue: WG1 hands (m, l, O) to WG0, which merges, normalises and writes ----
+  float l_sum[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    float l = l_part[c];
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+    l_sum[c] = l;
+  }
+  NamedBarSync(kBarEpilogue, Tr::kMathThreads);  // every tile done: the stage ring is free
+  float* o_stage = reinterpret_cast<float*>(smem + offsetof(KeysOnMSmem, stage));  // [16][512]
+  const int col0 = 32 * wl + 4 * g;  // O^T rows (value columns) of this thread: + 128 grp + 0..3
+  if (g == 0) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) sm.l[wg][wl][row_of[c]] = l_sum[c];
+  }
+  if (wg == 1) {
+    const float to_true = ldexpf(1.f, -c_run);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int i0 = 4 * (c >> 1) + (c & 1);
+#pragma unroll
+      for (int grp = 0; grp < Tr::kGroups; ++grp) {
+        *reinterpret_cast<float4*>(o_stage + row_of[c] * kVDim + grp * 128 + col0) =
+            make_float4(o[2 * grp][i0] * to_true, o[2 * grp][i0 + 2] * to_true,
+                        o[2 * grp + 1][i0] * to_true, o[2 * grp + 1][i0 + 2] * to_true);
+      }
+      if (wl == 0 && g == 0) sm.m1[row_of[c]] = m_run[c];
+    }
+  }
+  NamedBarSync(kBarMerge, Tr::kMathThreads);
+  if (wg == 1) return;
+  const bool direct = wi.partial_row < 0;
+  const int64_t out_row0 = static_cast<int64_t>(wi.q_row0) * H + wi.fold_begin;
+  const float to_true = ldexpf(1.f, -c_run);
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int r = row_of[c];
+    const float l0 = sm.l[0][0][r] + sm.l[0][1][r] + sm.l[0][2][r] + sm.l[0][3][r];
+    const float l1 = sm.l[1][0][r] + sm.l[1][1][r] + sm.l[1][2][r] + sm.l[1][3][r];
+    const float m0 = m_run[c];
+    const float m1 = sm.m1[r];
+    const float m = fmaxf(m0, m1);
+    const float f0 = m0 == -INFINITY ? 0.f : exp2f(m0 - m);
+    const float f1 = m1 == -INFINITY ? 0.f : exp2f(m1 - m);
+    const float l = l0 * f0 + l1 * f1;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    if (r >= rows_here) continue;
+    const float w0 = f0 * inv * to_true;
+    const float w1 = f1 * inv;
+    const int i0 = 4 * (c >> 1) + (c & 1);
+#pragma unroll
+    for (int grp = 0; grp < Tr::kGroups; ++grp) {
+      const float4 ob = *reinterpret_cast<const float4*>(o_stage + r * kVDim + grp * 128 + col0);
+      const float4 v =
+          make_float4(o[2 * grp][i0] * w0 + ob.x * w1, o[2 * grp][i0 + 2] * w0 + ob.y * w1,
+                      o[2 * grp + 1][i0] * w0 + ob.z * w1, o[2 * grp + 1][i0 + 2] * w0 + ob.w * w1);
+      const int col = grp * 128 + col0;
+      if (direct) {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
+        uint2 packed;
+        packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+        packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+        *reinterpret_cast<uint2*>(args.out + (out_row0 + r) * kVDim + col) = packed;
+      } else {
+        *reinterpret_cast<float4*>(args.part_o + static_cast<int64_t>(wi.partial_row + r) * kVDim +
+                                   col) = v;
+      }
+    }
+    if (wl == 0 && g == 0) {
+      const float lse2 = l > 0.f ? m + log2f(l) : -INFINITY;
+      if (direct) {
+        if (args.lse != nullptr) args.lse[out_row0 + r] = lse2 * 0.69314718055994531f;
+      } else {
+        args.part_lse[wi.partial_row + r] = lse2;
+      }
+    }
+  }
+#endif  // VERIFYD_KEYS_ON_M_BODY
+}
+
+absl::Status KeysOnMFp8Sm90::Launch(const VerifyKernelArgs& args, int grid, void* stream) {
+  static std::atomic<uint64_t> configured_devices{0};
+  auto* kernel = &VerifyAttentionKeysOnMKernel;
+  // The body exists only in the sm_90a build (see SeesawS64::Launch).
+  auto has_body = [kernel]() -> cudaError_t {
+    cudaFuncAttributes attr{};
+    const cudaError_t e = cudaFuncGetAttributes(&attr, kernel);
+    if (e != cudaSuccess) return e;
+    return attr.numRegs < 64 ? cudaErrorInvalidDeviceFunction : cudaSuccess;
+  };
+  return LaunchWithSmem(kernel, configured_devices, has_body, args, grid, KeysOnMTraits::kThreads,
+                        kKeysOnMSmemBytes, stream);
+}
+
+}  // namespace verifyd::kernels::cuda::detail
