@@ -172,8 +172,8 @@ TEST(VerifyAttentionPlan, VariantTable) {
 
 // FP8 latent cache: the 16-row configuration has an FP8 variant per architecture (two CTAs
 // per SM on sm_90, one within the 99 KB of sm_120); the keys-on-M configuration is FP8-only and
-// sm_90-only; the seesaw has none. kAuto picks keys-on-M on sm_90 and the 16-row one
-// elsewhere, positional plans the 16-row one, and the plan remembers the format.
+// sm_90-only; the seesaw has none. kAuto and positional plans pick keys-on-M on sm_90 and the
+// 16-row one elsewhere, and the plan remembers the format.
 TEST(VerifyAttentionPlan, Fp8CacheVariants) {
   auto fp8_90 = detail::ResolveVariant(VerifyKernelConfig::kM16, kH200, /*kv_fp8=*/true);
   ASSERT_TRUE(fp8_90.ok()) << fp8_90.status();
@@ -190,7 +190,8 @@ TEST(VerifyAttentionPlan, Fp8CacheVariants) {
   auto s64 = detail::ResolveVariant(VerifyKernelConfig::kS64, kH200, true);
   EXPECT_EQ(s64.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(s64.status().message().find("FP8"), std::string::npos) << s64.status();
-  EXPECT_EQ(PositionalConfigFor(9, true), VerifyKernelConfig::kM16);
+  EXPECT_EQ(PositionalConfigFor(9, true), VerifyKernelConfig::kKm16);
+  EXPECT_EQ(PositionalConfigFor(12, true), VerifyKernelConfig::kM16);
   auto km16 = detail::ResolveVariant(VerifyKernelConfig::kKm16, kH200, true);
   ASSERT_TRUE(km16.ok()) << km16.status();
   EXPECT_EQ(km16->rows, 16);

@@ -29,10 +29,11 @@
 //          99 KB of shared memory on sm_80 / sm_120. Tiny decode batches and non-sm_90.
 //   kS64   64 folded rows, 64-key tiles, warp-specialised wgmma "seesaw" schedule (sm_90a;
 //          docs/KERNEL_NOTES.md): kAuto's choice on sm_90 for every other batch.
-// FP8 latent cache: kM16 only (its FP8 variants gather the stored rows into 2 FP8 stages and
-// dequantize each into one bf16 tile: each value bf16(e4m3 x scale), one rounding; two CTAs
-// per SM on sm_90, one within 99 KB elsewhere); kAuto picks it for every batch. Slower than
-// the bf16 cache's kernels (docs/PERF.md): it buys capacity.
+// FP8 latent cache: kKm16 on sm_90 (kAuto's choice there, positional plans too: keys on the
+// wgmma M side, the stored codes converted to f16 operands in registers, exact; scales applied
+// to the scores and to P), kM16 elsewhere (its FP8 variants gather the stored rows into 2 FP8
+// stages and dequantize each into one bf16 tile: bf16(e4m3 x scale), one rounding; two CTAs
+// per SM on sm_90, one within 99 KB elsewhere). Speed against the bf16 cache: docs/PERF.md.
 //
 // Positional plans (VerifyPlanOptions::positional: the engine's batch-invariant mode). A
 // node's visible keys (the request's context, then its visible tail rows in index order: for
@@ -114,10 +115,10 @@ enum class VerifyKernelConfig : int {
   // VerifyPlanOptions::positional) and are not reused.
 };
 
-// The configuration of positional plans on a device of compute capability `cc_major`: the
-// seesaw kernel on sm_90 (its producer streams keys best), the 16-row kernel elsewhere and
-// for an FP8 cache (`kv_fp8`). A function of the device and the cache format only, so every
-// step of an engine uses the same one.
+// The configuration of positional plans on a device of compute capability `cc_major`: on
+// sm_90 the seesaw kernel (its producer streams keys best), or the keys-on-M kernel for an FP8
+// cache (`kv_fp8`); the 16-row kernel elsewhere. A function of the device and the cache format
+// only, so every step of an engine uses the same one.
 VerifyKernelConfig PositionalConfigFor(int cc_major, bool kv_fp8 = false);
 
 // Positional plans: a node with n visible keys runs in ceil(n / len) splits of `len` keys,

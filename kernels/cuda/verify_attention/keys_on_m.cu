@@ -30,7 +30,8 @@
 //     8-byte load); those land in k slots (2t, 2t + 1, 2t + 8, 2t + 9) of two k16 steps, and Q
 //     is stored with the same column order (pair 4t + i of the block at position 4i + t).
 //   P V: thread t's k slots (2t, 2t + 1, 2t + 8, 2t + 9) of a 16-key step hold keys
-//     (t, t + 4, t + 8, t + 12) (P_g is stored in that key order), and its M rows g, g + 8 of
+//     (t, t + 8, t + 4, t + 12) (P_g is stored in that key order: a thread's two keys of S^T,
+//     g and g + 8, are adjacent), and its M rows g, g + 8 of
 //     the two 64-column blocks of a scale group hold columns 4 (8 w + g) + 0, 1 / 2, 3, so
 //     one 4-byte load per key gives both blocks. Row stride 672 = 32 mod 128: the four keys
 //     of a load instruction hit four different 32-byte bank groups.
@@ -73,9 +74,11 @@ __device__ __forceinline__ uint32_t AtomOffset(int row, int byte) {
 // 2^e as a float, e in [-126, 127].
 __device__ __forceinline__ float Pow2(int e) { return __int_as_float((127 + e) << 23); }
 
-// The k16 step `k` (0..35) of Q's 576 columns: its B descriptor.
-__device__ __forceinline__ uint64_t QDesc(uint32_t sQ, int k) {
-  return WgmmaDesc(sQ + (k >> 2) * Tr::kQAtom + (k & 3) * 32, 16, 1024);
+// The k16 step `k` (0..35) of Q's 576 columns: its B descriptor from Q's base descriptor q0
+// (descriptor addresses are addr >> 4 in 14 bits and shared memory is < 256 KB: adding the
+// offset >> 4 never carries out of the field).
+__device__ __forceinline__ uint64_t QDesc(uint64_t q0, int k) {
+  return q0 + (((k >> 2) * Tr::kQAtom + (k & 3) * 32) >> 4);
 }
 
 // A fragments of one scale group's 8 k16 steps (latent columns 128 grp ..): keys krow0 (M
@@ -94,10 +97,10 @@ __device__ __forceinline__ void LoadKeyGroup(const unsigned char* krow0, const u
   }
 }
 
-__device__ __forceinline__ void MmaKeyGroup(float* acc, const uint32_t (&a)[8][4], uint32_t sQ,
+__device__ __forceinline__ void MmaKeyGroup(float* acc, const uint32_t (&a)[8][4], uint64_t q0,
                                             int grp) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) WgmmaM64N16RegAF16(acc, a[j], QDesc(sQ, grp * 8 + j), 1);
+  for (int j = 0; j < 8; ++j) WgmmaM64N16RegAF16(acc, a[j], QDesc(q0, grp * 8 + j), 1);
 }
 
 __device__ __forceinline__ void KeepLiveAll(uint32_t (&a)[8][4]) {
@@ -108,7 +111,8 @@ __device__ __forceinline__ void KeepLiveAll(uint32_t (&a)[8][4]) {
 }
 
 // V^T A fragments of one 16-key step for all four scale groups: rows[e] = the stage rows of
-// keys (t, t + 4, t + 8, t + 12) of the step; a[grp][blk] = block 2 grp + blk.
+// keys (t, t + 8, t + 4, t + 12) of the step (k slots 2t, 2t + 1, 2t + 8, 2t + 9);
+// a[grp][blk] = block 2 grp + blk.
 __device__ __forceinline__ void LoadValueStep(const unsigned char* const (&rows)[4], int col0,
                                               uint32_t (&a)[4][2][4]) {
 #pragma unroll
@@ -118,7 +122,7 @@ __device__ __forceinline__ void LoadValueStep(const unsigned char* const (&rows)
     const uint32_t w1 = *reinterpret_cast<const uint32_t*>(rows[1] + off);
     const uint32_t w2 = *reinterpret_cast<const uint32_t*>(rows[2] + off);
     const uint32_t w3 = *reinterpret_cast<const uint32_t*>(rows[3] + off);
-    // [w0.b0, w1.b0, w0.b1, w1.b1]: columns d0 / d1 of keys (t, t + 4); likewise d2 / d3.
+    // [w0.b0, w1.b0, w0.b1, w1.b1]: columns d0 / d1 of keys (t, t + 8); likewise d2 / d3.
     E4m3x4ToF16x2x2(__byte_perm(w0, w1, 0x5140), a[grp][0][0], a[grp][0][1]);
     E4m3x4ToF16x2x2(__byte_perm(w2, w3, 0x5140), a[grp][0][2], a[grp][0][3]);
     E4m3x4ToF16x2x2(__byte_perm(w0, w1, 0x7362), a[grp][1][0], a[grp][1][1]);
@@ -127,10 +131,10 @@ __device__ __forceinline__ void LoadValueStep(const unsigned char* const (&rows)
 }
 
 __device__ __forceinline__ void MmaValueStep(float (&o)[8][8], const uint32_t (&a)[4][2][4],
-                                             uint32_t sP, int kk) {
+                                             uint64_t p0, int kk) {
 #pragma unroll
   for (int grp = 0; grp < Tr::kGroups; ++grp) {
-    const uint64_t desc = WgmmaDesc(sP + grp * Tr::kQAtom + kk * 32, 16, 1024);
+    const uint64_t desc = p0 + ((grp * Tr::kQAtom + kk * 32) >> 4);
     WgmmaM64N16RegAF16(o[2 * grp], a[grp][0], desc, 1);
     WgmmaM64N16RegAF16(o[2 * grp + 1], a[grp][1], desc, 1);
   }
@@ -185,15 +189,19 @@ __global__ void __launch_bounds__(KeysOnMTraits::kThreads, 1)
     const VerifyWorkItem wi = args.work[blockIdx.x];
     const int keys = wi.kv_end - wi.kv_begin;
     const int num_tiles = (keys + Tr::kKeys - 1) / Tr::kKeys;
-    // kv_off < 0: a positional plan's index list in the workspace (api.h, VerifyWorkItem).
     const int32_t* idx =
         (wi.kv_off >= 0 ? args.kv_indices + wi.kv_off : args.pos_indices + (-wi.kv_off - 1)) +
         wi.kv_begin;
-    // Warp pw copies keys 16 pw .. 16 pw + 15 of each tile: 16 x 41 chunks, lane-consecutive
-    // (coalesced across row boundaries); lane l (and l + 16) holds the slot of key 16 pw + l % 16.
+    // kv_off < 0 above: a positional plan's index list in the workspace (api.h). Warp pw copies
+    // keys 16 pw .. 16 pw + 15 of each tile, one row per step: lanes 0-31 its first 512 bytes,
+    // lanes 0-8 the other 144 (coalesced); lane l (and l + 16) holds the slot id of key
+    // 16 pw + l % 16 (the next tile's loaded while this one is copied). Keys past the range
+    // are zero-filled (masked; zero codes keep P V finite). Measured slower on the H200 and not
+    // done (docs/KERNEL_NOTES.md): one bulk copy per key through the TMA engine; an L2 bulk
+    // prefetch of the rows 2-8 tiles ahead.
     const int pw = t128 >> 5;
     const int my_key = 16 * pw + (lane & 15);
-    const unsigned char* kv = reinterpret_cast<const unsigned char*>(args.kv);
+    const unsigned char* kv = reinterpret_cast<const unsigned char*>(args.kv) + lane * 16;
     int32_t slot = my_key < keys ? __ldg(idx + my_key) : -1;
     for (int t = 0; t < num_tiles; ++t) {
       const int s = t % Tr::kStages;
@@ -201,18 +209,15 @@ __global__ void __launch_bounds__(KeysOnMTraits::kThreads, 1)
       const int32_t cur = slot;
       const int next = (t + 1) * Tr::kKeys + my_key;
       slot = next < keys ? __ldg(idx + next) : -1;
-      const uint32_t dst = sStage + s * Tr::kStageBytes + 16 * pw * Tr::kRowStride;
-#pragma unroll 1
-      for (int i = 0; i < (16 * kFp8ChunksPerRow + 31) / 32; ++i) {
-        const int c = min(lane + 32 * i, 16 * kFp8ChunksPerRow - 1);
-        const int k = c / kFp8ChunksPerRow;
-        const int ch = c - k * kFp8ChunksPerRow;
-        const int32_t sl = __shfl_sync(0xffffffffu, cur, k);
-        if (lane + 32 * i < 16 * kFp8ChunksPerRow) {
-          const unsigned char* src =
-              kv + static_cast<int64_t>(static_cast<uint32_t>(max(sl, 0))) * kFp8RowBytes + ch * 16;
-          CpAsync16(dst + k * Tr::kRowStride + ch * 16, src, sl >= 0);
-        }
+      const uint32_t dst = sStage + s * Tr::kStageBytes + 16 * pw * Tr::kRowStride + lane * 16;
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        const int32_t sl = __shfl_sync(0xffffffffu, cur, r);
+        const unsigned char* src =
+            kv + static_cast<int64_t>(static_cast<uint32_t>(max(sl, 0))) * kFp8RowBytes;
+        CpAsync16(dst + r * Tr::kRowStride, src, sl >= 0);
+        if (lane < kFp8ChunksPerRow - 32)
+          CpAsync16(dst + r * Tr::kRowStride + 512, src + 512, sl >= 0);
       }
       CpAsyncMbarArrive(full_bar(s));
     }
@@ -315,7 +320,9 @@ __global__ void __launch_bounds__(KeysOnMTraits::kThreads, 1)
   float m_run[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
   float l_part[4] = {0.f, 0.f, 0.f, 0.f};  // this thread's keys only (reduced at the end)
   int c_run = 126;                         // O^T holds O x 2^c_run
-  const uint32_t sP = base + offsetof(KeysOnMSmem, p) + wg * Tr::kGroups * Tr::kQAtom;
+  const uint64_t p_desc =
+      WgmmaDesc(base + offsetof(KeysOnMSmem, p) + wg * Tr::kGroups * Tr::kQAtom, 16, 1024);
+  const uint64_t q_desc = WgmmaDesc(sQ, 16, 1024);
   unsigned char* p_tile = smem + offsetof(KeysOnMSmem, p) + wg * Tr::kGroups * Tr::kQAtom;
 
   for (int t = wg; t < num_tiles; t += 2) {
@@ -335,23 +342,23 @@ __global__ void __launch_bounds__(KeysOnMTraits::kThreads, 1)
       uint32_t a0[8][4], a1[8][4];
       LoadKeyGroup(krow0, krow1, 0, tq, a0);
       WgmmaFence();
-      MmaKeyGroup(acc[0], a0, sQ, 0);
+      MmaKeyGroup(acc[0], a0, q_desc, 0);
       WgmmaCommit();
       LoadKeyGroup(krow0, krow1, 1, tq, a1);
       WgmmaFence();
-      MmaKeyGroup(acc[1], a1, sQ, 1);
+      MmaKeyGroup(acc[1], a1, q_desc, 1);
       WgmmaCommit();
       WgmmaWait<1>();
       KeepLiveAll(a0);
       LoadKeyGroup(krow0, krow1, 2, tq, a0);
       WgmmaFence();
-      MmaKeyGroup(acc[2], a0, sQ, 2);
+      MmaKeyGroup(acc[2], a0, q_desc, 2);
       WgmmaCommit();
       WgmmaWait<1>();
       KeepLiveAll(a1);
       LoadKeyGroup(krow0, krow1, 3, tq, a1);
       WgmmaFence();
-      MmaKeyGroup(acc[3], a1, sQ, 3);
+      MmaKeyGroup(acc[3], a1, q_desc, 3);
       WgmmaCommit();
       // Rope: bf16 as stored; 16 bytes (8 columns) a key per 32-column block.
       uint32_t ar[4][4];
@@ -371,7 +378,7 @@ __global__ void __launch_bounds__(KeysOnMTraits::kThreads, 1)
       }
       WgmmaFence();
 #pragma unroll
-      for (int j = 0; j < 4; ++j) WgmmaM64N16RegABf16(acc[4], ar[j], QDesc(sQ, 32 + j), 1);
+      for (int j = 0; j < 4; ++j) WgmmaM64N16RegABf16(acc[4], ar[j], QDesc(q_desc, 32 + j), 1);
       WgmmaCommit();
       WgmmaWait<0>();
       KeepLiveAll(a0);
@@ -460,7 +467,7 @@ __global__ void __launch_bounds__(KeysOnMTraits::kThreads, 1)
       const float tmax = fmaxf(fmaxf(sm.red[wg][0][r], sm.red[wg][1][r]),
                                fmaxf(sm.red[wg][2][r], sm.red[wg][3][r]));
       m_new[c] = fmaxf(m_run[c], tmax);
-      const float alpha = m_new[c] == -INFINITY ? 1.f : exp2f(m_run[c] - m_new[c]);
+      const float alpha = m_new[c] == -INFINITY ? 1.f : FastExp2(m_run[c] - m_new[c]);
       l_part[c] *= alpha;
       factor[c] = alpha * c_fix;
       all_one = all_one && factor[c] == 1.f;
@@ -481,19 +488,22 @@ __global__ void __launch_bounds__(KeysOnMTraits::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[b][i] *= factor[2 * (i >> 2) + (i & 1)];
     }
-#pragma unroll
-    for (int hk = 0; hk < 2; ++hk) {
-      // Key 16 wl + g + 8 hk sits at k position 16 wl + 2 (g & 3) + (g >> 2) + 8 hk.
-      const int byte = 2 * (16 * wl + 2 * (g & 3) + (g >> 2) + 8 * hk);
-      const float scl[4] = {sc[hk].x * p_mul, sc[hk].y * p_mul, sc[hk].z * p_mul, sc[hk].w * p_mul};
+    {
+      // Keys 16 wl + g and 16 wl + g + 8 sit at k positions 16 wl + 2 (g & 3) + 8 (g >> 2) and
+      // the next one: one f16x2 per row and scale group.
+      const int byte = 2 * (16 * wl + 2 * (g & 3) + 8 * (g >> 2));
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        const int i = 4 * (c >> 1) + 2 * hk + (c & 1);
+        const int i = 4 * (c >> 1) + (c & 1);
         const uint32_t off = AtomOffset(row_of[c], byte);
+        const float p0 = pv[i] * p_mul;
+        const float p1 = pv[i + 2] * p_mul;
+        const float s0[4] = {sc[0].x, sc[0].y, sc[0].z, sc[0].w};
+        const float s1[4] = {sc[1].x, sc[1].y, sc[1].z, sc[1].w};
 #pragma unroll
         for (int grp = 0; grp < Tr::kGroups; ++grp) {
-          *reinterpret_cast<__half*>(p_tile + grp * Tr::kQAtom + off) =
-              __float2half_rn(pv[i] * scl[grp]);
+          *reinterpret_cast<__half2*>(p_tile + grp * Tr::kQAtom + off) =
+              __floats2half2_rn(p0 * s0[grp], p1 * s1[grp]);
         }
       }
     }
@@ -508,7 +518,8 @@ __global__ void __launch_bounds__(KeysOnMTraits::kThreads, 1)
       for (int kk = 0; kk < 4; ++kk) {
         const unsigned char* rows[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) rows[e] = st + (16 * kk + 4 * e + tq) * Tr::kRowStride;
+        for (int e = 0; e < 4; ++e)
+          rows[e] = st + (16 * kk + (e & 1) * 8 + (e >> 1) * 4 + tq) * Tr::kRowStride;
         if (kk & 1) {
           if (kk == 3) {
             WgmmaWait<1>();
@@ -520,7 +531,7 @@ __global__ void __launch_bounds__(KeysOnMTraits::kThreads, 1)
             if (lane == 0) MbarArrive(empty_bar(s));  // this warp's stage reads are done
           }
           WgmmaFence();
-          MmaValueStep(o, vb, sP, kk);
+          MmaValueStep(o, vb, p_desc, kk);
         } else {
           if (kk == 2) {
             WgmmaWait<1>();
@@ -528,7 +539,7 @@ __global__ void __launch_bounds__(KeysOnMTraits::kThreads, 1)
           }
           LoadValueStep(rows, col0, va);
           WgmmaFence();
-          MmaValueStep(o, va, sP, kk);
+          MmaValueStep(o, va, p_desc, kk);
         }
         WgmmaCommit();
       }

@@ -120,7 +120,8 @@ WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items, int64
 }  // namespace detail
 
 VerifyKernelConfig PositionalConfigFor(int cc_major, bool kv_fp8) {
-  return cc_major == 9 && !kv_fp8 ? VerifyKernelConfig::kS64 : VerifyKernelConfig::kM16;
+  if (cc_major != 9) return VerifyKernelConfig::kM16;
+  return kv_fp8 ? VerifyKernelConfig::kKm16 : VerifyKernelConfig::kS64;
 }
 
 int64_t PositionalSplitKeys(int64_t n) {
