@@ -31,10 +31,10 @@
 //     is stored with the same column order (pair 4t + i of the block at position 4i + t).
 //   P V: thread t's k slots (2t, 2t + 1, 2t + 8, 2t + 9) of a 16-key step hold keys
 //     (t, t + 8, t + 4, t + 12) (P_g is stored in that key order: a thread's two keys of S^T,
-//     g and g + 8, are adjacent), and its M rows g, g + 8 of
-//     the two 64-column blocks of a scale group hold columns 4 (8 w + g) + 0, 1 / 2, 3, so
-//     one 4-byte load per key gives both blocks. Row stride 672 = 32 mod 128: the four keys
-//     of a load instruction hit four different 32-byte bank groups.
+//     g and g + 8, are adjacent), and its M rows g, g + 8 of the two 64-column blocks of a
+//     scale group hold columns 4 (8 w + g) + 0, 1 / 2, 3, so one 4-byte load per key gives
+//     both blocks. Row stride 672 = 32 mod 128: the four keys of a load instruction (t = 0..3)
+//     hit four different 32-byte bank groups, and so do the four keys of a Q K^T load.
 // Masking: only tiles that reach the request's tail keys or the end of the key range.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

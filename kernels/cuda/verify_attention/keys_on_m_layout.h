@@ -17,8 +17,8 @@ struct KeysOnMTraits {
   static constexpr int kThreads = 384;  // 2 math warpgroups + 1 producer warpgroup
   static constexpr int kMathThreads = 256;
   // Stage row stride: the 656-byte stored row plus one 16-byte pad chunk. 672 = 32 mod 128,
-  // so the rows a V^T load instruction touches (keys 4 apart... see keys_on_m.cu) and the
-  // four keys a Q K^T load touches fall in different banks.
+  // so the four consecutive keys a V^T load instruction touches, and the four a Q K^T load
+  // touches, fall in different banks (keys_on_m.cu, "Operand permutations").
   static constexpr int kRowStride = kFp8RowBytes + 16;
   static constexpr int kStageBytes = kKeys * kRowStride;
   // Q: 9 atoms of 64 columns x 16 rows, 128-byte swizzle (2 KB each): 8 f16 atoms (the latent
