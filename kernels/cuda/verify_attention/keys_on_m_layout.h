@@ -49,6 +49,7 @@ inline constexpr size_t kKeysOnMSmemBytes = 1024 + sizeof(KeysOnMSmem);
 static_assert(offsetof(KeysOnMSmem, stage) % 1024 == 0 && offsetof(KeysOnMSmem, p) % 1024 == 0,
               "keys-on-M: operand tiles on the 1024-byte swizzle period");
 static_assert(KeysOnMTraits::kStageBytes % 16 == 0, "16-byte cp.async destinations");
+static_assert(kKeysOnMSmemBytes == 209120, "keys-on-M: layout changed (update variants.h)");
 static_assert(kKeysOnMSmemBytes <= 227 * 1024, "keys-on-M: over the sm_90 opt-in (227 KB)");
 // The epilogue stages WG1's O^T (16 rows x 512 fp32) in the stage ring.
 static_assert(KeysOnMTraits::kStages * KeysOnMTraits::kStageBytes >= 16 * kVDim * 4,

@@ -95,7 +95,7 @@ static_assert(MmaM16Portable::kSmemBytes <= 99 * 1024, "m16 portable: within 99 
 
 // FP8 latent cache, keys on the wgmma M side (keys_on_m.cu): 16 rows, 64-key tiles, the
 // stored codes converted to f16 MMA operands in registers (no dequantized tile), a producer
-// warpgroup and two math warpgroups with their own tiles (~207 KB). sm_90a.
+// warpgroup and two math warpgroups with their own tiles (209,120 bytes). sm_90a.
 struct KeysOnMFp8Sm90 {
   static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kKm16;
   static constexpr const char* kName = "keys-on-M wgmma, FP8 cache (km16)";
