@@ -50,4 +50,20 @@ absl::Status LaunchWithSmem(void (*kernel)(VerifyKernelArgs), std::atomic<uint64
   return absl::OkStatus();
 }
 
+// LaunchWithSmem for a kernel whose body exists only in the sm_90a build (the other builds
+// get an empty stub): an image without the body (e.g. one built for plain sm_90) would run the
+// stub and leave the output unwritten, so the launch returns cudaErrorInvalidDeviceFunction
+// instead. The register count tells: every body needs far more than the stub's.
+inline absl::Status LaunchSm90aBody(void (*kernel)(VerifyKernelArgs),
+                                    std::atomic<uint64_t>& configured, const VerifyKernelArgs& args,
+                                    int grid, int threads, size_t smem_bytes, void* stream) {
+  auto has_body = [kernel]() -> cudaError_t {
+    cudaFuncAttributes attr{};
+    const cudaError_t e = cudaFuncGetAttributes(&attr, kernel);
+    if (e != cudaSuccess) return e;
+    return attr.numRegs < 64 ? cudaErrorInvalidDeviceFunction : cudaSuccess;
+  };
+  return LaunchWithSmem(kernel, configured, has_body, args, grid, threads, smem_bytes, stream);
+}
+
 }  // namespace verifyd::kernels::cuda::detail

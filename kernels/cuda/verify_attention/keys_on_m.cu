@@ -100,7 +100,7 @@ __device__ __forceinline__ void LoadKeyGroup(const unsigned char* krow0, const u
 __device__ __forceinline__ void MmaKeyGroup(float* acc, const uint32_t (&a)[8][4], uint64_t q0,
                                             int grp) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) WgmmaM64N16RegAF16(acc, a[j], QDesc(q0, grp * 8 + j), 1);
+  for (int j = 0; j < 8; ++j) WgmmaM64N16RegAF16(acc, a[j], QDesc(q0, grp * 8 + j));
 }
 
 __device__ __forceinline__ void KeepLiveAll(uint32_t (&a)[8][4]) {
@@ -135,8 +135,8 @@ __device__ __forceinline__ void MmaValueStep(float (&o)[8][8], const uint32_t (&
 #pragma unroll
   for (int grp = 0; grp < Tr::kGroups; ++grp) {
     const uint64_t desc = p0 + ((grp * Tr::kQAtom + kk * 32) >> 4);
-    WgmmaM64N16RegAF16(o[2 * grp], a[grp][0], desc, 1);
-    WgmmaM64N16RegAF16(o[2 * grp + 1], a[grp][1], desc, 1);
+    WgmmaM64N16RegAF16(o[2 * grp], a[grp][0], desc);
+    WgmmaM64N16RegAF16(o[2 * grp + 1], a[grp][1], desc);
   }
 }
 
@@ -339,27 +339,20 @@ __global__ void __launch_bounds__(KeysOnMTraits::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[j][i] = 0.f;
     {
-      uint32_t a0[8][4], a1[8][4];
-      LoadKeyGroup(krow0, krow1, 0, tq, a0);
-      WgmmaFence();
-      MmaKeyGroup(acc[0], a0, q_desc, 0);
-      WgmmaCommit();
-      LoadKeyGroup(krow0, krow1, 1, tq, a1);
-      WgmmaFence();
-      MmaKeyGroup(acc[1], a1, q_desc, 1);
-      WgmmaCommit();
-      WgmmaWait<1>();
-      KeepLiveAll(a0);
-      LoadKeyGroup(krow0, krow1, 2, tq, a0);
-      WgmmaFence();
-      MmaKeyGroup(acc[2], a0, q_desc, 2);
-      WgmmaCommit();
-      WgmmaWait<1>();
-      KeepLiveAll(a1);
-      LoadKeyGroup(krow0, krow1, 3, tq, a1);
-      WgmmaFence();
-      MmaKeyGroup(acc[3], a1, q_desc, 3);
-      WgmmaCommit();
+      // Scale group grp's A fragments in buffer grp % 2; a buffer is refilled once the wgmmas
+      // of the group before have read it.
+      uint32_t a[2][8][4];
+#pragma unroll
+      for (int grp = 0; grp < Tr::kGroups; ++grp) {
+        if (grp >= 2) {
+          WgmmaWait<1>();
+          KeepLiveAll(a[grp & 1]);
+        }
+        LoadKeyGroup(krow0, krow1, grp, tq, a[grp & 1]);
+        WgmmaFence();
+        MmaKeyGroup(acc[grp], a[grp & 1], q_desc, grp);
+        WgmmaCommit();
+      }
       // Rope: bf16 as stored; 16 bytes (8 columns) a key per 32-column block.
       uint32_t ar[4][4];
 #pragma unroll
@@ -378,11 +371,11 @@ __global__ void __launch_bounds__(KeysOnMTraits::kThreads, 1)
       }
       WgmmaFence();
 #pragma unroll
-      for (int j = 0; j < 4; ++j) WgmmaM64N16RegABf16(acc[4], ar[j], QDesc(q_desc, 32 + j), 1);
+      for (int j = 0; j < 4; ++j) WgmmaM64N16RegABf16(acc[4], ar[j], QDesc(q_desc, 32 + j));
       WgmmaCommit();
       WgmmaWait<0>();
-      KeepLiveAll(a0);
-      KeepLiveAll(a1);
+      KeepLiveAll(a[0]);
+      KeepLiveAll(a[1]);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -633,16 +626,8 @@ __global__ void __launch_bounds__(KeysOnMTraits::kThreads, 1)
 
 absl::Status KeysOnMFp8Sm90::Launch(const VerifyKernelArgs& args, int grid, void* stream) {
   static std::atomic<uint64_t> configured_devices{0};
-  auto* kernel = &VerifyAttentionKeysOnMKernel;
-  // The body exists only in the sm_90a build (see SeesawS64::Launch).
-  auto has_body = [kernel]() -> cudaError_t {
-    cudaFuncAttributes attr{};
-    const cudaError_t e = cudaFuncGetAttributes(&attr, kernel);
-    if (e != cudaSuccess) return e;
-    return attr.numRegs < 64 ? cudaErrorInvalidDeviceFunction : cudaSuccess;
-  };
-  return LaunchWithSmem(kernel, configured_devices, has_body, args, grid, KeysOnMTraits::kThreads,
-                        kKeysOnMSmemBytes, stream);
+  return LaunchSm90aBody(&VerifyAttentionKeysOnMKernel, configured_devices, args, grid,
+                         KeysOnMTraits::kThreads, kKeysOnMSmemBytes, stream);
 }
 
 }  // namespace verifyd::kernels::cuda::detail

@@ -214,30 +214,24 @@ __device__ __forceinline__ void WgmmaM64N128SmemAVTrans(float* d, uint64_t desc_
       : "l"(desc_a), "l"(desc_b));
 }
 
-// D[64 x 16] (+)= A[64 x 16] (registers: a[0..3] as for mma.sync's A) * B[16 x 16] (smem,
-// K-major) for one warpgroup, f16 inputs; scale_d == 0 overwrites D.
-__device__ __forceinline__ void WgmmaM64N16RegAF16(float* d, const uint32_t* a, uint64_t desc_b,
-                                                   int scale_d) {
+// D[64 x 16] += A[64 x 16] (registers: a[0..3] as for mma.sync's A) * B[16 x 16] (smem,
+// K-major) for one warpgroup, f16 inputs.
+__device__ __forceinline__ void WgmmaM64N16RegAF16(float* d, const uint32_t* a, uint64_t desc_b) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n"
-      "}\n"
+      "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, 1, 1, 1, 0;\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 // Same with bf16 inputs.
-__device__ __forceinline__ void WgmmaM64N16RegABf16(float* d, const uint32_t* a, uint64_t desc_b,
-                                                    int scale_d) {
+__device__ __forceinline__ void WgmmaM64N16RegABf16(float* d, const uint32_t* a, uint64_t desc_b) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n"
-      "}\n"
+      "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, 1, 1, 1, 0;\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 // Keeps `r` live (and unmoved) up to this point: after a wgmma.wait_group, for the registers a
 // register-A wgmma read asynchronously.

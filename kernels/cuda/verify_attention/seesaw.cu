@@ -619,18 +619,8 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
 
 absl::Status SeesawS64::Launch(const VerifyKernelArgs& args, int grid, void* stream) {
   static std::atomic<uint64_t> configured_devices{0};
-  auto* kernel = &VerifyAttentionSeesawKernel;
-  // The body exists only in the sm_90a build: an image without it (e.g. built for plain
-  // sm_90) would run an empty kernel and leave the output unwritten. Its register count
-  // tells (the body needs the whole register file).
-  auto has_body = [kernel]() -> cudaError_t {
-    cudaFuncAttributes attr{};
-    const cudaError_t e = cudaFuncGetAttributes(&attr, kernel);
-    if (e != cudaSuccess) return e;
-    return attr.numRegs < 64 ? cudaErrorInvalidDeviceFunction : cudaSuccess;
-  };
-  return LaunchWithSmem(kernel, configured_devices, has_body, args, grid, SeesawTraits::kThreads,
-                        kSeesawSmemBytes, stream);
+  return LaunchSm90aBody(&VerifyAttentionSeesawKernel, configured_devices, args, grid,
+                         SeesawTraits::kThreads, kSeesawSmemBytes, stream);
 }
 
 }  // namespace verifyd::kernels::cuda::detail
