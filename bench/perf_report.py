@@ -13,9 +13,10 @@ those blocks (default) or checks that they match (--check, run by CTest on every
 prose and numbers cannot drift apart: to change a number, add a run's JSON and regenerate.
 
 Table kinds:
-  verify_attention  verifyd (bench/verify_attention_bench --json) against FlashInfer
-                    (bench/peers/flashinfer_mla.py --json) of the SAME run, plus an optional
-                    reference column (e.g. FlashMLA, measured elsewhere, labelled as such).
+  verify_attention  verifyd (bench/verify_attention_bench --json) against FlashMLA
+                    (bench/peers/flashmla_mla.py --json) and FlashInfer
+                    (bench/peers/flashinfer_mla.py --json) of the SAME run, plus optional
+                    reference columns (measured elsewhere, labelled as such).
   engine            the CUDA engine step (bench/engine/engine_bench --json).
   engine_extras     engine_bench --extras: plain steps vs the same steps with sampling,
                     logprobs and hidden states.
@@ -76,7 +77,7 @@ def meta_line(name, d, path):
         parts.append(f"driver {drv}")
     if m.get("sm_clock_mhz"):
         parts.append(f"SM clock {m['sm_clock_mhz']} MHz")
-    for k in ("flashinfer", "backend", "source"):
+    for k in ("flashinfer", "flashmla_commit", "backend", "source"):
         if m.get(k):
             parts.append(f"{k} {m[k]}")
     return "- " + ", ".join(str(p) for p in parts)
@@ -85,20 +86,25 @@ def meta_line(name, d, path):
 def verify_attention_table(spec):
     vd = load(spec["verifyd"])
     fi = load(spec["flashinfer"]) if spec.get("flashinfer") else None
+    fm = load(spec["flashmla"]) if spec.get("flashmla") else None
     refs = [(r["label"], load(r["file"]), r["file"]) for r in spec.get("references", [])]
     fi_rows = {key(r): r for r in fi["results"]} if fi else {}
+    fm_rows = {key(r): r for r in fm["results"]} if fm else {}
     ref_rows = [{key(r): r for r in d["results"]} for _, d, _ in refs]
+    peers = fi or fm
     out = []
     head = ["B", "H", "q", "ctx", "verifyd ms (page 1, tree)"]
+    if fm:
+        head += ["FlashMLA ms (page 64)"]
     if fi:
         head += ["FlashInfer ms (page 1)", "FlashInfer best ms (page, layout)"]
     head += [f"{label} ms" for label, _, _ in refs]
-    if fi:
+    if peers:
         head += ["verifyd vs best same-run peer"]
     if refs:
         head += ["verifyd vs best ref. peer"]
     head += ["verifyd % of floor"]
-    if fi:
+    if peers:
         head += ["best same-run peer % of floor"]
     out.append("| " + " | ".join(head) + " |")
     out.append("|" + "---|" * len(head))
@@ -107,20 +113,26 @@ def verify_attention_table(spec):
         k = key(r)
         floor = max(r["mem_floor_ms"], r["compute_floor_ms"])
         cells = [str(r["B"]), str(r["H"]), str(r["q"]), f"{r['ctx']:,}", fmt_ms(r["ms"])]
-        peer_ms = None
+        same_run = []
+        if fm:
+            m = fm_rows.get(k)
+            cells.append(fmt_ms(m["ms"]) if m else "–")
+            if m:
+                same_run.append(m["ms"])
         if fi:
             f = fi_rows.get(k)
             if f:
-                peer_ms = min(f["ms"], f.get("best_ms", f["ms"]))
+                same_run.append(min(f["ms"], f.get("best_ms", f["ms"])))
                 where = f"page {f.get('best_page_size')}"
                 if f.get("best_layout"):
                     where += f", {f['best_layout']}"
                 cells += [fmt_ms(f["ms"]), f"{fmt_ms(f.get('best_ms'))} ({where})"]
             else:
                 cells += ["–", "–"]
+        peer_ms = min(same_run) if same_run else None
         ref_ms = [rows.get(k, {}).get("ms") for rows in ref_rows]
         cells += [fmt_ms(x) for x in ref_ms]
-        if fi:
+        if peers:
             ratio = peer_ms / r["ms"] if peer_ms else None
             if ratio:
                 ratios.append(ratio)
@@ -134,7 +146,7 @@ def verify_attention_table(spec):
                 ahead_ref += rr >= 1.0
             cells.append(fmt_ratio(rr))
         cells.append(pct(floor, r["ms"]))
-        if fi:
+        if peers:
             cells.append(pct(floor, peer_ms))
         out.append("| " + " | ".join(cells) + " |")
     out.append("")
@@ -150,6 +162,12 @@ def verify_attention_table(spec):
     out.append("")
     out.append("Sources (raw JSON):")
     out.append(meta_line("verifyd", vd, spec["verifyd"]))
+    if fm:
+        out.append(meta_line("FlashMLA (same run)", fm, spec["flashmla"]))
+        errs = [x.get("rel_l2") for x in fm["results"] if x.get("rel_l2") is not None]
+        if errs:
+            out.append(f"  - FlashMLA's output at every timed shape against float32 torch: rel "
+                       f"L2 <= {max(errs):.1e}")
     if fi:
         out.append(meta_line("FlashInfer (same run)", fi, spec["flashinfer"]))
     for label, d, path in refs:
@@ -422,12 +440,14 @@ def main():
     ap.add_argument("--doc", default="docs/PERF.md")
     ap.add_argument("--print-run", nargs="+", metavar="JSON",
                     help="print the same-run kernel table of a GPU run instead: verifyd's "
-                         "JSON, then FlashInfer's (optional); paths as given")
+                         "JSON, then FlashInfer's and FlashMLA's (optional); paths as given")
     args = ap.parse_args()
     if args.print_run:
         spec = {"kind": "verify_attention", "verifyd": os.path.abspath(args.print_run[0])}
         if len(args.print_run) > 1:
             spec["flashinfer"] = os.path.abspath(args.print_run[1])
+        if len(args.print_run) > 2:
+            spec["flashmla"] = os.path.abspath(args.print_run[2])
         print(render("run", spec))
         return
     tables = load(args.tables)["tables"]

@@ -98,6 +98,7 @@ def time_shape(flashinfer, B, H, q, ctx, page, layout, args, dev):
         for w, (qn, qp), o in zip(wrappers, qs, outs):
             w.run(qn, qp, ckv, kpe, out=o)
 
+    torch.cuda.synchronize()                   # inputs (default stream) done before the side stream
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         for _ in range(3):                     # warm-up outside capture (JIT, lazy init)

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""FlashMLA's dense bf16 decode kernel, timed exactly as verify_attention_bench times verifyd.
+
+A same-run peer for bench/verify_attention_bench.cc, like bench/peers/flashinfer_mla.py: the
+same 16 reference shapes (B requests, H heads on one rank, q query rows per request, ctx
+context tokens), the same inputs (bf16 latent cache 512 + 64 as one 1152-byte row per token,
+each request's pages scattered at random over a pool) and the same timing method:
+  - input sets rotated so that their KV spans >= --rotate-bytes (L2 never holds it): sets =
+    clamp(ceil(rotate_bytes / (B * (ctx + q) * 576 * 2)), 2, 64), as verifyd's bench;
+  - one CUDA graph runs every input set once; per-call time = graph time / sets; the median
+    of --iters graph replays after --warmup.
+FlashMLA (deepseek-ai/FlashMLA, flash_mla_with_kvcache, sm_90a) supports page size 64 only
+and a causal chain only (no tree mask): the q rows of a request are a chain, which is what
+verifyd's bench runs too; its H query heads share the one latent KV head. Each call includes
+FlashMLA's split combine; its tile-scheduler metadata is made once per input set, on the
+first (untimed) call, as its interface intends. The output of each timed shape is checked
+against a float32 torch computation ("rel_l2" in the JSON).
+
+FlashMLA is not a PyPI package: bench/peers/build_flashmla.sh builds its dense decode from a
+FlashMLA checkout into a folder to put on PYTHONPATH. Writes JSON (--json) in the schema of
+verify_attention_bench ("impl": "flashmla"), prints a table. A program, not a test: it
+asserts nothing about speed.
+"""
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+
+import torch
+
+SHAPES = [  # B, H, q, ctx: the 16 reference shapes (docs/PERF.md)
+    (1, 8, 16, 4096), (1, 8, 16, 16384), (1, 8, 16, 65536), (1, 8, 16, 185000),
+    (1, 16, 16, 65536), (1, 16, 16, 185000), (8, 16, 16, 16384), (8, 16, 16, 65536),
+    (1, 16, 64, 65536), (32, 16, 16, 8192),
+    (1, 8, 1, 65536), (1, 8, 1, 185000), (1, 16, 1, 185000), (8, 16, 1, 65536),
+    (32, 16, 1, 16384), (64, 128, 1, 4096),
+]
+QK, CKV = 576, 512
+PAGE = 64            # the only page size FlashMLA's dense decode takes
+SCALE = 1.0 / math.sqrt(192.0)
+
+
+def parse_shapes(text):
+    out = []
+    for item in filter(None, text.split(",")):
+        f = item.split(":")
+        if len(f) != 4:
+            sys.exit(f"--shapes: '{item}' is not B:H:q:ctx")
+        out.append(tuple(int(x) for x in f))
+    return out
+
+
+def num_sets(B, q, ctx, rotate_bytes):
+    set_bytes = B * (ctx + q) * QK * 2
+    return int(min(max(-(-rotate_bytes // set_bytes), 2), 64))
+
+
+def time_shape(fm, B, H, q, ctx, args, dev):
+    """Median per-call ms of the graph-timed run, and the eager median."""
+    L = ctx + q                              # keys per request: context + its own q rows
+    per = -(-L // PAGE)
+    sets = num_sets(B, q, ctx, args.rotate_bytes)
+    total_pages = B * per * sets
+    g = torch.Generator(device=dev).manual_seed(12345)
+    kv = torch.empty(total_pages, PAGE, 1, QK, dtype=torch.bfloat16,
+                     device=dev).uniform_(-1, 1, generator=g)
+    perm = torch.randperm(total_pages, device=dev, generator=g).int()
+    seqlens = torch.full((B,), L, dtype=torch.int32, device=dev)
+    causal = q > 1
+    calls = []
+    for s in range(sets):
+        table = perm[s * B * per:(s + 1) * B * per].reshape(B, per).contiguous()
+        qt = torch.empty(B, q, H, QK, dtype=torch.bfloat16, device=dev).uniform_(-2, 2, generator=g)
+        meta, _ = fm.get_mla_metadata()
+        calls.append((qt, table, meta))
+
+    def run_all():
+        for qt, table, meta in calls:
+            fm.flash_mla_with_kvcache(qt, kv, table, seqlens, CKV, meta,
+                                      softmax_scale=SCALE, causal=causal)
+
+    # The inputs are made on the default stream: finish them before the side stream's first
+    # call, which makes FlashMLA's tile-scheduler metadata from cache_seqlens on the GPU
+    # (without this it may read the lengths before they are written, and then every later
+    # call of that input set runs a wrong schedule: wrong outputs, wrong times).
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):                     # warm-up outside capture (metadata, lazy init)
+            run_all()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        run_all()
+    for _ in range(args.warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(args.iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / sets)
+    eager = []
+    for i in range(args.iters):
+        qt, table, meta = calls[i % sets]
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fm.flash_mla_with_kvcache(qt, kv, table, seqlens, CKV, meta, softmax_scale=SCALE,
+                                  causal=causal)
+        b.record()
+        b.synchronize()
+        eager.append(a.elapsed_time(b))
+    qt, table, meta = calls[0]               # the timed call's output, checked at this shape
+    out, _ = fm.flash_mla_with_kvcache(qt, kv, table, seqlens, CKV, meta, softmax_scale=SCALE,
+                                       causal=causal)
+    err = rel_l2(out, qt, kv, table, ctx, q)
+    del graph, calls, kv
+    torch.cuda.empty_cache()
+    return statistics.median(times), statistics.median(eager), sets, err
+
+
+def rel_l2(out, qt, kv, table, ctx, q):
+    """Relative L2 error of FlashMLA's output against a float32 torch computation of causal-
+    chain MLA over the same bf16 inputs (B, q, H, 512)."""
+    L = ctx + q
+    num = den = 0.0
+    for b in range(qt.shape[0]):
+        k = kv[table[b].long()].reshape(-1, QK)[:L].float()
+        s = torch.einsum("thd,kd->thk", qt[b].float(), k) * SCALE
+        t = torch.arange(q, device=k.device)[:, None, None]
+        j = torch.arange(L, device=k.device)[None, None, :]
+        s = s.masked_fill(j > ctx + t, float("-inf"))      # causal chain
+        ref = torch.einsum("thk,kd->thd", torch.softmax(s, -1), k[:, :CKV])
+        num += float(((out[b].float() - ref) ** 2).sum())
+        den += float((ref ** 2).sum())
+    return math.sqrt(num / den)
+
+
+def sanity_check(fm, dev):
+    """FlashMLA vs a float32 torch computation on small chain and decode shapes: the relative
+    L2 error of the output, so the timed calls are known to compute MLA."""
+    errs = {}
+    g = torch.Generator(device=dev).manual_seed(7)
+    for B, H, q, ctx in [(2, 8, 4, 300), (3, 16, 1, 1000), (1, 128, 2, 130)]:
+        L = ctx + q
+        per = -(-L // PAGE)
+        kv = torch.empty(B * per + 3, PAGE, 1, QK, device=dev).uniform_(-1, 1, generator=g).bfloat16()
+        table = torch.randperm(B * per + 3, device=dev, generator=g)[:B * per].int().reshape(B, per)
+        qt = torch.empty(B, q, H, QK, device=dev).uniform_(-2, 2, generator=g).bfloat16()
+        meta, _ = fm.get_mla_metadata()
+        torch.cuda.synchronize()
+        out, _ = fm.flash_mla_with_kvcache(qt, kv, table, torch.full((B,), L, dtype=torch.int32,
+                                           device=dev), CKV, meta, softmax_scale=SCALE,
+                                           causal=q > 1)
+        errs[f"{B}/{H}/{q}/{ctx}"] = rel_l2(out, qt, kv, table, ctx, q)
+    return errs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", default="flashmla_mla.json")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--rotate-bytes", type=int, default=512 << 20)
+    ap.add_argument("--shapes", default="", help="B:H:q:ctx[,...] instead of the 16 shapes")
+    ap.add_argument("--commit", default="unknown", help="verifyd commit of the same run")
+    ap.add_argument("--flashmla-commit", default="unknown", help="FlashMLA source revision")
+    ap.add_argument("--nvidia-driver", default="", help="driver version (nvidia-smi) to record")
+    ap.add_argument("--copy-gbps", type=float, default=4242.0)
+    ap.add_argument("--mma-tflops", type=float, default=790.0)
+    args = ap.parse_args()
+    import flash_mla as fm  # noqa: E402  (built by bench/peers/build_flashmla.sh)
+
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
+    sanity = sanity_check(fm, dev)
+    print("sanity: FlashMLA vs float32 torch, rel L2 by B/H/q/ctx:", sanity, flush=True)
+    if any(not (e <= 2e-2) for e in sanity.values()):
+        sys.exit("flashmla_mla: the sanity check failed: not timing it")
+    results = []
+    print(f"{'B':>3} {'H':>4} {'q':>3} {'ctx':>7} {'ms':>10} {'eager ms':>10} {'sets':>5} {'rel L2':>9}")
+    for B, H, q, ctx in shapes:
+        ms, eager_ms, sets, err = time_shape(fm, B, H, q, ctx, args, dev)
+        kv_bytes = B * (ctx + q) * QK * 2
+        flops = 2.0 * B * q * H * (ctx + q) * (QK + CKV)
+        results.append({"B": B, "H": H, "q": q, "ctx": ctx, "mask": "causal-chain",
+                        "page_size": PAGE, "ms": ms, "eager_ms": eager_ms, "sets": sets,
+                        "rel_l2": err,
+                        "mem_floor_ms": kv_bytes / (args.copy_gbps * 1e9) * 1e3,
+                        "compute_floor_ms": flops / (args.mma_tflops * 1e12) * 1e3})
+        print(f"{B:>3} {H:>4} {q:>3} {ctx:>7} {ms:>10.4f} {eager_ms:>10.4f} {sets:>5} {err:>9.2e}",
+              flush=True)
+    meta = {
+        "commit": args.commit, "flashmla_commit": args.flashmla_commit,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": props.name, "cc": f"{props.major}.{props.minor}",
+        "num_sms": props.multi_processor_count, "driver_version": args.nvidia_driver or None,
+        "runtime_version": torch.version.cuda, "torch": torch.__version__,
+        "page_size": PAGE,
+        "timing": "inputs rotated over >= rotate_bytes of KV; one CUDA graph runs every input "
+                  "set once; per-call = graph time / sets; median of iters replays",
+        "rotate_bytes": args.rotate_bytes, "iters": args.iters, "warmup": args.warmup,
+        "copy_gbps": args.copy_gbps, "mma_tflops": args.mma_tflops,
+        "sanity_rel_l2": sanity,
+    }
+    with open(args.json, "w") as f:
+        json.dump({"bench": "verify_attention", "impl": "flashmla", "meta": meta,
+                   "results": results}, f, indent=1)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
