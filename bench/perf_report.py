@@ -440,14 +440,15 @@ def main():
     ap.add_argument("--doc", default="docs/PERF.md")
     ap.add_argument("--print-run", nargs="+", metavar="JSON",
                     help="print the same-run kernel table of a GPU run instead: verifyd's "
-                         "JSON, then FlashInfer's and FlashMLA's (optional); paths as given")
+                         "JSON, then the same run's peers (FlashInfer, FlashMLA; optional)")
     args = ap.parse_args()
     if args.print_run:
         spec = {"kind": "verify_attention", "verifyd": os.path.abspath(args.print_run[0])}
-        if len(args.print_run) > 1:
-            spec["flashinfer"] = os.path.abspath(args.print_run[1])
-        if len(args.print_run) > 2:
-            spec["flashmla"] = os.path.abspath(args.print_run[2])
+        for path in args.print_run[1:]:  # the peers, told apart by their "impl"
+            impl = load(os.path.abspath(path)).get("impl")
+            if impl not in ("flashinfer", "flashmla"):
+                sys.exit(f"perf_report: {path} is not a peer's JSON (impl {impl!r})")
+            spec[impl] = os.path.abspath(path)
         print(render("run", spec))
         return
     tables = load(args.tables)["tables"]

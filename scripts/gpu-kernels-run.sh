@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs the CUDA kernel tests and benchmarks on a GPU machine and leaves logs/JSON in $OUT.
-#   scripts/gpu-kernels-run.sh [tests] [sanitize] [bench] [flashinfer] [torch] [tune] [profile]
+#   scripts/gpu-kernels-run.sh [tests] [sanitize] [bench] [flashinfer] [flashmla] [torch] [tune]
+#   [profile]
 #   (default: tests bench flashinfer). Logs and JSON go to a work folder, packed into
 #   $OUT/results.tgz (the device tool returns at most 8 files); verifyd.json and
-#   flashinfer.json (the same run's peer, bench/peers/flashinfer_mla.py) are copied too.
+#   flashinfer.json / flashmla.json (the same run's peers, bench/peers/) are copied too.
 # Expects the binaries on PATH (gpu_verify_attention_test, gpu_tree_accept_test,
 # verify_attention_bench), e.g. from a device bundle: source .device/env.sh first.
 # Env: VERIFYD_COMMIT (recorded in the JSON), FLASHINFER_PATH (a folder holding the
-# flashinfer package laid out for JIT use, put on PYTHONPATH; see docs/PERF.md).
+# flashinfer package laid out for JIT use, put on PYTHONPATH; see docs/PERF.md), FLASHMLA_PATH
+# (the output folder of bench/peers/build_flashmla.sh).
 # Prints a short summary last. Never changes clocks, power or MIG settings.
 set -uo pipefail
 OUT=${OUT:-/tmp/verifyd-gpu-out}
@@ -49,6 +51,14 @@ for step in "${steps[@]}"; do
         --commit="$commit" --nvidia-driver="$driver" --json "$OUT/flashinfer.json" \
         > "$OUT/flashinfer.log" 2>&1 || rc=1
       ;;
+    flashmla)
+      # FlashMLA's dense decode, same shapes, inputs and timing; FLASHMLA_PATH: the folder
+      # bench/peers/build_flashmla.sh made (holding flash_mla/).
+      PYTHONPATH="${FLASHMLA_PATH:?FLASHMLA_PATH: the build_flashmla.sh output}${PYTHONPATH:+:$PYTHONPATH}" \
+        PYTHONUNBUFFERED=1 timeout "${FLASHMLA_TIMEOUT:-300}" python3 "$here/bench/peers/flashmla_mla.py" \
+        --commit="$commit" --nvidia-driver="$driver" --json "$OUT/flashmla.json" \
+        > "$OUT/flashmla.log" 2>&1 || rc=1
+      ;;
     tune)
       # Planner / configuration sweep: one bench run per (config, split overhead), then a
       # compact matrix of median times per shape.
@@ -87,16 +97,18 @@ PY
       ;;
   esac
 done
-for f in "$OUT"/bench_*.log "$OUT/flashinfer.log" "$OUT/torch.log"; do
+for f in "$OUT"/bench_*.log "$OUT/flashinfer.log" "$OUT/flashmla.log" "$OUT/torch.log"; do
   [ -f "$f" ] && { echo "== $(basename "$f")"; grep -E "^\||^ *[0-9]|device|sanity|rror" "$f" | tail -40; }
 done
 if [ -f "$OUT/bench_auto.json" ]; then  # verifyd and its same-run peer side by side
   echo "== same run"
   python3 "$here/bench/perf_report.py" --print-run "$OUT/bench_auto.json" \
-    $([ -f "$OUT/flashinfer.json" ] && echo "$OUT/flashinfer.json") || rc=1
+    $([ -f "$OUT/flashinfer.json" ] && echo "$OUT/flashinfer.json") \
+    $([ -f "$OUT/flashmla.json" ] && echo "$OUT/flashmla.json") || rc=1
 fi
 tar czf "$FINAL_OUT/results.tgz" -C "$OUT" .
 [ -f "$OUT/bench_auto.json" ] && cp "$OUT/bench_auto.json" "$FINAL_OUT/verifyd.json"
 [ -f "$OUT/flashinfer.json" ] && cp "$OUT/flashinfer.json" "$FINAL_OUT/flashinfer.json"
+[ -f "$OUT/flashmla.json" ] && cp "$OUT/flashmla.json" "$FINAL_OUT/flashmla.json"
 cp "$OUT/gpu.txt" "$FINAL_OUT/nvidia-smi.csv"
 exit $rc
