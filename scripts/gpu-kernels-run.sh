@@ -20,6 +20,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests bench flashinfer)
 commit=${VERIFYD_COMMIT:-unknown}
+# The tests' C++ reference (long contexts) on every core of the GPU host (results unchanged).
+export VERIFYD_REF_THREADS=${VERIFYD_REF_THREADS:-$(nproc)}
 driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
 rc=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \

@@ -6,16 +6,29 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
 namespace verifyd::kernels::ref::internal {
 
-// Most threads one reference op starts. The CPU backend already runs one engine thread per
-// TP rank, so keep this small.
+// Most threads one reference op starts: at most 4 by default (the CPU backend already runs
+// one engine thread per TP rank), never more than the hardware's. VERIFYD_REF_THREADS=N (a
+// positive integer, read once) raises or lowers that cap, e.g. for the GPU tests, whose C++
+// reference of long contexts is most of their run time on a many-core GPU host. The thread
+// count never changes a result (see above).
 inline int MaxOpThreads() {
-  const unsigned hw = std::thread::hardware_concurrency();
-  return static_cast<int>(std::clamp<unsigned>(hw == 0 ? 1u : hw, 1u, 4u));
+  static const int threads = [] {
+    unsigned cap = 4;
+    if (const char* env = std::getenv("VERIFYD_REF_THREADS")) {
+      char* end = nullptr;
+      const long v = std::strtol(env, &end, 10);
+      if (end != env && *end == '\0' && v > 0 && v <= 1024) cap = static_cast<unsigned>(v);
+    }
+    const unsigned hw = std::thread::hardware_concurrency();
+    return static_cast<int>(std::clamp<unsigned>(hw == 0 ? 1u : hw, 1u, cap));
+  }();
+  return threads;
 }
 
 // Calls fn(begin, end) over contiguous chunks covering [0, count), each a multiple of
