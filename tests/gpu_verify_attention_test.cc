@@ -424,6 +424,7 @@ void ExpectCase(const Case& c) {
   EXPECT_LE(e.rel_l2, kRelL2Tol) << "worst folded row " << e.worst_row;
   std::printf("  %-70s rel_l2 %.2e max_abs %.2e lse %.2e\n", c.Name().c_str(), e.rel_l2, e.max_abs,
               e.lse_max_abs);
+  std::fflush(stdout);  // a run cut by a timeout still shows how far it got
 }
 
 TEST(VerifyAttentionCuda, HeadsAndNodesGrid) {
