@@ -26,6 +26,8 @@ Table kinds:
                     the same benchmark of two builds in one GPU run (before / after a change).
   kv_fp8_accuracy   bench/kv_fp8_accuracy (CPU): the FP8 latent KV format's attention error
                     for two scale layouts, and the CPU engine's greedy tokens with it.
+  fp8_numerics      bench/fp8_attention_numerics (CPU): the error that kernel arithmetic adds
+                    to the FP8 cache (shipped kernels and an e4m3 tensor-core design).
   bf16_floor        bench/transformers_bf16_floor.py: transformers in bfloat16 against its own
                     float32 logits on the reference checkpoints.
 Only the Python standard library: runs on the CI machine.
@@ -407,6 +409,35 @@ def kv_fp8_accuracy_table(spec):
     return "\n".join(out)
 
 
+def fp8_numerics_table(spec):
+    """bench/fp8_attention_numerics: per case, each variant's mean (max) output rel-L2 against
+    float64 attention over the same FP8 bytes; then each variant's worst LSE error."""
+    d = load(spec["json"])
+    variants = []
+    for r in d["results"]:
+        if r["variant"] not in variants:
+            variants.append(r["variant"])
+    cases = {}
+    for r in d["results"]:
+        cases.setdefault((r["context"], r["channels"], r["q_sigma"]), {})[r["variant"]] = r
+    out = ["| context | channels | Q sigma | " + " | ".join(variants) + " |",
+           "|" + "---|" * (3 + len(variants))]
+    for (ctx, ch, sig), by in cases.items():
+        cells = [f"{by[v]['out_rel_l2_mean']:.1e} ({by[v]['out_rel_l2_max']:.1e})"
+                 if v in by else "–" for v in variants]
+        out.append(f"| {ctx:,} | {ch} | {sig:g} | " + " | ".join(cells) + " |")
+    worst = {v: max(r["lse_abs_max"] for r in d["results"] if r["variant"] == v)
+             for v in variants}
+    out.append("| worst LSE abs error | | | " +
+               " | ".join(f"{worst[v]:.1e}" for v in variants) + " |")
+    m = d.get("meta", {})
+    out += ["", f"Cells: output rel-L2 mean (max) over {m.get('rows', '?')} rows x "
+            f"{m.get('heads', '?')} heads.",
+            "", f"- `{spec['json']}`, {m.get('machine', '?')}, {m.get('date', '?')}, commit "
+            f"`{m.get('commit', '?')}`: `{m.get('command', '')}`"]
+    return "\n".join(out)
+
+
 def bf16_floor_table(spec):
     d = load(spec["json"])
     out = ["| checkpoint | transformers dtype | max rel logit error | max rel-L2 | argmax changes |",
@@ -426,7 +457,7 @@ KINDS = {"verify_attention": verify_attention_table, "engine": engine_table,
          "moe_layer": moe_layer_table, "engine_extras": engine_extras_table,
          "verify_attention_change": verify_attention_change_table,
          "engine_change": engine_change_table, "kv_fp8_accuracy": kv_fp8_accuracy_table,
-         "bf16_floor": bf16_floor_table, "engine_modes": engine_modes_table}
+         "bf16_floor": bf16_floor_table, "fp8_numerics": fp8_numerics_table, "engine_modes": engine_modes_table}
 
 
 def render(name, spec):
