@@ -18,6 +18,10 @@
 //   p_e4m3         Q float, P_g = P x scale_g x 2^c_g in e4m3 (c_g per tile and group, the
 //                  largest value of the tile's group just under 448): the P V error alone
 //   e4m3_both      q_e4m3_group and p_e4m3 together: e4m3 tensor-core math for both products
+//   q_e4m3x2 / p_e4m3x2 / e4m3x2_both
+//                  the same with each operand split into two e4m3 terms, hi = e4m3(x) and
+//                  lo = e4m3(x - hi) with its own scale (Q: a float scale per group; P: 2^5),
+//                  i.e. two e4m3 products per product: the bf16 rate, on the landed codes
 // Row sums use the unrounded P (float) in every variant. Reported per (row, head): rel-L2 of
 // the output against the float64 baseline and |LSE| error, mean and max.
 //
@@ -72,9 +76,20 @@ float RoundToF16(float x) {
 
 float RoundToE4m3(float x) { return Fp8E4m3ToFloat(Fp8E4m3FromFloat(x)); }
 
-enum class Variant { kBf16Dequant, kKm16, kQE4m3Row, kQE4m3Group, kPE4m3, kE4m3Both };
-const Variant kVariants[] = {Variant::kBf16Dequant, Variant::kKm16,  Variant::kQE4m3Row,
-                             Variant::kQE4m3Group,  Variant::kPE4m3, Variant::kE4m3Both};
+enum class Variant {
+  kBf16Dequant,
+  kKm16,
+  kQE4m3Row,
+  kQE4m3Group,
+  kPE4m3,
+  kE4m3Both,
+  kQE4m3x2,
+  kPE4m3x2,
+  kE4m3x2Both
+};
+const Variant kVariants[] = {Variant::kBf16Dequant, Variant::kKm16,    Variant::kQE4m3Row,
+                             Variant::kQE4m3Group,  Variant::kPE4m3,   Variant::kE4m3Both,
+                             Variant::kQE4m3x2,     Variant::kPE4m3x2, Variant::kE4m3x2Both};
 const char* Name(Variant v) {
   switch (v) {
     case Variant::kBf16Dequant:
@@ -89,6 +104,12 @@ const char* Name(Variant v) {
       return "p_e4m3";
     case Variant::kE4m3Both:
       return "e4m3_both";
+    case Variant::kQE4m3x2:
+      return "q_e4m3x2";
+    case Variant::kPE4m3x2:
+      return "p_e4m3x2";
+    case Variant::kE4m3x2Both:
+      return "e4m3x2_both";
   }
   return "?";
 }
@@ -161,8 +182,10 @@ void Emulate(Variant v, const Cache& c, const std::vector<float>& q, std::vector
   // Q as the variant holds it: value[j] = qv[j] * qscale[group of j] (rope: qr).
   std::vector<float> qv(kKvl), qr(kRope);
   float qscale[kGroups] = {1, 1, 1, 1};
+  const bool q_split = v == Variant::kQE4m3x2 || v == Variant::kE4m3x2Both;
+  const bool p_split = v == Variant::kPE4m3x2 || v == Variant::kE4m3x2Both;
   const bool q_e4m3 =
-      v == Variant::kQE4m3Row || v == Variant::kQE4m3Group || v == Variant::kE4m3Both;
+      v == Variant::kQE4m3Row || v == Variant::kQE4m3Group || v == Variant::kE4m3Both || q_split;
   if (v == Variant::kBf16Dequant) {
     for (int j = 0; j < kKvl; ++j) qv[j] = RoundToBf16(q[j]);
   } else if (v == Variant::kKm16) {
@@ -182,11 +205,23 @@ void Emulate(Variant v, const Cache& c, const std::vector<float>& q, std::vector
       qscale[g] = std::max(amax, 1e-30f) / kernels::kE4m3Max;
     }
     for (int j = 0; j < kKvl; ++j) qv[j] = RoundToE4m3(q[j] / qscale[j / kGroup]);
+    if (q_split) {  // + lo = e4m3(residual / s_lo) * s_lo, s_lo per group (a second product)
+      for (int g = 0; g < kGroups; ++g) {
+        float rmax = 0;
+        for (int j = g * kGroup; j < (g + 1) * kGroup; ++j) {
+          rmax = std::max(rmax, std::fabs(q[j] / qscale[g] - qv[j]));
+        }
+        const float s_lo = std::max(rmax, 1e-30f) / kernels::kE4m3Max;
+        for (int j = g * kGroup; j < (g + 1) * kGroup; ++j) {
+          qv[j] += RoundToE4m3((q[j] / qscale[g] - qv[j]) / s_lo) * s_lo;
+        }
+      }
+    }
   } else {
     qv.assign(q.begin(), q.begin() + kKvl);
   }
   for (int j = 0; j < kRope; ++j) {  // the rope columns stay bf16 (p_e4m3: Q all float)
-    qr[j] = v == Variant::kPE4m3 ? q[kKvl + j] : RoundToBf16(q[kKvl + j]);
+    qr[j] = v == Variant::kPE4m3 || v == Variant::kPE4m3x2 ? q[kKvl + j] : RoundToBf16(q[kKvl + j]);
   }
   const bool bf16_keys = v == Variant::kBf16Dequant;
 
@@ -223,7 +258,7 @@ void Emulate(Variant v, const Cache& c, const std::vector<float>& q, std::vector
         const double pb = RoundToBf16(p[i]);
         for (int j = 0; j < kKvl; ++j) o[j] += pb * RoundToBf16(c.Deq(t0 + i, j));
       }
-    } else if (v == Variant::kKm16 || v == Variant::kPE4m3 || v == Variant::kE4m3Both) {
+    } else if (v == Variant::kKm16 || v == Variant::kPE4m3 || v == Variant::kE4m3Both || p_split) {
       // P_g = P x scale_g x 2^c, rounded (f16 or e4m3), times the exact codes; 2^-c after.
       const bool e4m3 = v != Variant::kKm16;
       for (int g = 0; g < kGroups; ++g) {
@@ -235,8 +270,9 @@ void Emulate(Variant v, const Cache& c, const std::vector<float>& q, std::vector
         const int cexp = (e4m3 ? 8 : 15) - e;  // largest value in [2^7, 2^8) or [2^14, 2^15)
         for (int i = 0; i < n; ++i) {
           const float pg = std::ldexp(p[i] * c.scale[(t0 + i) * kGroups + g], cexp);
-          const double r =
-              std::ldexp(static_cast<double>(e4m3 ? RoundToE4m3(pg) : RoundToF16(pg)), -cexp);
+          double r = e4m3 ? RoundToE4m3(pg) : RoundToF16(pg);
+          if (p_split) r += std::ldexp(RoundToE4m3(std::ldexp(pg - static_cast<float>(r), 5)), -5);
+          r = std::ldexp(r, -cexp);
           for (int j = g * kGroup; j < (g + 1) * kGroup; ++j)
             o[j] += r * c.code[(t0 + i) * kKvl + j];
         }
