@@ -22,6 +22,10 @@
 //                  the same with each operand split into two e4m3 terms, hi = e4m3(x) and
 //                  lo = e4m3(x - hi) with its own scale (Q: a float scale per group; P: 2^5),
 //                  i.e. two e4m3 products per product: the bf16 rate, on the landed codes
+//   f16_tile       each landed tile dequantized once into f16 (code x f16(scale x 2^-e), e per
+//                  64-key tile so that the tile's largest value fits, rope too), Q in f16 times
+//                  a power of two per row, P in f16 times 2^c per tile: one accumulator for S,
+//                  no per-group state (the tile's 2^e folds into S and P V)
 // Row sums use the unrounded P (float) in every variant. Reported per (row, head): rel-L2 of
 // the output against the float64 baseline and |LSE| error, mean and max.
 //
@@ -85,11 +89,13 @@ enum class Variant {
   kE4m3Both,
   kQE4m3x2,
   kPE4m3x2,
-  kE4m3x2Both
+  kE4m3x2Both,
+  kF16Tile
 };
 const Variant kVariants[] = {Variant::kBf16Dequant, Variant::kKm16,    Variant::kQE4m3Row,
                              Variant::kQE4m3Group,  Variant::kPE4m3,   Variant::kE4m3Both,
-                             Variant::kQE4m3x2,     Variant::kPE4m3x2, Variant::kE4m3x2Both};
+                             Variant::kQE4m3x2,     Variant::kPE4m3x2, Variant::kE4m3x2Both,
+                             Variant::kF16Tile};
 const char* Name(Variant v) {
   switch (v) {
     case Variant::kBf16Dequant:
@@ -110,6 +116,8 @@ const char* Name(Variant v) {
       return "p_e4m3x2";
     case Variant::kE4m3x2Both:
       return "e4m3x2_both";
+    case Variant::kF16Tile:
+      return "f16_tile";
   }
   return "?";
 }
@@ -188,7 +196,7 @@ void Emulate(Variant v, const Cache& c, const std::vector<float>& q, std::vector
       v == Variant::kQE4m3Row || v == Variant::kQE4m3Group || v == Variant::kE4m3Both || q_split;
   if (v == Variant::kBf16Dequant) {
     for (int j = 0; j < kKvl; ++j) qv[j] = RoundToBf16(q[j]);
-  } else if (v == Variant::kKm16) {
+  } else if (v == Variant::kKm16 || v == Variant::kF16Tile) {
     float amax = 0;
     for (int j = 0; j < kKvl; ++j) amax = std::max(amax, std::fabs(q[j]));
     int e = 0;
@@ -225,6 +233,10 @@ void Emulate(Variant v, const Cache& c, const std::vector<float>& q, std::vector
   }
   const bool bf16_keys = v == Variant::kBf16Dequant;
 
+  // f16_tile: Q's rope columns share the row's power of two (one accumulator).
+  std::vector<float> qr16(kRope), ktile(v == Variant::kF16Tile ? kTile * kLat : 0);
+  for (int j = 0; j < kRope; ++j) qr16[j] = RoundToF16(q[kKvl + j] / qscale[0]);
+  int tile_shift = 0;
   std::vector<double> acc(kKvl, 0.0);
   double m_all = -INFINITY, l_all = 0;
   std::vector<float> s(kTile), p(kTile);
@@ -232,7 +244,37 @@ void Emulate(Variant v, const Cache& c, const std::vector<float>& q, std::vector
   for (int64_t t0 = 0; t0 < c.keys; t0 += kTile) {
     const int n = static_cast<int>(std::min<int64_t>(kTile, c.keys - t0));
     float m = -INFINITY;
-    for (int i = 0; i < n; ++i) {
+    if (v == Variant::kF16Tile) {  // the tile in f16, shifted by 2^-e so that it fits
+      float amax = 0;
+      for (int i = 0; i < n; ++i) {
+        for (int j = 0; j < kKvl; ++j) amax = std::max(amax, std::fabs(c.Deq(t0 + i, j)));
+        for (int j = 0; j < kRope; ++j)
+          amax = std::max(amax, std::fabs(c.rope[(t0 + i) * kRope + j]));
+      }
+      int e = 0;
+      std::frexp(std::max(amax, 1e-30f), &e);  // amax < 2^e; the tile's largest in [2^14, 2^15)
+      tile_shift = 15 - e;
+      for (int i = 0; i < n; ++i) {
+        for (int j = 0; j < kKvl; ++j) {
+          const float sc =
+              RoundToF16(std::ldexp(c.scale[(t0 + i) * kGroups + j / kGroup], tile_shift));
+          ktile[i * kLat + j] = RoundToF16(c.code[(t0 + i) * kKvl + j] * sc);
+        }
+        for (int j = 0; j < kRope; ++j) {
+          ktile[i * kLat + kKvl + j] =
+              RoundToF16(std::ldexp(c.rope[(t0 + i) * kRope + j], tile_shift));
+        }
+      }
+    }
+    for (int i = 0; i < n && v == Variant::kF16Tile; ++i) {
+      double d = 0;
+      for (int j = 0; j < kKvl; ++j) d += static_cast<double>(qv[j]) * ktile[i * kLat + j];
+      for (int j = 0; j < kRope; ++j)
+        d += static_cast<double>(qr16[j]) * ktile[i * kLat + kKvl + j];
+      s[i] = static_cast<float>(std::ldexp(d * qscale[0], -tile_shift)) * kSoftmaxScale;
+      m = std::max(m, s[i]);
+    }
+    for (int i = 0; i < n && v != Variant::kF16Tile; ++i) {
       const int64_t k = t0 + i;
       double d = 0;
       for (int g = 0; g < kGroups; ++g) {
@@ -253,7 +295,18 @@ void Emulate(Variant v, const Cache& c, const std::vector<float>& q, std::vector
       l += p[i];
     }
     std::fill(o.begin(), o.end(), 0.0);
-    if (v == Variant::kBf16Dequant) {
+    if (v == Variant::kF16Tile) {  // P x 2^c in f16 (largest in [2^14, 2^15)) times the f16 V
+      float mx = 0;
+      for (int i = 0; i < n; ++i) mx = std::max(mx, p[i]);
+      int e = 0;
+      std::frexp(mx, &e);
+      const int cexp = 15 - e;
+      for (int i = 0; i < n; ++i) {
+        const double r =
+            std::ldexp(static_cast<double>(RoundToF16(std::ldexp(p[i], cexp))), -cexp - tile_shift);
+        for (int j = 0; j < kKvl; ++j) o[j] += r * ktile[i * kLat + j];
+      }
+    } else if (v == Variant::kBf16Dequant) {
       for (int i = 0; i < n; ++i) {
         const double pb = RoundToBf16(p[i]);
         for (int j = 0; j < kKvl; ++j) o[j] += pb * RoundToBf16(c.Deq(t0 + i, j));
