@@ -17,11 +17,16 @@
 //   rate        back-to-back wgmmas on shared-memory-resident tiles, 2 warpgroups per CTA, one
 //               CTA per SM: TFLOP/s of e4m3 m64n256k32 against bf16 m64n256k16 (tensor rate
 //               only: no loads, no softmax).
+//   convert     an f16 tile per landed FP8 tile: codes -> f16 (cvt.rn.f16x2.e4m3x2) x a scale
+//               (f16x2 multiply) -> shared memory, one CTA per SM of 128 / 256 / 384 threads:
+//               SM cycles per key (512 codes), against the 34 MMA cycles a key of 64 rows.
 // A benchmark: prints a table and writes JSON (--json); it asserts nothing. Needs an sm_90a
 // device; elsewhere it says so and exits 2.
 //   fp8_wgmma_probe [--json=FILE] [--rate_iters=20000]
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -241,6 +246,46 @@ __global__ void __launch_bounds__(256) RateKernel(int iters, float* sink) {
 #endif
 }
 
+// The conversion rate of an f16 tile per landed FP8 tile: each thread turns 16-byte chunks of
+// codes (in shared memory) into f16 (cvt.rn.f16x2.e4m3x2), multiplies them by a per-group f16
+// scale (f16x2 multiply) and stores the 32 bytes back into shared memory; `iters` passes over
+// one 64-key tile of 512 codes a key (32 KB in, 64 KB out).
+__global__ void __launch_bounds__(384) ConvertKernel(int iters, float* sink) {
+#ifdef PROBE_SM90A
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint8_t* in = smem;           // 64 keys x 512 codes
+  uint8_t* out = smem + 32768;  // 64 keys x 512 f16
+  for (int i = threadIdx.x * 16; i < 32768; i += blockDim.x * 16) {
+    *reinterpret_cast<uint4*>(in + i) =
+        make_uint4(0x3a383634u ^ i, 0x42403e3cu, 0x2c2a2826u, 0x4c4a4846u);
+  }
+  __syncthreads();
+  const __half2 scale = __floats2half2_rn(0.75f, 0.75f);
+  uint32_t acc = 0;
+  for (int it = 0; it < iters; ++it) {
+    for (int c = threadIdx.x; c < 2048; c += blockDim.x) {  // 2048 chunks of 16 codes
+      const uint4 v = *reinterpret_cast<const uint4*>(in + c * 16);
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      uint32_t h[8];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        uint32_t lo, hi;
+        E4m3x4ToF16x2x2(w[k] ^ it, lo, hi);
+        __half2 a = __hmul2(*reinterpret_cast<__half2*>(&lo), scale);
+        __half2 b = __hmul2(*reinterpret_cast<__half2*>(&hi), scale);
+        h[2 * k] = *reinterpret_cast<uint32_t*>(&a);
+        h[2 * k + 1] = *reinterpret_cast<uint32_t*>(&b);
+      }
+      uint4* dst = reinterpret_cast<uint4*>(out + c * 32);
+      dst[0] = make_uint4(h[0], h[1], h[2], h[3]);
+      dst[1] = make_uint4(h[4], h[5], h[6], h[7]);
+      acc ^= h[0];
+    }
+  }
+  if (acc == 0x12345678u) sink[threadIdx.x] = static_cast<float>(acc);
+#endif
+}
+
 // Random e4m3 values (codes of N(0, 64) samples: the full exponent range of a stored tile).
 std::vector<uint8_t> RandomCodes(int n, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.f, 64.f);
@@ -371,6 +416,45 @@ int main(int argc, char** argv) {
     std::printf("| %s | %.3f | %.0f |\n", fp8 ? "e4m3 m64n256k32" : "bf16 m64n256k16", ms, tflops);
     results.push_back(
         {{"test", "rate"}, {"operands", fp8 ? "e4m3" : "bf16"}, {"ms", ms}, {"tflops", tflops}});
+    PROBE_CHECK(cudaEventDestroy(e0));
+    PROBE_CHECK(cudaEventDestroy(e1));
+  }
+  // Conversion rate: one CTA per SM of 128 / 256 / 384 threads.
+  PROBE_CHECK(
+      cudaFuncSetAttribute(ConvertKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 98304));
+  int clock_khz = 0;
+  PROBE_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev));
+  const int conv_iters = std::max(1, iters / 20);
+  std::printf(
+      "\nconversion: e4m3 codes -> f16 x scale -> shared memory, one CTA per SM, %d "
+      "passes over a 64-key tile\n",
+      conv_iters);
+  std::printf(
+      "| threads | ms | keys per us per SM | SM cycles per key at %d MHz |\n"
+      "|---|---|---|---|\n",
+      clock_khz / 1000);
+  for (const int threads : {128, 256, 384}) {
+    cudaEvent_t e0, e1;
+    PROBE_CHECK(cudaEventCreate(&e0));
+    PROBE_CHECK(cudaEventCreate(&e1));
+    ConvertKernel<<<sms, threads, 98304>>>(1, sink);  // warm-up
+    PROBE_CHECK(cudaEventRecord(e0));
+    ConvertKernel<<<sms, threads, 98304>>>(conv_iters, sink);
+    PROBE_CHECK(cudaEventRecord(e1));
+    PROBE_CHECK(cudaEventSynchronize(e1));
+    PROBE_CHECK(cudaGetLastError());
+    float ms = 0;
+    PROBE_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    const double keys = 64.0 * conv_iters;  // per SM
+    const double keys_per_us = keys / (ms * 1e3);
+    const double cycles = (clock_khz * 1e3) * (ms * 1e-3) / keys;
+    std::printf("| %d | %.3f | %.1f | %.1f |\n", threads, ms, keys_per_us, cycles);
+    results.push_back({{"test", "convert"},
+                       {"threads", threads},
+                       {"ms", ms},
+                       {"keys_per_us_per_sm", keys_per_us},
+                       {"cycles_per_key", cycles},
+                       {"clock_mhz", clock_khz / 1000}});
     PROBE_CHECK(cudaEventDestroy(e0));
     PROBE_CHECK(cudaEventDestroy(e1));
   }
