@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the CUDA kernel tests and benchmarks on a GPU machine and leaves logs/JSON in $OUT.
-#   scripts/gpu-kernels-run.sh [tests] [sanitize] [bench] [flashinfer] [flashmla] [torch] [tune]
-#   [profile]
+#   scripts/gpu-kernels-run.sh [tests] [sanitize] [bench] [flashinfer] [flashmla] [probe] [torch]
+#   [tune] [profile]
 #   (default: tests bench flashinfer). Logs and JSON go to a work folder, packed into
 #   $OUT/results.tgz (the device tool returns at most 8 files); verifyd.json and
 #   flashinfer.json / flashmla.json (the same run's peers, bench/peers/) are copied too.
@@ -60,6 +60,11 @@ for step in "${steps[@]}"; do
         PYTHONUNBUFFERED=1 timeout "${FLASHMLA_TIMEOUT:-300}" python3 "$here/bench/peers/flashmla_mla.py" \
         --commit="$commit" --nvidia-driver="$driver" --json "$OUT/flashmla.json" \
         > "$OUT/flashmla.log" 2>&1 || rc=1
+      ;;
+    probe)
+      # e4m3 wgmma precision and rate, and the FP8 -> f16 conversion rate (bench/fp8_wgmma_probe).
+      fp8_wgmma_probe --json "$OUT/fp8_wgmma_probe.json" > "$OUT/fp8_wgmma_probe.log" 2>&1 || rc=1
+      cat "$OUT/fp8_wgmma_probe.log"
       ;;
     tune)
       # Planner / configuration sweep: one bench run per (config, split overhead), then a
