@@ -20,9 +20,13 @@
 //   convert     an f16 tile per landed FP8 tile: codes -> f16 (cvt.rn.f16x2.e4m3x2) x a scale
 //               (f16x2 multiply) -> shared memory, one CTA per SM of 128 / 256 / 384 threads:
 //               SM cycles per key (512 codes), against the 34 MMA cycles a key of 64 rows.
+//   gather_convert  the same fed by 8/16-byte register gathers of whole stored rows from a
+//               656 MB pool at random slots (128 threads a CTA, registers uncapped and capped
+//               at 56), with the converted tile checked value by value against the host.
 // A benchmark: prints a table and writes JSON (--json); it asserts nothing. Needs an sm_90a
 // device; elsewhere it says so and exits 2.
 //   fp8_wgmma_probe [--json=FILE] [--rate_iters=20000]
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
@@ -286,6 +290,95 @@ __global__ void __launch_bounds__(384) ConvertKernel(int iters, float* sink) {
 #endif
 }
 
+// Gather + convert, as a producer warpgroup of the f16-tile plan would: 128 threads gather the
+// 64 stored FP8 rows of a tile (656 bytes: 512 codes, 4 float scales, 64 bf16 rope) from
+// random slots of a pool larger than L2 with 8- and 16-byte loads (no cp.async), convert the
+// codes to f16 x f16(scale) and store the tile as nine 128-byte-swizzled atoms (f16 columns
+// 0-511, then the bf16 rope) in shared memory. Warp w takes rows 16 w .. 16 w + 15, four at a
+// time: lane l owns 16-byte chunk (l & 7) of each atom row of row 16 w + 4 i + (l >> 3).
+// kMinBlocks caps the registers (65,536 / (128 x kMinBlocks)): 1 = uncapped, 9 = 56, what a
+// producer could get next to two 224-register math warpgroups. The last tile of CTA 0 is
+// copied to `check` ([9][64][128] bytes, unswizzled) to verify the layout and the values.
+constexpr int kRowBytes = 656, kRopeOff = 528;
+template <int kMinBlocks>
+__global__ void __launch_bounds__(128, kMinBlocks)
+    GatherConvertKernel(const uint8_t* pool, const int32_t* slots, int tiles, uint8_t* check) {
+#ifdef PROBE_SM90A
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const int lane = threadIdx.x & 31, pw = threadIdx.x >> 5;
+  const int sub = lane >> 3, chunk = lane & 7;
+  const int32_t* my_slots = slots + static_cast<int64_t>(blockIdx.x) * tiles * 64;
+  for (int t = 0; t < tiles; ++t) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = 16 * pw + sub + 4 * i;
+      const uint8_t* row = pool + static_cast<int64_t>(__ldg(my_slots + t * 64 + r)) * kRowBytes;
+      uint2 codes[8];
+#pragma unroll
+      for (int a = 0; a < 8; ++a)
+        codes[a] = __ldg(reinterpret_cast<const uint2*>(row + a * 64 + chunk * 8));
+      const float4 sc = __ldg(reinterpret_cast<const float4*>(row + 512));
+      const uint4 rope = __ldg(reinterpret_cast<const uint4*>(row + kRopeOff + chunk * 16));
+      const float scales[4] = {sc.x, sc.y, sc.z, sc.w};
+      const uint32_t swz = ((chunk ^ (r & 7)) << 4) + r * 128;
+#pragma unroll
+      for (int a = 0; a < 8; ++a) {
+        const __half2 s2 = __float2half2_rn(scales[a / 2]);
+        uint32_t h[4];
+        const uint32_t w[2] = {codes[a].x, codes[a].y};
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          uint32_t lo, hi;
+          E4m3x4ToF16x2x2(w[k], lo, hi);
+          __half2 x = __hmul2(*reinterpret_cast<__half2*>(&lo), s2);
+          __half2 y = __hmul2(*reinterpret_cast<__half2*>(&hi), s2);
+          h[2 * k] = *reinterpret_cast<uint32_t*>(&x);
+          h[2 * k + 1] = *reinterpret_cast<uint32_t*>(&y);
+        }
+        *reinterpret_cast<uint4*>(smem + a * kAtomBytes + swz) = make_uint4(h[0], h[1], h[2], h[3]);
+      }
+      *reinterpret_cast<uint4*>(smem + 8 * kAtomBytes + swz) = rope;
+    }
+    __syncthreads();  // the tile is complete (a real producer arrives on a full barrier here)
+  }
+  if (blockIdx.x == 0) {
+    for (int b = threadIdx.x; b < 9 * 64 * 8; b += 128) {  // 16-byte chunks, unswizzled
+      const int atom = b / 512, r = (b / 8) % 64, c = b % 8;
+      *reinterpret_cast<uint4*>(check + atom * 8192 + r * 128 + c * 16) =
+          *reinterpret_cast<const uint4*>(smem + atom * kAtomBytes + r * 128 +
+                                          ((c ^ (r & 7)) << 4));
+    }
+  }
+#endif
+}
+
+// Fills a pool of stored rows: codes random but finite (no e4m3 NaN), scales 2^-4 .. 2^3
+// (random), rope random bf16 in +-4.
+__global__ void FillPoolKernel(uint8_t* pool, int64_t rows) {
+  const int64_t n = rows * kRowBytes;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ static_cast<uint32_t>(i >> 32) * 40503u;
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    const int64_t col = i % kRowBytes;
+    if (col < 512) {
+      uint8_t c = static_cast<uint8_t>(h);
+      if ((c & 0x7f) == 0x7f) c &= 0xfe;  // 0x7f / 0xff are NaN in e4m3fn
+      pool[i] = c;
+    } else if (col < kRopeOff) {
+      if ((col - 512) % 4 == 0) {
+        const float s = ldexpf(1.0f, static_cast<int>(h % 8) - 4);
+        memcpy(pool + i, &s, 4);
+      }
+    } else if ((col - kRopeOff) % 2 == 0) {
+      const __nv_bfloat16 b = __float2bfloat16((static_cast<int>(h % 2001) - 1000) * 0.004f);
+      memcpy(pool + i, &b, 2);
+    }
+  }
+}
+
 // Random e4m3 values (codes of N(0, 64) samples: the full exponent range of a stored tile).
 std::vector<uint8_t> RandomCodes(int n, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.f, 64.f);
@@ -459,6 +552,92 @@ int main(int argc, char** argv) {
     PROBE_CHECK(cudaEventDestroy(e1));
   }
   PROBE_CHECK(cudaFree(sink));
+
+  // Gather + convert from a pool larger than L2 (1M rows, 656 MB), random slots.
+  {
+    const int64_t pool_rows = 1 << 20;
+    const int tiles = 256;
+    uint8_t *pool = nullptr, *check = nullptr;
+    int32_t* slots = nullptr;
+    PROBE_CHECK(cudaMalloc(&pool, pool_rows * kRowBytes));
+    PROBE_CHECK(cudaMalloc(&check, 9 * 8192));
+    const int64_t n_slots = static_cast<int64_t>(sms) * tiles * 64;
+    PROBE_CHECK(cudaMalloc(&slots, n_slots * sizeof(int32_t)));
+    FillPoolKernel<<<4 * sms, 256>>>(pool, pool_rows);
+    PROBE_CHECK(cudaGetLastError());
+    std::vector<int32_t> hs(n_slots);
+    std::mt19937 srng(11);
+    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(pool_rows - 1));
+    for (auto& x : hs) x = pick(srng);
+    PROBE_CHECK(cudaMemcpy(slots, hs.data(), n_slots * sizeof(int32_t), cudaMemcpyHostToDevice));
+    const int smem_bytes = 9 * kAtomBytes;
+    PROBE_CHECK(cudaFuncSetAttribute(GatherConvertKernel<1>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    PROBE_CHECK(cudaFuncSetAttribute(GatherConvertKernel<9>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    std::printf(
+        "\ngather + convert: %d CTAs x 128 threads, %d tiles of 64 random rows each "
+        "(pool 656 MB)\n",
+        sms, tiles);
+    std::printf(
+        "| registers | regs used | ms | FP8 GB/s | SM cycles per key at %d MHz | layout "
+        "check |\n|---|---|---|---|---|---|\n",
+        clock_khz / 1000);
+    for (const int capped : {0, 1}) {
+      auto* kernel = capped ? GatherConvertKernel<9> : GatherConvertKernel<1>;
+      cudaFuncAttributes fa{};
+      PROBE_CHECK(cudaFuncGetAttributes(&fa, kernel));
+      kernel<<<sms, 128, smem_bytes>>>(pool, slots, 8, check);  // warm-up
+      cudaEvent_t e0, e1;
+      PROBE_CHECK(cudaEventCreate(&e0));
+      PROBE_CHECK(cudaEventCreate(&e1));
+      PROBE_CHECK(cudaEventRecord(e0));
+      kernel<<<sms, 128, smem_bytes>>>(pool, slots, tiles, check);
+      PROBE_CHECK(cudaEventRecord(e1));
+      PROBE_CHECK(cudaEventSynchronize(e1));
+      PROBE_CHECK(cudaGetLastError());
+      float ms = 0;
+      PROBE_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      // The last tile of CTA 0 against the host's conversion of the same bytes.
+      std::vector<uint8_t> got(9 * 8192), rowb(kRowBytes);
+      PROBE_CHECK(cudaMemcpy(got.data(), check, got.size(), cudaMemcpyDeviceToHost));
+      int64_t bad = 0;
+      for (int r = 0; r < 64; ++r) {
+        const int32_t slot = hs[static_cast<int64_t>(tiles - 1) * 64 + r];
+        PROBE_CHECK(cudaMemcpy(rowb.data(), pool + static_cast<int64_t>(slot) * kRowBytes,
+                               kRowBytes, cudaMemcpyDeviceToHost));
+        for (int j = 0; j < 512; ++j) {
+          float sc = 0;
+          std::memcpy(&sc, rowb.data() + 512 + 4 * (j / 128), 4);
+          const float want = static_cast<float>(
+              __half(__float2half_rn(verifyd::kernels::Fp8E4m3ToFloat(rowb[j]) *
+                                     static_cast<float>(__half(__float2half_rn(sc))))));
+          __half gh;
+          std::memcpy(&gh, got.data() + (j / 64) * 8192 + r * 128 + (j % 64) * 2, 2);
+          bad += static_cast<float>(gh) != want &&
+                 !(std::isnan(want) && std::isnan(static_cast<float>(gh)));
+        }
+        bad += std::memcmp(got.data() + 8 * 8192 + r * 128, rowb.data() + kRopeOff, 128) != 0;
+      }
+      const double keys = 64.0 * tiles;  // per SM
+      const double cycles = (clock_khz * 1e3) * (ms * 1e-3) / keys;
+      const double gbps = static_cast<double>(sms) * keys * kRowBytes / (ms * 1e-3) / 1e9;
+      std::printf("| %s | %d | %.3f | %.0f | %.1f | %s |\n", capped ? "capped at 56" : "uncapped",
+                  fa.numRegs, ms, gbps, cycles, bad == 0 ? "exact" : "MISMATCH");
+      results.push_back({{"test", "gather_convert"},
+                         {"capped", capped != 0},
+                         {"regs", fa.numRegs},
+                         {"ms", ms},
+                         {"fp8_gbps", gbps},
+                         {"cycles_per_key", cycles},
+                         {"mismatches", bad}});
+      PROBE_CHECK(cudaEventDestroy(e0));
+      PROBE_CHECK(cudaEventDestroy(e1));
+    }
+    PROBE_CHECK(cudaFree(pool));
+    PROBE_CHECK(cudaFree(check));
+    PROBE_CHECK(cudaFree(slots));
+  }
   const std::string path = absl::GetFlag(FLAGS_json);
   if (!path.empty()) {
     nlohmann::json j;
