@@ -25,34 +25,11 @@ import argparse
 import datetime
 import json
 import math
-import statistics
 import sys
 
 import torch
 
-SHAPES = [  # B, H, q, ctx: the 16 reference shapes (docs/PERF.md)
-    (1, 8, 16, 4096), (1, 8, 16, 16384), (1, 8, 16, 65536), (1, 8, 16, 185000),
-    (1, 16, 16, 65536), (1, 16, 16, 185000), (8, 16, 16, 16384), (8, 16, 16, 65536),
-    (1, 16, 64, 65536), (32, 16, 16, 8192),
-    (1, 8, 1, 65536), (1, 8, 1, 185000), (1, 16, 1, 185000), (8, 16, 1, 65536),
-    (32, 16, 1, 16384), (64, 128, 1, 4096),
-]
-QK, CKV, KPE = 576, 512, 64
-
-
-def parse_shapes(text):
-    out = []
-    for item in filter(None, text.split(",")):
-        f = item.split(":")
-        if len(f) != 4:
-            sys.exit(f"--shapes: '{item}' is not B:H:q:ctx")
-        out.append(tuple(int(x) for x in f))
-    return out
-
-
-def num_sets(B, q, ctx, rotate_bytes):
-    set_bytes = B * (ctx + q) * QK * 2
-    return int(min(max(-(-rotate_bytes // set_bytes), 2), 64))
+from same_run import CKV, KPE, QK, SHAPES, TIMING, floors, num_sets, parse_shapes, time_sets
 
 
 def make_cache(pages, page, layout, dev, g):
@@ -94,42 +71,12 @@ def time_shape(flashinfer, B, H, q, ctx, page, layout, args, dev):
         qs.append((qn, qp))
         outs.append(torch.empty(rows, H, CKV, dtype=torch.bfloat16, device=dev))
 
-    def run_all():
-        for w, (qn, qp), o in zip(wrappers, qs, outs):
-            w.run(qn, qp, ckv, kpe, out=o)
+    def run_set(i):
+        qn, qp = qs[i]
+        wrappers[i].run(qn, qp, ckv, kpe, out=outs[i])
 
-    torch.cuda.synchronize()                   # inputs (default stream) done before the side stream
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):                     # warm-up outside capture (JIT, lazy init)
-            run_all()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        run_all()
-    for _ in range(args.warmup):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(args.iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / sets)
-    eager = []
-    for i in range(args.iters):
-        w, (qn, qp), o = wrappers[i % sets], qs[i % sets], outs[i % sets]
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        w.run(qn, qp, ckv, kpe, out=o)
-        b.record()
-        b.synchronize()
-        eager.append(a.elapsed_time(b))
-    del graph, wrappers, qs, outs, ckv, kpe, float_ws
-    torch.cuda.empty_cache()
-    return statistics.median(times), statistics.median(eager), sets
+    ms, eager_ms = time_sets(run_set, sets, args.iters, args.warmup)
+    return ms, eager_ms, sets  # the inputs are freed here; the caller empties the cache
 
 
 def sanity_check(flashinfer, args, dev):
@@ -216,6 +163,7 @@ def main():
         row = {"B": B, "H": H, "q": q, "ctx": ctx, "mask": "causal-chain", "by_config": {}}
         for (p, lay), name in zip(cfgs, names):
             ms, eager_ms, sets = time_shape(flashinfer, B, H, q, ctx, p, lay, args, dev)
+            torch.cuda.empty_cache()
             row["by_config"][name] = {"ms": ms, "eager_ms": eager_ms, "sets": sets,
                                       "page_size": p, "layout": lay}
         by = row["by_config"]
@@ -227,10 +175,8 @@ def main():
                    best_ms=by[best]["ms"])
         print(f"{B:>3} {H:>4} {q:>3} {ctx:>7} " + " ".join(f"{by[n]['ms']:>12.4f}" for n in names) +
               f" {best:>12}", flush=True)
-        kv_bytes = B * (ctx + q) * QK * 2
-        flops = 2.0 * B * q * H * (ctx + q) * (QK + CKV)
-        row["mem_floor_ms"] = kv_bytes / (args.copy_gbps * 1e9) * 1e3
-        row["compute_floor_ms"] = flops / (args.mma_tflops * 1e12) * 1e3
+        row["mem_floor_ms"], row["compute_floor_ms"] = floors(B, H, q, ctx, args.copy_gbps,
+                                                              args.mma_tflops)
         results.append(row)
     drv = args.nvidia_driver or None
     meta = {
@@ -241,8 +187,7 @@ def main():
         "runtime_version": torch.version.cuda, "torch": torch.__version__,
         "flashinfer": getattr(flashinfer, "__version__", "unknown"), "backend": args.backend,
         "layouts": args.layouts, "page_sizes": [p for p in sorted({p for p, _ in cfgs})],
-        "timing": "inputs rotated over >= rotate_bytes of KV; one CUDA graph runs every input "
-                  "set once; per-call = graph time / sets; median of iters replays",
+        "timing": TIMING,
         "rotate_bytes": args.rotate_bytes, "iters": args.iters, "warmup": args.warmup,
         "copy_gbps": args.copy_gbps, "mma_tflops": args.mma_tflops,
         "sanity_rel_l2_by_layout_page_size": sanity,

@@ -25,36 +25,14 @@ import argparse
 import datetime
 import json
 import math
-import statistics
 import sys
 
 import torch
 
-SHAPES = [  # B, H, q, ctx: the 16 reference shapes (docs/PERF.md)
-    (1, 8, 16, 4096), (1, 8, 16, 16384), (1, 8, 16, 65536), (1, 8, 16, 185000),
-    (1, 16, 16, 65536), (1, 16, 16, 185000), (8, 16, 16, 16384), (8, 16, 16, 65536),
-    (1, 16, 64, 65536), (32, 16, 16, 8192),
-    (1, 8, 1, 65536), (1, 8, 1, 185000), (1, 16, 1, 185000), (8, 16, 1, 65536),
-    (32, 16, 1, 16384), (64, 128, 1, 4096),
-]
-QK, CKV = 576, 512
+from same_run import CKV, QK, SHAPES, TIMING, floors, num_sets, parse_shapes, time_sets
+
 PAGE = 64            # the only page size FlashMLA's dense decode takes
 SCALE = 1.0 / math.sqrt(192.0)
-
-
-def parse_shapes(text):
-    out = []
-    for item in filter(None, text.split(",")):
-        f = item.split(":")
-        if len(f) != 4:
-            sys.exit(f"--shapes: '{item}' is not B:H:q:ctx")
-        out.append(tuple(int(x) for x in f))
-    return out
-
-
-def num_sets(B, q, ctx, rotate_bytes):
-    set_bytes = B * (ctx + q) * QK * 2
-    return int(min(max(-(-rotate_bytes // set_bytes), 2), 64))
 
 
 def time_shape(fm, B, H, q, ctx, args, dev):
@@ -76,52 +54,20 @@ def time_shape(fm, B, H, q, ctx, args, dev):
         meta, _ = fm.get_mla_metadata()
         calls.append((qt, table, meta))
 
-    def run_all():
-        for qt, table, meta in calls:
-            fm.flash_mla_with_kvcache(qt, kv, table, seqlens, CKV, meta,
-                                      softmax_scale=SCALE, causal=causal)
-
-    # The inputs are made on the default stream: finish them before the side stream's first
-    # call, which makes FlashMLA's tile-scheduler metadata from cache_seqlens on the GPU
-    # (without this it may read the lengths before they are written, and then every later
-    # call of that input set runs a wrong schedule: wrong outputs, wrong times).
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):                     # warm-up outside capture (metadata, lazy init)
-            run_all()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        run_all()
-    for _ in range(args.warmup):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(args.iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / sets)
-    eager = []
-    for i in range(args.iters):
-        qt, table, meta = calls[i % sets]
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
+    def run_set(i):
+        qt, table, meta = calls[i]
         fm.flash_mla_with_kvcache(qt, kv, table, seqlens, CKV, meta, softmax_scale=SCALE,
                                   causal=causal)
-        b.record()
-        b.synchronize()
-        eager.append(a.elapsed_time(b))
+
+    # The first call of each set makes FlashMLA's tile-scheduler metadata from cache_seqlens
+    # on the GPU: time_sets finishes the inputs before it (otherwise it may read the lengths
+    # unwritten, and every later call of that set runs a wrong schedule).
+    ms, eager_ms = time_sets(run_set, sets, args.iters, args.warmup)
     qt, table, meta = calls[0]               # the timed call's output, checked at this shape
     out, _ = fm.flash_mla_with_kvcache(qt, kv, table, seqlens, CKV, meta, softmax_scale=SCALE,
                                        causal=causal)
     err = rel_l2(out, qt, kv, table, ctx, q)
-    del graph, calls, kv
-    torch.cuda.empty_cache()
-    return statistics.median(times), statistics.median(eager), sets, err
+    return ms, eager_ms, sets, err  # the inputs are freed here; the caller empties the cache
 
 
 def rel_l2(out, qt, kv, table, ctx, q):
@@ -187,13 +133,12 @@ def main():
     print(f"{'B':>3} {'H':>4} {'q':>3} {'ctx':>7} {'ms':>10} {'eager ms':>10} {'sets':>5} {'rel L2':>9}")
     for B, H, q, ctx in shapes:
         ms, eager_ms, sets, err = time_shape(fm, B, H, q, ctx, args, dev)
-        kv_bytes = B * (ctx + q) * QK * 2
-        flops = 2.0 * B * q * H * (ctx + q) * (QK + CKV)
+        torch.cuda.empty_cache()
+        mem_floor, compute_floor = floors(B, H, q, ctx, args.copy_gbps, args.mma_tflops)
         results.append({"B": B, "H": H, "q": q, "ctx": ctx, "mask": "causal-chain",
                         "page_size": PAGE, "ms": ms, "eager_ms": eager_ms, "sets": sets,
                         "rel_l2": err,
-                        "mem_floor_ms": kv_bytes / (args.copy_gbps * 1e9) * 1e3,
-                        "compute_floor_ms": flops / (args.mma_tflops * 1e12) * 1e3})
+                        "mem_floor_ms": mem_floor, "compute_floor_ms": compute_floor})
         print(f"{B:>3} {H:>4} {q:>3} {ctx:>7} {ms:>10.4f} {eager_ms:>10.4f} {sets:>5} {err:>9.2e}",
               flush=True)
     meta = {
@@ -203,8 +148,7 @@ def main():
         "num_sms": props.multi_processor_count, "driver_version": args.nvidia_driver or None,
         "runtime_version": torch.version.cuda, "torch": torch.__version__,
         "page_size": PAGE,
-        "timing": "inputs rotated over >= rotate_bytes of KV; one CUDA graph runs every input "
-                  "set once; per-call = graph time / sets; median of iters replays",
+        "timing": TIMING,
         "rotate_bytes": args.rotate_bytes, "iters": args.iters, "warmup": args.warmup,
         "copy_gbps": args.copy_gbps, "mma_tflops": args.mma_tflops,
         "sanity_rel_l2": sanity,

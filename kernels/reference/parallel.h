@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 #include <vector>
@@ -13,17 +14,22 @@
 namespace verifyd::kernels::ref::internal {
 
 // Most threads one reference op starts: at most 4 by default (the CPU backend already runs
-// one engine thread per TP rank), never more than the hardware's. VERIFYD_REF_THREADS=N (a
-// positive integer, read once) raises or lowers that cap, e.g. for the GPU tests, whose C++
-// reference of long contexts is most of their run time on a many-core GPU host. The thread
-// count never changes a result (see above).
+// one engine thread per TP rank), never more than the hardware's. VERIFYD_REF_THREADS=N (an
+// integer in 1..1024, read once; anything else is reported on stderr and ignored) raises or
+// lowers that cap, e.g. for the GPU tests, whose C++ reference of long contexts is most of
+// their run time on a many-core GPU host. The thread count never changes a result (see above).
 inline int MaxOpThreads() {
   static const int threads = [] {
     unsigned cap = 4;
-    if (const char* env = std::getenv("VERIFYD_REF_THREADS")) {
+    const char* env = std::getenv("VERIFYD_REF_THREADS");
+    if (env != nullptr && *env != '\0') {  // set and not empty
       char* end = nullptr;
       const long v = std::strtol(env, &end, 10);
-      if (end != env && *end == '\0' && v > 0 && v <= 1024) cap = static_cast<unsigned>(v);
+      if (end != env && *end == '\0' && v > 0 && v <= 1024) {
+        cap = static_cast<unsigned>(v);
+      } else {
+        std::fprintf(stderr, "VERIFYD_REF_THREADS=%s ignored: not an integer in 1..1024\n", env);
+      }
     }
     const unsigned hw = std::thread::hardware_concurrency();
     return static_cast<int>(std::clamp<unsigned>(hw == 0 ? 1u : hw, 1u, cap));
