@@ -744,7 +744,8 @@ TEST(VerifyAttentionCuda, Fp8CacheMatchesReference) {
   ASSERT_TRUE(dev.ok());
   // Every case with kAuto (on sm_90 the keys-on-M kernel; positional plans: PositionalConfigFor,
   // the 16-row one); the 16-row FP8 variant forced on every third case and the positional ones;
-  // on sm_90 the keys-on-M kernel forced on the positional ones.
+  // on sm_90 the keys-on-M kernel forced on the positional ones and the seesaw FP8 variant (kS64)
+  // on every third case (another third) and the positional ones.
   for (size_t i = 0; i < cases.size(); ++i) {
     Case c = cases[i];
     c.kv_fp8 = true;
@@ -755,6 +756,10 @@ TEST(VerifyAttentionCuda, Fp8CacheMatchesReference) {
     }
     if (c.positional && dev->cc_major == 9) {
       c.config = VerifyKernelConfig::kKm16;
+      ExpectCase(c);
+    }
+    if ((i % 3 == 1 || c.positional) && dev->cc_major == 9) {
+      c.config = VerifyKernelConfig::kS64;
       ExpectCase(c);
     }
   }
@@ -812,6 +817,62 @@ TEST(VerifyAttentionCuda, KeysOnMFp8Edges) {
   c.ctx = {5000, 900};
   c.kv_fp8 = true;
   c.config = VerifyKernelConfig::kKm16;
+  c.kv_scale_spread = true;
+  c.seed = seed++;
+  ExpectCase(c);
+}
+
+// The seesaw FP8 variant (kS64 with an FP8 cache: f16 tiles its producer converts from the
+// stored rows) at its tile, pair and warp boundaries: key counts around 64 / 128 and the
+// producer's 16-row warp slices, 1 to 128 heads (partial row tiles), unsplit and split,
+// rows that see no key, and scales spanning 2^-20 .. 2^12 (the fp32 conversion path).
+TEST(VerifyAttentionCuda, SeesawFp8Edges) {
+  SKIP_WITHOUT_GPU();
+  if (SkipUnlessSm90()) GTEST_SKIP() << "the seesaw schedule is sm_90a only";
+  uint64_t seed = 9300;
+  for (int keys : {1, 16, 17, 63, 64, 65, 127, 128, 129, 192, 193, 700}) {
+    for (int max_splits : {1, 0}) {
+      Case c;
+      c.heads = 16;
+      const int n = std::min(keys, 16);
+      c.nodes = {n, 1};
+      c.ctx = {keys - n, keys + 40};
+      c.kv_fp8 = true;
+      c.config = VerifyKernelConfig::kS64;
+      c.max_splits = max_splits;
+      c.seed = seed++;
+      ExpectCase(c);
+    }
+  }
+  for (auto [heads, nodes, ctx] :
+       {std::tuple{1, 1, 200}, std::tuple{3, 7, 500}, std::tuple{1, 65, 1000},
+        std::tuple{128, 65, 60}, std::tuple{128, 1, 4000}}) {
+    Case c;
+    c.heads = heads;
+    c.nodes = {nodes};
+    c.ctx = {ctx};
+    c.kv_fp8 = true;
+    c.config = VerifyKernelConfig::kS64;
+    c.seed = seed++;
+    ExpectCase(c);
+  }
+  for (int ctx : {0, 100}) {
+    Case c;
+    c.heads = 16;
+    c.nodes = {9, 30, 1};
+    c.ctx = {ctx, ctx, 0};
+    c.empty_rows = true;
+    c.kv_fp8 = true;
+    c.config = VerifyKernelConfig::kS64;
+    c.seed = seed++;
+    ExpectCase(c);
+  }
+  Case c;  // a spread of key magnitudes: scales from 2^-29 (fp32 path) to 2^3 in one tile
+  c.heads = 16;
+  c.nodes = {4, 3};
+  c.ctx = {5000, 900};
+  c.kv_fp8 = true;
+  c.config = VerifyKernelConfig::kS64;
   c.kv_scale_spread = true;
   c.seed = seed++;
   ExpectCase(c);

@@ -32,8 +32,12 @@
 //        rows in the KV ring and stores each with one bulk copy; writes the LSE.
 // Masking: only tiles that reach the request's tail keys or the end of the key range;
 // tree-mask words are read from global memory only there.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/verify_attention/kernel_args.cuh"
 #include "kernels/cuda/verify_attention/ptx.cuh"
@@ -87,16 +91,20 @@ static_assert(offsetof(SeesawSmem, empty_a) == Tr::kBarOff + 48 &&
 // Scales one 64-key score tile into the log2 domain, masks it when needed and returns the
 // row maxima (quad-reduced) of this thread's two rows. s: the wgmma m64n64 accumulator
 // (element i: row 16*wl + g + 8*((i >> 1) & 1), key (i >> 2)*8 + 2*q4 + (i & 1)).
-__device__ __forceinline__ void ScaleMaskMax(float* s, const VerifyKernelArgs& args,
-                                             const VerifyWorkItem& wi, int tile, int ctx_len, int M,
-                                             int fold_row0, int q4, float* mx) {
+// The logits are s * softmax_scale * log2(e); in the FP8 variant s * sc[row] (sc: the
+// factors of this thread's two rows, q_row_factor, which also undo the row's power of two).
+template <bool kFp8>
+__device__ __forceinline__ void ScaleMaskMax(float* s, const float* sc,
+                                             const VerifyKernelArgs& args, const VerifyWorkItem& wi,
+                                             int tile, int ctx_len, int M, int fold_row0, int q4,
+                                             float* mx) {
   const int key0 = wi.kv_begin + tile * Tr::kKeys;  // request-local key of column 0
   const bool masked = (key0 + Tr::kKeys > ctx_len) || (key0 + Tr::kKeys > wi.kv_end);
   mx[0] = mx[1] = -INFINITY;
   if (!masked) {
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
-      s[i] *= args.scale_log2;
+      s[i] *= kFp8 ? sc[(i >> 1) & 1] : args.scale_log2;
       mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
     }
   } else {
@@ -122,7 +130,7 @@ __device__ __forceinline__ void ScaleMaskMax(float* s, const VerifyKernelArgs& a
         const int t = key - ctx_len;
         vis = (((t >> 6) ? w[h][1] : w[h][0]) >> (t & 63)) & 1ull;
       }
-      s[i] = vis ? s[i] * args.scale_log2 : -INFINITY;
+      s[i] = vis ? s[i] * (kFp8 ? sc[h] : args.scale_log2) : -INFINITY;
       mx[h] = fmaxf(mx[h], s[i]);
     }
   }
@@ -161,6 +169,9 @@ __device__ __forceinline__ float RescaleFactor(float m_old, float m_new) {
 // in flight. Returns with the wgmmas in flight (the caller waits). (With nvcc 13.0 this no
 // longer makes ptxas serialise the wgmmas, as it did with the earlier register budget:
 // ptxas only injects a warpgroup.arrive after each wait, C7519.)
+// kFp8: the 32 k-steps of the latent columns take f16 operands, the 4 rope steps bf16 (one
+// fp32 accumulator: it does not care which 16-bit type fed it).
+template <bool kFp8>
 __device__ __forceinline__ void ComputeS(float* s, uint32_t sQ, uint32_t sK, uint32_t full_a,
                                          uint32_t parity) {
   // Descriptor address fields are addr >> 4 in 14 bits and smem < 256 KB: adding
@@ -170,7 +181,11 @@ __device__ __forceinline__ void ComputeS(float* s, uint32_t sQ, uint32_t sK, uin
   MbarWait(full_a, parity);
   FenceProxyAsyncShared();
   WgmmaFence();
-  WgmmaM64N64SmemAFirst(s, da0, db0);
+  if constexpr (kFp8) {
+    WgmmaM64N64SmemAFirstF16(s, da0, db0);
+  } else {
+    WgmmaM64N64SmemAFirst(s, da0, db0);
+  }
 #pragma unroll
   for (int k = 1; k < 36; ++k) {
     if (k == 16 || k == 32) {
@@ -178,19 +193,30 @@ __device__ __forceinline__ void ComputeS(float* s, uint32_t sQ, uint32_t sK, uin
       FenceProxyAsyncShared();
     }
     const uint32_t off = (k >> 2) * Tr::kAtom + (k & 3) * 32;
-    WgmmaM64N64SmemA(s, da0 + (off >> 4), db0 + (off >> 4), 1);
+    if (kFp8 && k < 32) {
+      WgmmaM64N64SmemAF16(s, da0 + (off >> 4), db0 + (off >> 4), 1);
+    } else {
+      WgmmaM64N64SmemA(s, da0 + (off >> 4), db0 + (off >> 4), 1);
+    }
   }
   WgmmaCommit();
 }
 
-// P (bf16) as wgmma A fragments: pa[j] covers keys 16j .. 16j + 15.
+// P (bf16; f16 in the FP8 variant, whose V tile is f16) as wgmma A fragments: pa[j] covers
+// keys 16j .. 16j + 15.
+template <bool kFp8>
 __device__ __forceinline__ void PackP(const float* s, uint32_t (&pa)[4][4]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      __nv_bfloat162 v = __floats2bfloat162_rn(s[8 * j + 2 * r], s[8 * j + 2 * r + 1]);
-      pa[j][r] = *reinterpret_cast<uint32_t*>(&v);
+      if constexpr (kFp8) {
+        __half2 v = __floats2half2_rn(s[8 * j + 2 * r], s[8 * j + 2 * r + 1]);
+        pa[j][r] = *reinterpret_cast<uint32_t*>(&v);
+      } else {
+        __nv_bfloat162 v = __floats2bfloat162_rn(s[8 * j + 2 * r], s[8 * j + 2 * r + 1]);
+        pa[j][r] = *reinterpret_cast<uint32_t*>(&v);
+      }
     }
 }
 
@@ -219,30 +245,272 @@ __device__ __forceinline__ void ScaleO(float (&o)[2][64], const float* f) {
 
 // O[:, this warpgroup's 256 columns] += P V with P from registers. sV: the warpgroup's first
 // V atom (columns 256*wg ..) of a KV buffer; V is read as an MN-major operand.
+template <bool kFp8>
 __device__ __forceinline__ void PvRegP(float (&o)[2][64], const uint32_t (&pa)[4][4], uint32_t sV) {
   const uint64_t dv0 = WgmmaDesc(sV, Tr::kAtom, 1024);
 #pragma unroll
   for (int j = 0; j < 4; ++j)
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf)
-      WgmmaM64N128RegA(o[hf], pa[j], dv0 + ((hf * 2 * Tr::kAtom + j * 2048) >> 4), 1);
+    for (int hf = 0; hf < 2; ++hf) {
+      const uint64_t dv = dv0 + ((hf * 2 * Tr::kAtom + j * 2048) >> 4);
+      if constexpr (kFp8) {
+        WgmmaM64N128RegAF16(o[hf], pa[j], dv, 1);
+      } else {
+        WgmmaM64N128RegA(o[hf], pa[j], dv, 1);
+      }
+    }
 }
 
 // Same with P from the smem tile sP (the other warpgroup's P).
+template <bool kFp8>
 __device__ __forceinline__ void PvSmemP(float (&o)[2][64], uint32_t sP, uint32_t sV) {
   const uint64_t dp0 = WgmmaDesc(sP, 16, 1024);
   const uint64_t dv0 = WgmmaDesc(sV, Tr::kAtom, 1024);
 #pragma unroll
   for (int j = 0; j < 4; ++j)
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf)
-      WgmmaM64N128SmemAVTrans(o[hf], dp0 + ((j * 32) >> 4),
-                              dv0 + ((hf * 2 * Tr::kAtom + j * 2048) >> 4));
+    for (int hf = 0; hf < 2; ++hf) {
+      const uint64_t dp = dp0 + ((j * 32) >> 4);
+      const uint64_t dv = dv0 + ((hf * 2 * Tr::kAtom + j * 2048) >> 4);
+      if constexpr (kFp8) {
+        WgmmaM64N128SmemAVTransF16(o[hf], dp, dv);
+      } else {
+        WgmmaM64N128SmemAVTrans(o[hf], dp, dv);
+      }
+    }
+}
+
+// ---- the FP8 variant's producer (SeesawFp8S64) ----------------------------------------------
+// It fills the same tiles as the cp.async producer, with f16 latent columns, within the same
+// 24 registers (the math warpgroups need their 240):
+//   Q: gathered as bf16 by cp.async, then converted in place by the lanes that landed it: the
+//      512 latent columns to f16 x 2^eq, the 64 rope columns to bf16 x 2^eq (exact), with eq
+//      per row so that the row's largest latent value lands in [2^14, 2^15); the row's factor
+//      softmax_scale * log2(e) * 2^-eq goes to q_row_factor.
+//   KV tile t into buffer b, once the math warpgroups released atoms 4-8 (empty_bc): the stored
+//      rows (kernels/kv_fp8.h) land by cp.async, codes in atoms 4-7 (row r's codes
+//      128 k .. 128 k + 127 in atom 4 + k, row r, 16-byte chunks swizzled as the tiles are),
+//      scales in scale_land[b], rope (stored bf16) straight into atom 8 (as in the bf16
+//      kernel: full C). Then the codes are converted (cvt.rn.f16x2.e4m3x2, exact; times
+//      f16(scale): one rounding of the product) into the f16 latent columns: group A
+//      (columns 0..255 -> atoms 0-3, once empty_a released them; full A), then group B
+//      (256..511 -> atoms 4-7, over the landed codes: each row's codes are read before they
+//      are overwritten; full B). A scale outside [2^-14, 146] (its f16 subnormal, or a product
+//      past f16's range) takes the fp32 path: code x scale in fp32, rounded once to f16,
+//      clamped to +-65504 (a latent value beyond f16's range saturates).
+//   Producer warp pw lands and converts rows 16 pw .. 16 pw + 15 only, so a warp-level sync
+//   orders its landing and its conversion. Converting, lane l handles row 2 i + (l >> 4) and
+//   the 8-column f16 chunk c = l & 7 of the group's atoms x = (l >> 3) & 1 and x + 2: each
+//   quarter warp reads 64 contiguous code bytes and stores 8 distinct chunks of one atom row.
+
+// 8 stored codes to 8 f16 of code x scale.
+__device__ __forceinline__ uint4 CodesToF16x8(uint2 c, float scale) {
+  uint32_t h[4];
+  E4m3x4ToF16x2x2(c.x, h[0], h[1]);
+  E4m3x4ToF16x2x2(c.y, h[2], h[3]);
+  if (scale >= 6.103515625e-05f && scale <= 146.0f) {  // f16(scale) normal, |product| <= 65,408
+    const __half2 s2 = __float2half2_rn(scale);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h[k]), s2);
+      h[k] = *reinterpret_cast<uint32_t*>(&v);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[k]));
+      __half2 v = __floats2half2_rn(fminf(fmaxf(f.x * scale, -65504.f), 65504.f),
+                                    fminf(fmaxf(f.y * scale, -65504.f), 65504.f));
+      h[k] = *reinterpret_cast<uint32_t*>(&v);
+    }
+  }
+  return make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+__device__ __forceinline__ float AbsMaxBf16x8(uint4 v) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  float m = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+    m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+  }
+  return m;
+}
+
+// 8 bf16 times the power of two f, as f16 (kToF16) or bf16 (exact).
+template <bool kToF16>
+__device__ __forceinline__ uint4 ScaleBf16x8(uint4 v, float f) {
+  uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+    if constexpr (kToF16) {
+      __half2 y = __floats2half2_rn(x.x * f, x.y * f);
+      w[k] = *reinterpret_cast<uint32_t*>(&y);
+    } else {
+      __nv_bfloat162 y = __floats2bfloat162_rn(x.x * f, x.y * f);
+      w[k] = *reinterpret_cast<uint32_t*>(&y);
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// 2^e as a float (|e| <= 126).
+__device__ __forceinline__ float Pow2(int e) { return __int_as_float((127 + e) << 23); }
+
+// The FP8 producer warpgroup's whole job (see above). bar: the barrier block (SeesawSmem::full).
+__device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, unsigned char* smem,
+                                                  uint32_t base, uint32_t bar) {
+  const VerifyWorkItem wi = args.work[blockIdx.x];
+  const int t128 = threadIdx.x & 127;
+  const int lane = threadIdx.x & 31;
+  const int pw = t128 >> 5;
+  const int rows_here = min(Tr::kRows, wi.num_nodes * args.num_heads - wi.fold_begin);
+  const uint32_t sQ = base + Tr::kQOff;
+  const uint32_t sKV = base + Tr::kKvOff;
+  const uint32_t q_bar = bar + 80u;
+  // ---- Q: cp.async (as the bf16 producer: lane copies chunk (l & 7) of every atom row of rows
+  // 16 pw + (l >> 3) + 4 i), then converted in place by the same lanes ----
+  {
+    const int sub = lane >> 3;
+    const int chunk = lane & 7;
+    const int key_lane = 16 * pw + sub;
+    const __nv_bfloat16* q_base =
+        args.q + (static_cast<int64_t>(wi.q_row0) * args.num_heads + wi.fold_begin) * kQkDim;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = key_lane + 4 * i;
+      const uint32_t off = r * 128 + ((chunk ^ (r & 7)) << 4);
+      const __nv_bfloat16* src = q_base + min(r, rows_here - 1) * kQkDim + chunk * 8;
+#pragma unroll
+      for (int a = 0; a < Tr::kAtoms; ++a)
+        CpAsync16(sQ + off + a * Tr::kAtom, src + a * 64, r < rows_here);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<0>();
+    float* row_factor = reinterpret_cast<float*>(smem + offsetof(SeesawFp8Smem, q_row_factor));
+#pragma unroll 1
+    for (int i = 0; i < 4; ++i) {
+      const int r = key_lane + 4 * i;
+      unsigned char* q = smem + Tr::kQOff + r * 128 + ((chunk ^ (r & 7)) << 4);
+      float mx = 0.f;
+#pragma unroll 2
+      for (int a = 0; a < 8; ++a)
+        mx = fmaxf(mx, AbsMaxBf16x8(*reinterpret_cast<const uint4*>(q + a * Tr::kAtom)));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      // mx in [2^(e - 127), 2^(e - 126)) for its biased exponent e: mx * 2^(141 - e) lands in
+      // [2^14, 2^15). Rows of zeros (and rows past the request) keep eq = 0.
+      const int e = (__float_as_int(mx) >> 23) & 0xff;
+      const int eq = mx > 0.f ? min(max(141 - e, -32), 32) : 0;
+      const float f = Pow2(eq);
+#pragma unroll 2
+      for (int a = 0; a < 8; ++a) {
+        uint4* p = reinterpret_cast<uint4*>(q + a * Tr::kAtom);
+        *p = ScaleBf16x8<true>(*p, f);
+      }
+      uint4* rope = reinterpret_cast<uint4*>(q + 8 * Tr::kAtom);
+      *rope = ScaleBf16x8<false>(*rope, f);
+      if (chunk == 0) row_factor[r] = args.scale_log2 * Pow2(-eq);
+    }
+    FenceProxyAsyncShared();  // Q is read by wgmma (async proxy)
+    MbarArrive(q_bar);
+  }
+  // ---- KV tiles ----
+  const int num_tiles = (wi.kv_end - wi.kv_begin + Tr::kKeys - 1) / Tr::kKeys;
+  const int keys = wi.kv_end - wi.kv_begin;
+  const uint8_t* kv8 = reinterpret_cast<const uint8_t*>(args.kv);
+  float* scale_land = reinterpret_cast<float*>(smem + offsetof(SeesawFp8Smem, scale_land));
+  const uint32_t s_scale_land = base + offsetof(SeesawFp8Smem, scale_land);
+  // Landing: lane l copies 16-byte chunk (l & 7) of rows 16 pw + (l >> 3) + 4 i, i = 0..3 (as
+  // the bf16 producer), keeping those rows' slot ids (and the next tile's).
+  const int sub = lane >> 3;
+  const int chunk = lane & 7;
+  const int key_lane = 16 * pw + sub;
+  const int32_t* idx =
+      (wi.kv_off >= 0 ? args.kv_indices + wi.kv_off : args.pos_indices + (-wi.kv_off - 1)) +
+      wi.kv_begin + key_lane;
+  int32_t slot[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) slot[i] = key_lane + 4 * i < keys ? __ldg(idx + 4 * i) : -1;
+  // Converting: lane l's row within a pair, chunk, first atom of the group.
+  const int half = lane >> 4;
+  const int atom_lo = (lane >> 3) & 1;
+  for (int t = 0; t < num_tiles; ++t) {
+    const int b = t & 1;
+    const uint32_t parity = ((t >> 1) - 1) & 1;  // buffer b last held tile t - 2
+    const uint32_t dst = sKV + b * Tr::kStageBytes;
+    int32_t cur[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cur[i] = slot[i];
+    const int next = (t + 1) * Tr::kKeys;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      slot[i] = key_lane + 4 * i + next < keys ? __ldg(idx + next + 4 * i) : -1;
+    if (t >= 2) MbarWait(bar + 64u + 8u * b, parity);  // empty_bc[b]: atoms 4-8 free
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = key_lane + 4 * i;
+      const bool valid = cur[i] >= 0;  // keys past the range: zero rows (masked)
+      const uint8_t* row =
+          kv8 + static_cast<int64_t>(static_cast<uint32_t>(max(cur[i], 0))) * kFp8RowBytes;
+      const uint32_t sw = r * 128 + ((chunk ^ (r & 7)) << 4);
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        CpAsync16(dst + (4 + k) * Tr::kAtom + sw, row + 128 * k + 16 * chunk, valid);
+      CpAsync16(dst + 8 * Tr::kAtom + sw, row + kFp8RopeOffset + 16 * chunk, valid);
+      if (chunk == 0)
+        CpAsync16(s_scale_land + (b * Tr::kRows + r) * 16, row + kFp8ScaleOffset, valid);
+    }
+    CpAsyncMbarArrive(bar + 8u * (2 * kGroupC + b));  // the rope (atom 8)
+    CpAsyncCommit();
+    CpAsyncWait<0>();
+    __syncwarp();  // the warp's rows have landed (each lane waited for its own copies)
+    unsigned char* buf = smem + Tr::kKvOff + b * Tr::kStageBytes;
+    const float* sl_b = scale_land + b * Tr::kRows * 4;
+#pragma unroll 1
+    for (int grp = 0; grp < 2; ++grp) {
+      if (grp == 0 && t >= 2) MbarWait(bar + 48u + 8u * b, parity);  // empty_a[b]: atoms 0-3
+#pragma unroll 1
+      for (int i = 0; i < 8; ++i) {
+        const int r = 16 * pw + 2 * i + half;
+        // The lane's f16 chunks: atoms x = atom_lo and x + 2 of the group, chunk `chunk`;
+        // their codes: columns 256 grp + 64 x + 8 chunk, in landing atom 4 + (2 grp + x) / 2,
+        // 16-byte chunk ((x & 1) * 4 + chunk / 2), half chunk & 1.
+        uint2 c[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int x = atom_lo + 2 * h;
+          const int piece = 2 * grp + (x >> 1);
+          const int ch = (x & 1) * 4 + (chunk >> 1);
+          c[h] = *reinterpret_cast<const uint2*>(buf + (4 + piece) * Tr::kAtom + r * 128 +
+                                                 ((ch ^ (r & 7)) << 4) + 8 * (chunk & 1));
+        }
+        const float2 sc = *reinterpret_cast<const float2*>(sl_b + r * 4 + 2 * grp);
+        __syncwarp();  // group B overwrites landed codes: every lane has read its own first
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int atom = 4 * grp + atom_lo + 2 * h;
+          *reinterpret_cast<uint4*>(buf + atom * Tr::kAtom + r * 128 + ((chunk ^ (r & 7)) << 4)) =
+              CodesToF16x8(c[h], h == 0 ? sc.x : sc.y);
+        }
+      }
+      FenceProxyAsyncShared();  // the tile is read by wgmma (async proxy)
+      MbarArrive(bar + 8u * (2 * (grp == 0 ? kGroupA : kGroupB) + b));
+    }
+  }
+  CpAsyncCommit();
+  CpAsyncWait<0>();  // no copies in flight when the warp exits
 }
 #endif  // VERIFYD_SEESAW_BODY
 
 }  // namespace
 
+// kFp8: the FP8-cache variant (SeesawFp8S64): its own producer (SeesawFp8Producer), f16
+// latent operands, P in f16, Q rows with their own factor; the schedule is the same.
+template <bool kFp8>
 __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
     VerifyAttentionSeesawKernel(const VerifyKernelArgs args) {
 #ifdef VERIFYD_SEESAW_BODY
@@ -292,7 +560,14 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
   }
   __syncthreads();
 
-  if (wg == 2) {
+  if constexpr (kFp8) {
+    if (wg == 2) {
+      SetMaxRegsDec<Tr::kProducerRegs>();
+      SeesawFp8Producer(args, smem, base, bar);
+      return;
+    }
+  }
+  if (!kFp8 && wg == 2) {
     // ================= producer warpgroup: cp.async gathers =================
     SetMaxRegsDec<Tr::kProducerRegs>();
     // Everything is computed after the register split (values live across it would have
@@ -405,6 +680,14 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
   const uint32_t sV_own = wg * 4 * Tr::kAtom;  // first V atom of this warpgroup's columns
 
   MbarWait(q_bar, 0);
+  // This thread's two rows' logit factors (FP8: written by the producer before q_bar).
+  float sc[2] = {0.f, 0.f};
+  if constexpr (kFp8) {
+    const float* row_factor =
+        reinterpret_cast<const float*>(smem + offsetof(SeesawFp8Smem, q_row_factor));
+    sc[0] = row_factor[row0];
+    sc[1] = row_factor[row0 + 8];
+  }
 
   for (int p = 0; p < num_pairs; ++p) {
     const int t0 = 2 * p;
@@ -417,11 +700,11 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
     if (wg == 0) {
       // ---- S0 = Q K0^T ----
       float s[32];
-      ComputeS(s, sQ, sK0, full_bar(kGroupA, 0), p & 1);
+      ComputeS<kFp8>(s, sQ, sK0, full_bar(kGroupA, 0), p & 1);
       WgmmaWait<0>();
       // ---- softmax against the running max ----
       float mx[2], m0[2], scale0[2], sum[2];
-      ScaleMaskMax(s, args, wi, t0, ctx_len, M, fold_row0, q4, mx);
+      ScaleMaskMax<kFp8>(s, sc, args, wi, t0, ctx_len, M, fold_row0, q4, mx);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         m0[h] = fmaxf(m_run[h], mx[h]);
@@ -431,7 +714,7 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
 #pragma unroll
       for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * scale0[h] + sum[h];
       uint32_t pa[4][4];
-      PackP(s, pa);
+      PackP<kFp8>(s, pa);
       // ---- hand P0, m0, scale0 to WG1 ----
       StoreP(smem + (sP0 - base), pa, wl, g, q4);
       if (q4 == 0) {
@@ -446,7 +729,7 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
       // ---- O_L = O_L * scale0 + P0 V0_L ----
       ScaleO(o, scale0);
       WgmmaFence();
-      PvRegP(o, pa, sK0 + sV_own);
+      PvRegP<kFp8>(o, pa, sK0 + sV_own);
       WgmmaCommit();
       WgmmaWait<0>();
       // Buffer 0, atoms 0-3: nobody else reads them; the producer may refill them now.
@@ -467,7 +750,7 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
         for (int h = 0; h < 2; ++h) l_run[h] *= scale1[h];
         ScaleO(o, scale1);
         WgmmaFence();
-        PvSmemP(o, sP1, sK1 + sV_own);
+        PvSmemP<kFp8>(o, sP1, sK1 + sV_own);
         WgmmaCommit();
         WgmmaWait<0>();
         if (lane == 0) {
@@ -479,7 +762,7 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
       // ---- S1 = Q K1^T (overlaps WG0's softmax / PV) ----
       float s[32];
       if (has1) {
-        ComputeS(s, sQ, sK1, full_bar(kGroupA, 1), p & 1);
+        ComputeS<kFp8>(s, sQ, sK1, full_bar(kGroupA, 1), p & 1);
         WgmmaWait<0>();
       }
       // ---- WG0's m0 / scale0, then softmax of S1 against m0 ----
@@ -495,14 +778,14 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
       uint32_t pa[4][4];
       if (has1) {
         float mx[2];
-        ScaleMaskMax(s, args, wi, t1, ctx_len, M, fold_row0, q4, mx);
+        ScaleMaskMax<kFp8>(s, sc, args, wi, t1, ctx_len, M, fold_row0, q4, mx);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           m1[h] = fmaxf(m0[h], mx[h]);
           scale1[h] = RescaleFactor(m0[h], m1[h]);
         }
         Exp2Rows(s, m1, sum);
-        PackP(s, pa);
+        PackP<kFp8>(s, pa);
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -527,7 +810,7 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
       // is added, so the two PV products of this warpgroup are waited for in between.
       ScaleO(o, scale0);
       WgmmaFence();
-      PvSmemP(o, sP0, sK0 + sV_own);
+      PvSmemP<kFp8>(o, sP0, sK0 + sV_own);
       WgmmaCommit();
       WgmmaWait<0>();
       // Buffer 0, atoms 4-8 (V0_R, P0): WG0's reads (S0) and writes (P0) precede P0Ready.
@@ -535,7 +818,7 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
       if (has1) {
         ScaleO(o, scale1);
         WgmmaFence();  // also orders this thread's pa writes before the wgmma reads them
-        PvRegP(o, pa, sK1 + sV_own);
+        PvRegP<kFp8>(o, pa, sK1 + sV_own);
         WgmmaCommit();
         WgmmaWait<0>();
         if (lane == 0) MbarArrive(empty_bc_bar(1));
@@ -619,8 +902,14 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
 
 absl::Status SeesawS64::Launch(const VerifyKernelArgs& args, int grid, void* stream) {
   static std::atomic<uint64_t> configured_devices{0};
-  return LaunchSm90aBody(&VerifyAttentionSeesawKernel, configured_devices, args, grid,
+  return LaunchSm90aBody(&VerifyAttentionSeesawKernel<false>, configured_devices, args, grid,
                          SeesawTraits::kThreads, kSeesawSmemBytes, stream);
+}
+
+absl::Status SeesawFp8S64::Launch(const VerifyKernelArgs& args, int grid, void* stream) {
+  static std::atomic<uint64_t> configured_devices{0};
+  return LaunchSm90aBody(&VerifyAttentionSeesawKernel<true>, configured_devices, args, grid,
+                         SeesawTraits::kThreads, kSeesawFp8SmemBytes, stream);
 }
 
 }  // namespace verifyd::kernels::cuda::detail

@@ -56,6 +56,24 @@ struct SeesawSmem {
 // Dynamic shared memory to request: the struct plus the worst-case alignment slack.
 inline constexpr size_t kSeesawSmemBytes = 1024 + sizeof(SeesawSmem);
 
+// The FP8-cache variant (SeesawFp8S64): the same schedule on f16 tiles that its producer
+// converts from the stored rows (seesaw.cu, SeesawFp8Producer). Q's 512 latent columns are f16
+// times a power of two per row (2^eq, so the row's largest value lands in [2^14, 2^15)), its
+// rope columns stay bf16 times the same power; the KV tiles' latent columns are
+// f16(code x scale), the rope columns the stored bf16. Same register split as the bf16 kernel.
+struct SeesawFp8Smem {
+  SeesawSmem base;
+  // Per row: softmax_scale * log2(e) * 2^-eq (the factor that turns the f16-Q scores into
+  // log2-domain logits).
+  float q_row_factor[SeesawTraits::kRows];
+  // Per KV buffer: the landed rows' four scales.
+  float scale_land[SeesawTraits::kStages][SeesawTraits::kRows][4];
+};
+inline constexpr size_t kSeesawFp8SmemBytes = 1024 + sizeof(SeesawFp8Smem);
+static_assert(offsetof(SeesawFp8Smem, base) == 0, "seesaw FP8: the bf16 layout first");
+static_assert(kSeesawFp8SmemBytes <= 227 * 1024,
+              "seesaw FP8: over the sm_90 opt-in shared memory per block (227 KB)");
+
 static_assert(offsetof(SeesawSmem, q) == 0 && offsetof(SeesawSmem, kv) % 1024 == 0,
               "seesaw: operand tiles must start on the 1024-byte swizzle period");
 static_assert(offsetof(SeesawSmem, kv) == 73728 && offsetof(SeesawSmem, m0) == 221184 &&

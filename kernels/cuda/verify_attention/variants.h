@@ -58,6 +58,24 @@ struct SeesawS64 {
   static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
 };
 
+// FP8 latent cache, the seesaw schedule on f16 tiles its producer converts from the stored rows
+// (seesaw.cu, SeesawFp8Producer): 64 rows, 64-key tiles (224,128 bytes). sm_90a. Forced as kS64
+// with an FP8 cache.
+struct SeesawFp8S64 {
+  static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kS64;
+  static constexpr const char* kName = "seesaw wgmma, FP8 cache, f16 tiles (s64)";
+  static constexpr int kRows = SeesawTraits::kRows;
+  static constexpr int kKeys = SeesawTraits::kKeys;
+  static constexpr int kStages = SeesawTraits::kStages;
+  static constexpr size_t kSmemBytes = kSeesawFp8SmemBytes;
+  static constexpr int kCtasPerSm = 1;
+  static constexpr bool kKvFp8 = true;
+  static constexpr const char* kArch = "an sm_90 device (sm_90a build)";
+  static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
+  static constexpr AutoUse kAuto = AutoUse::kNotTinyDecode;
+  static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
+};
+
 // 16 rows, 32-key tiles, mma.sync, 5 stages (four tiles in flight; ~207 KB): sm_90.
 struct MmaM16Sm90 {
   static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kM16;
@@ -155,7 +173,7 @@ template <class... V>
 struct VariantList {};
 // kAuto's preference order (among the variants of the cache's format).
 using VerifyVariants = VariantList<SeesawS64, MmaM16Sm90, MmaM16Portable, KeysOnMFp8Sm90,
-                                   MmaM16Fp8Sm90, MmaM16Fp8Portable>;
+                                   SeesawFp8S64, MmaM16Fp8Sm90, MmaM16Fp8Portable>;
 
 // ---- run-time view of the table (the planner) -------------------------------------------
 
