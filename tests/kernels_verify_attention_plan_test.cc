@@ -219,10 +219,12 @@ TEST(VerifyAttentionPlan, Fp8CacheVariants) {
   for (const VerifyAttentionDeviceInfo& device : {kH200, kSm120}) {
     auto plan = PlanVerifyAttention(p, qi.data(), ki.data(), device, ws);
     ASSERT_TRUE(plan.ok()) << plan.status();
+    // 16 nodes x 16 heads = 256 rows over 65k keys (IsManyRowsBatch): the seesaw FP8 variant on
+    // sm_90.
     EXPECT_EQ(plan->config,
-              device.cc_major == 9 ? VerifyKernelConfig::kKm16 : VerifyKernelConfig::kM16);
+              device.cc_major == 9 ? VerifyKernelConfig::kS64 : VerifyKernelConfig::kM16);
     EXPECT_TRUE(plan->kv_fp8);
-    // One 16-row tile over 65k keys: split over every CTA slot (one per SM).
+    // Four 64-row tiles (16 on sm_120) over 65k keys: split over every CTA slot (one per SM).
     EXPECT_GT(static_cast<int>(plan->work.size()), device.num_sms / 2) << device.cc_major;
     EXPECT_LE(static_cast<int>(plan->work.size()), device.num_sms);
   }
@@ -234,6 +236,23 @@ TEST(VerifyAttentionPlan, Fp8CacheVariants) {
   EXPECT_TRUE(forced_s64->kv_fp8);
   EXPECT_EQ(PlanVerifyAttention(p, qi.data(), ki.data(), kSm120, ws, forced).status().code(),
             absl::StatusCode::kUnimplemented);
+
+  // kAuto on sm_90 below IsManyRowsBatch: the keys-on-M kernel (8 heads x 16 nodes = 128 rows
+  // over 16k keys; 16 heads x 1 decode node over 65k keys).
+  const std::vector<int32_t> ki16s = {0, 16384 + 16}, qi1 = {0, 1}, ki1 = {0, 65537};
+  VerifyAttentionParams fewer = p;
+  fewer.num_heads = 8;
+  auto short_plan = PlanVerifyAttention(fewer, qi.data(), ki16s.data(), kH200, ws);
+  ASSERT_TRUE(short_plan.ok()) << short_plan.status();
+  EXPECT_EQ(short_plan->config, VerifyKernelConfig::kKm16);
+  VerifyAttentionParams decode = p;
+  decode.total_rows = 1;
+  auto decode_plan = PlanVerifyAttention(decode, qi1.data(), ki1.data(), kH200, ws);
+  ASSERT_TRUE(decode_plan.ok()) << decode_plan.status();
+  EXPECT_EQ(decode_plan->config, VerifyKernelConfig::kKm16);
+  EXPECT_TRUE(detail::IsManyRowsBatch(128, 32768));
+  EXPECT_FALSE(detail::IsManyRowsBatch(127, 1 << 20));
+  EXPECT_FALSE(detail::IsManyRowsBatch(256, 32767));
 }
 
 TEST(VerifyAttentionPlan, WorkspaceLayout) {

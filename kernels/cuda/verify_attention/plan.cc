@@ -98,6 +98,10 @@ absl::StatusOr<VariantInfo> AutoVariant(const VerifyAttentionDeviceInfo& device,
     if (AutoForcedToMma() && v.config != VerifyKernelConfig::kM16) continue;
     if (!v.runs_on(device.cc_major) || !Fits(v, device)) continue;
     if (v.auto_use == AutoUse::kNotTinyDecode && tiny) continue;
+    if (v.auto_use == AutoUse::kManyRows &&
+        !IsManyRowsBatch(max_folded_rows_per_request, total_keys)) {
+      continue;
+    }
     return v;
   }
   // Nothing runs here: the error of the portable configuration names the reason.

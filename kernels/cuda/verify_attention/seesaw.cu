@@ -450,30 +450,40 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
     for (int i = 0; i < 4; ++i)
       slot[i] = key_lane + 4 * i + next < keys ? __ldg(idx + next + 4 * i) : -1;
     if (t >= 2) MbarWait(bar + 64u + 8u * b, parity);  // empty_bc[b]: atoms 4-8 free
+      // Two cp.async groups: group A's codes and the scales first, then group B's codes and
+      // the rope, so group A converts while the rest is in flight.
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = key_lane + 4 * i;
-      const bool valid = cur[i] >= 0;  // keys past the range: zero rows (masked)
-      const uint8_t* row =
-          kv8 + static_cast<int64_t>(static_cast<uint32_t>(max(cur[i], 0))) * kFp8RowBytes;
-      const uint32_t sw = r * 128 + ((chunk ^ (r & 7)) << 4);
+    for (int part = 0; part < 2; ++part) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k)
-        CpAsync16(dst + (4 + k) * Tr::kAtom + sw, row + 128 * k + 16 * chunk, valid);
-      CpAsync16(dst + 8 * Tr::kAtom + sw, row + kFp8RopeOffset + 16 * chunk, valid);
-      if (chunk == 0)
-        CpAsync16(s_scale_land + (b * Tr::kRows + r) * 16, row + kFp8ScaleOffset, valid);
+      for (int i = 0; i < 4; ++i) {
+        const int r = key_lane + 4 * i;
+        const bool valid = cur[i] >= 0;  // keys past the range: zero rows (masked)
+        const uint8_t* row =
+            kv8 + static_cast<int64_t>(static_cast<uint32_t>(max(cur[i], 0))) * kFp8RowBytes;
+        const uint32_t sw = r * 128 + ((chunk ^ (r & 7)) << 4);
+#pragma unroll
+        for (int k = 2 * part; k < 2 * part + 2; ++k)
+          CpAsync16(dst + (4 + k) * Tr::kAtom + sw, row + 128 * k + 16 * chunk, valid);
+        if (part == 0 && chunk == 0)
+          CpAsync16(s_scale_land + (b * Tr::kRows + r) * 16, row + kFp8ScaleOffset, valid);
+        if (part == 1)
+          CpAsync16(dst + 8 * Tr::kAtom + sw, row + kFp8RopeOffset + 16 * chunk, valid);
+      }
+      if (part == 1) CpAsyncMbarArrive(bar + 8u * (2 * kGroupC + b));  // the rope (atom 8)
+      CpAsyncCommit();
     }
-    CpAsyncMbarArrive(bar + 8u * (2 * kGroupC + b));  // the rope (atom 8)
-    CpAsyncCommit();
-    CpAsyncWait<0>();
-    __syncwarp();  // the warp's rows have landed (each lane waited for its own copies)
+    CpAsyncWait<1>();
+    __syncwarp();  // group A's codes of the warp's rows have landed (each lane waited for its own)
     unsigned char* buf = smem + Tr::kKvOff + b * Tr::kStageBytes;
     const float* sl_b = scale_land + b * Tr::kRows * 4;
 #pragma unroll 1
     for (int grp = 0; grp < 2; ++grp) {
       if (grp == 0 && t >= 2) MbarWait(bar + 48u + 8u * b, parity);  // empty_a[b]: atoms 0-3
-#pragma unroll 1
+      if (grp == 1) {
+        CpAsyncWait<0>();
+        __syncwarp();  // group B's codes have landed
+      }
+#pragma unroll 2
       for (int i = 0; i < 8; ++i) {
         const int r = 16 * pw + 2 * i + half;
         // The lane's f16 chunks: atoms x = atom_lo and x + 2 of the group, chunk `chunk`;

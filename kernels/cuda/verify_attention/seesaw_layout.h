@@ -70,6 +70,7 @@ struct SeesawFp8Smem {
   float scale_land[SeesawTraits::kStages][SeesawTraits::kRows][4];
 };
 inline constexpr size_t kSeesawFp8SmemBytes = 1024 + sizeof(SeesawFp8Smem);
+static_assert(kSeesawFp8SmemBytes == 226176, "seesaw FP8: 226,176 bytes of shared memory");
 static_assert(offsetof(SeesawFp8Smem, base) == 0, "seesaw FP8: the bf16 layout first");
 static_assert(kSeesawFp8SmemBytes <= 227 * 1024,
               "seesaw FP8: over the sm_90 opt-in shared memory per block (227 KB)");

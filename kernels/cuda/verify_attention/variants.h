@@ -30,6 +30,7 @@ struct VerifyKernelArgs;  // kernel_args.cuh: the device-side arguments of every
 // fits its shared memory and whose rule holds for the batch).
 enum class AutoUse {
   kNotTinyDecode,  // every batch but a tiny decode batch (IsTinyDecodeBatch)
+  kManyRows,       // batches with many rows per request and many keys (IsManyRowsBatch)
   kAlways,
 };
 
@@ -38,6 +39,15 @@ enum class AutoUse {
 // 4k keys: 0.0083 / 0.0095 ms against 0.0095 / 0.0109 ms for the seesaw kernel).
 constexpr bool IsTinyDecodeBatch(int64_t max_folded_rows_per_request, int64_t total_keys) {
   return max_folded_rows_per_request <= 16 && total_keys <= 16384;
+}
+
+// Many rows per request over many keys: >= 128 folded rows in some request and >= 32k keys in
+// all. There the seesaw FP8 variant (64 rows a CTA) beat the keys-on-M kernel (16 rows a CTA)
+// on the H200 by 5-20 % (docs/PERF.md, "The seesaw schedule on the FP8 cache"); below, the
+// keys-on-M kernel's finer split won (1 x 8 heads x 16 nodes at 4k / 16k keys: 0.0222 / 0.0360
+// ms against 0.0261 / 0.0400).
+constexpr bool IsManyRowsBatch(int64_t max_folded_rows_per_request, int64_t total_keys) {
+  return max_folded_rows_per_request >= 128 && total_keys >= 32768;
 }
 
 // ---- the variants ------------------------------------------------------------------------
@@ -59,8 +69,8 @@ struct SeesawS64 {
 };
 
 // FP8 latent cache, the seesaw schedule on f16 tiles its producer converts from the stored rows
-// (seesaw.cu, SeesawFp8Producer): 64 rows, 64-key tiles (224,128 bytes). sm_90a. Forced as kS64
-// with an FP8 cache.
+// (seesaw.cu, SeesawFp8Producer): 64 rows, 64-key tiles (226,176 bytes). sm_90a. kAuto's FP8
+// choice for many-row batches (IsManyRowsBatch); forced as kS64 with an FP8 cache.
 struct SeesawFp8S64 {
   static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kS64;
   static constexpr const char* kName = "seesaw wgmma, FP8 cache, f16 tiles (s64)";
@@ -72,7 +82,7 @@ struct SeesawFp8S64 {
   static constexpr bool kKvFp8 = true;
   static constexpr const char* kArch = "an sm_90 device (sm_90a build)";
   static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
-  static constexpr AutoUse kAuto = AutoUse::kNotTinyDecode;
+  static constexpr AutoUse kAuto = AutoUse::kManyRows;
   static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
 };
 
@@ -172,8 +182,8 @@ static_assert(2 * (MmaM16Fp8Sm90::kSmemBytes + 1024) <= 233472, "m16 FP8 sm_90: 
 template <class... V>
 struct VariantList {};
 // kAuto's preference order (among the variants of the cache's format).
-using VerifyVariants = VariantList<SeesawS64, MmaM16Sm90, MmaM16Portable, KeysOnMFp8Sm90,
-                                   SeesawFp8S64, MmaM16Fp8Sm90, MmaM16Fp8Portable>;
+using VerifyVariants = VariantList<SeesawS64, MmaM16Sm90, MmaM16Portable, SeesawFp8S64,
+                                   KeysOnMFp8Sm90, MmaM16Fp8Sm90, MmaM16Fp8Portable>;
 
 // ---- run-time view of the table (the planner) -------------------------------------------
 
