@@ -273,11 +273,6 @@ __device__ __forceinline__ void E4m3x4ToF16x2x2(uint32_t codes, uint32_t& lo, ui
 
 // ---- math, loads, bulk copies ------------------------------------------------------------
 
-// Asks L2 to fetch `bytes` (a multiple of 16) at the 16-byte-aligned global address `src`.
-__device__ __forceinline__ void PrefetchL2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
-
 // 2^x on the MUFU unit without exp2f's denormal-range fix-up (results below 2^-126 flush
 // to 0: a probability that small relative to the row max does not matter); 2^-inf = 0.
 __device__ __forceinline__ float FastExp2(float x) {

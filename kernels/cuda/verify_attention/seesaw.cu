@@ -435,11 +435,6 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
   int32_t slot[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) slot[i] = key_lane + 4 * i < keys ? __ldg(idx + 4 * i) : -1;
-  // Tiles 0 and 1 into L2 (the loop asks for tile t + 2 at tile t).
-  for (int k = t128; k < min(keys, 2 * Tr::kKeys); k += 128) {
-    const int32_t s0 = __ldg(idx - key_lane + k);
-    PrefetchL2(kv8 + static_cast<int64_t>(static_cast<uint32_t>(s0)) * kFp8RowBytes, kFp8RowBytes);
-  }
   // Converting: lane l's row within a pair, chunk, first atom of the group.
   const int half = lane >> 4;
   const int atom_lo = (lane >> 3) & 1;
@@ -454,16 +449,6 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       slot[i] = key_lane + 4 * i + next < keys ? __ldg(idx + next + 4 * i) : -1;
-    // The rows of tile t + 2 are asked into L2 now (one bulk prefetch per row): the landing
-    // below waits for the math warpgroups and is serialised with the conversion, so its
-    // latency is exposed unless the rows are already in L2.
-    if (t128 < Tr::kKeys) {
-      const int k2 = (t + 2) * Tr::kKeys + t128;
-      if (k2 < keys) {
-        const int32_t s2 = __ldg(idx - key_lane + k2);
-        PrefetchL2(kv8 + static_cast<int64_t>(static_cast<uint32_t>(s2)) * kFp8RowBytes, kFp8RowBytes);
-      }
-    }
     if (t >= 2) MbarWait(bar + 64u + 8u * b, parity);  // empty_bc[b]: atoms 4-8 free
       // Two cp.async groups: group A's codes and the scales first, then group B's codes and
       // the rope, so group A converts while the rest is in flight.
