@@ -19,9 +19,8 @@
 //
 // The semantics are those of kernels/verify_attention.h (the reference). Supported here:
 // dtype bf16, qk_dim 576, v_dim 512, mask_words <= 2 (<= 128 tail rows per request), any
-// head count >= 1, a bf16 or an FP8 latent cache (kv_fp8: kernels/kv_fp8.h, 656 bytes a key;
-// the 16-row configuration only). SupportsVerifyAttentionCuda() says which case is not
-// supported.
+// head count >= 1, a bf16 or an FP8 latent cache (kv_fp8: kernels/kv_fp8.h, 656 bytes a key).
+// SupportsVerifyAttentionCuda() says which case is not supported.
 //
 // Kernel configurations (VerifyKernelConfig; the planner picks one per batch, the variants
 // behind them are declared once in verify_attention/variants.h):
@@ -29,11 +28,14 @@
 //          99 KB of shared memory on sm_80 / sm_120. Tiny decode batches and non-sm_90.
 //   kS64   64 folded rows, 64-key tiles, warp-specialised wgmma "seesaw" schedule (sm_90a;
 //          docs/KERNEL_NOTES.md): kAuto's choice on sm_90 for every other batch.
-// FP8 latent cache: kKm16 on sm_90 (kAuto's choice there, positional plans too: keys on the
-// wgmma M side, the stored codes converted to f16 operands in registers, exact; scales applied
-// to the scores and to P), kM16 elsewhere (its FP8 variants gather the stored rows into 2 FP8
-// stages and dequantize each into one bf16 tile: bf16(e4m3 x scale), one rounding; two CTAs
-// per SM on sm_90, one within 99 KB elsewhere). Speed against the bf16 cache: docs/PERF.md.
+// FP8 latent cache: kKm16 on sm_90 (kAuto's choice there below IsManyRowsBatch, positional
+// plans always: keys on the wgmma M side, the stored codes converted to f16 operands in
+// registers, exact; scales applied to the scores and to P), kS64 on sm_90 for batches with many
+// rows per request (variants.h, IsManyRowsBatch: the seesaw schedule on f16 tiles its producer
+// converts from the stored rows; a latent value beyond f16's range saturates), kM16 elsewhere (its
+// FP8 variants gather the stored rows into 2 FP8 stages and dequantize each into one bf16 tile:
+// bf16(e4m3 x scale), one rounding; two CTAs per SM on sm_90, one within 99 KB elsewhere). Speed
+// against the bf16 cache: docs/PERF.md.
 //
 // Positional plans (VerifyPlanOptions::positional: the engine's batch-invariant mode). A
 // node's visible keys (the request's context, then its visible tail rows in index order: for
@@ -109,7 +111,8 @@ enum class VerifyKernelConfig : int {
   // (sm_90a only): kAuto's many-rows choice on sm_90. docs/KERNEL_NOTES.md.
   kS64 = 5,
   // FP8 latent cache only: 16 rows, 64-key tiles, keys on the wgmma M side (the stored codes
-  // become f16 operands in registers; sm_90a only): kAuto's FP8 choice on sm_90.
+  // become f16 operands in registers; sm_90a only): kAuto's FP8 choice on sm_90 but for many
+  // rows per request (there kS64's FP8 variant).
   kKm16 = 8,
   // Values 6 and 7 belonged to the in-kernel positional variants (now a plan property:
   // VerifyPlanOptions::positional) and are not reused.

@@ -1,10 +1,12 @@
 // The seesaw verify attention kernel (variant SeesawS64 in variants.h; sm_90a: H100 / H200):
 // 64 folded rows per CTA, 64-key tiles, warp-specialised. kAuto's choice on sm_90 for every
-// batch but tiny decode ones. Same work items, partial-output and LSE contract as the mma.sync
-// family, so the planner, the combine kernel and the tests are shared. Design, measurements
-// and the reasoning behind the schedule: docs/KERNEL_NOTES.md. Shared memory: SeesawSmem
-// (seesaw_layout.h). Compiled for every configured architecture; the kernel has a body only
-// in the sm_90a build.
+// batch but tiny decode ones. Instantiated twice: the bf16 cache (kFp8 = false, described
+// below) and the FP8 cache (SeesawFp8S64: the same math on f16 tiles that its own producer,
+// SeesawFp8Producer, converts from the stored rows; kAuto's FP8 choice for many-row batches). Same
+// work items, partial-output and LSE contract as the mma.sync family, so the planner, the combine
+// kernel and the tests are shared. Design, measurements and the reasoning behind the schedule:
+// docs/KERNEL_NOTES.md. Shared memory: SeesawSmem (seesaw_layout.h). Compiled for every configured
+// architecture; the kernel has a body only in the sm_90a build.
 //
 // CTA = 3 warpgroups (384 threads), one role each:
 //   SeesawProducer (WG2, setmaxnreg 24)  16-byte cp.async gathers of Q [64 x 576] and of the
