@@ -252,7 +252,8 @@ TEST(VerifyAttentionPlan, Fp8CacheVariants) {
   EXPECT_EQ(decode_plan->config, VerifyKernelConfig::kKm16);
   EXPECT_TRUE(detail::IsManyRowsBatch(128, 32768));
   EXPECT_FALSE(detail::IsManyRowsBatch(127, 1 << 20));
-  EXPECT_FALSE(detail::IsManyRowsBatch(256, 32767));
+  EXPECT_FALSE(detail::IsManyRowsBatch(256, 16383));
+  EXPECT_TRUE(detail::IsManyRowsBatch(1088, 4096));
 }
 
 TEST(VerifyAttentionPlan, WorkspaceLayout) {

@@ -41,13 +41,14 @@ constexpr bool IsTinyDecodeBatch(int64_t max_folded_rows_per_request, int64_t to
   return max_folded_rows_per_request <= 16 && total_keys <= 16384;
 }
 
-// Many rows per request over many keys: >= 128 folded rows in some request and >= 32k keys in
-// all. There the seesaw FP8 variant (64 rows a CTA) beat the keys-on-M kernel (16 rows a CTA)
-// on the H200 by 5-20 % (docs/PERF.md, "The seesaw schedule on the FP8 cache"); below, the
-// keys-on-M kernel's finer split won (1 x 8 heads x 16 nodes at 4k / 16k keys: 0.0222 / 0.0360
-// ms against 0.0261 / 0.0400).
+// Many rows per request over many keys: >= 128 folded rows in some request and rows x keys
+// (that request's rows times the batch's keys) >= 2^22. There the seesaw FP8 variant (64 rows
+// a CTA) beat the keys-on-M kernel (16 rows a CTA) on the H200 (0.73-0.96x its time; 1.04x on
+// one shape: 8 x 64 heads x 2 nodes at 4k) and below it lost (1.08-1.18x) on every shape
+// measured (docs/PERF.md, "The seesaw FP8 variant against km16" and its crossover table).
 constexpr bool IsManyRowsBatch(int64_t max_folded_rows_per_request, int64_t total_keys) {
-  return max_folded_rows_per_request >= 128 && total_keys >= 32768;
+  return max_folded_rows_per_request >= 128 &&
+         max_folded_rows_per_request * total_keys >= (int64_t{1} << 22);
 }
 
 // ---- the variants ------------------------------------------------------------------------
