@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <numeric>
 #include <random>
 #include <string>
@@ -825,57 +826,69 @@ TEST(VerifyAttentionCuda, KeysOnMFp8Edges) {
   ExpectCase(c);
 }
 
-// The seesaw FP8 variant (kS64 with an FP8 cache: f16 tiles its producer converts from the
-// stored rows) at its tile, pair and warp boundaries: key counts around 64 / 128 and the
-// producer's 16-row warp slices, 1 to 128 heads (partial row tiles), unsplit and split,
-// rows that see no key, and scales spanning 2^-20 .. 2^12 (the fp32 conversion path).
-TEST(VerifyAttentionCuda, SeesawFp8Edges) {
-  SKIP_WITHOUT_GPU();
-  if (SkipUnlessSm90()) GTEST_SKIP() << "the seesaw schedule is sm_90a only";
-  uint64_t seed = 9300;
-  for (int keys : {1, 16, 17, 63, 64, 65, 127, 128, 129, 192, 193, 700}) {
+// Edge-case groups of the seesaw kernels' tests, each case built on `base` (config, cache
+// format) with seeds taken in order from `seed`.
+// Key counts (context + tail) around the tile (64) and pair (128) boundaries, unsplit so the
+// CTA sees exactly this many keys, then the planner's own split of the same batch.
+void ExpectKeyCountEdges(const Case& base, std::initializer_list<int> key_counts, uint64_t& seed) {
+  for (int keys : key_counts) {
     for (int max_splits : {1, 0}) {
-      Case c;
+      Case c = base;
       c.heads = 16;
       const int n = std::min(keys, 16);
       c.nodes = {n, 1};
       c.ctx = {keys - n, keys + 40};
-      c.kv_fp8 = true;
-      c.config = VerifyKernelConfig::kS64;
-      c.max_splits = max_splits;
       c.seed = seed++;
+      c.max_splits = max_splits;
       ExpectCase(c);
     }
   }
-  for (auto [heads, nodes, ctx] :
-       {std::tuple{1, 1, 200}, std::tuple{3, 7, 500}, std::tuple{1, 65, 1000},
-        std::tuple{128, 65, 60}, std::tuple{128, 1, 4000}}) {
-    Case c;
-    c.heads = heads;
-    c.nodes = {nodes};
-    c.ctx = {ctx};
-    c.kv_fp8 = true;
-    c.config = VerifyKernelConfig::kS64;
-    c.seed = seed++;
-    ExpectCase(c);
-  }
+}
+// Rows that see no key (random masks), with and without context.
+void ExpectEmptyRowEdges(const Case& base, uint64_t& seed) {
   for (int ctx : {0, 100}) {
-    Case c;
+    Case c = base;
     c.heads = 16;
     c.nodes = {9, 30, 1};
     c.ctx = {ctx, ctx, 0};
     c.empty_rows = true;
-    c.kv_fp8 = true;
-    c.config = VerifyKernelConfig::kS64;
     c.seed = seed++;
     ExpectCase(c);
   }
-  Case c;  // a spread of key magnitudes: scales from 2^-29 (fp32 path) to 2^3 in one tile
+}
+// Partial row tiles: one request of `heads` x `nodes` rows over `ctx` context keys each.
+void ExpectRowTileEdges(const Case& base, std::initializer_list<std::tuple<int, int, int>> shapes,
+                        uint64_t& seed) {
+  for (auto [heads, nodes, ctx] : shapes) {
+    Case c = base;
+    c.heads = heads;
+    c.nodes = {nodes};
+    c.ctx = {ctx};
+    c.seed = seed++;
+    ExpectCase(c);
+  }
+}
+
+// The seesaw FP8 variant (kS64 with an FP8 cache: f16 tiles its producer converts from the
+// stored rows) at its tile, pair and warp boundaries: key counts around 64 / 128 and the
+// producer's 16-row warp slices, 1 to 128 heads (partial row tiles), unsplit and split,
+// rows that see no key, and key magnitudes spanning 2^-20 .. 2^12 (scales 2^-29 .. 2^3: the
+// fp32 conversion path below 2^-14).
+TEST(VerifyAttentionCuda, SeesawFp8Edges) {
+  SKIP_WITHOUT_GPU();
+  if (SkipUnlessSm90()) GTEST_SKIP() << "the seesaw schedule is sm_90a only";
+  uint64_t seed = 9300;
+  Case base;
+  base.kv_fp8 = true;
+  base.config = VerifyKernelConfig::kS64;
+  ExpectKeyCountEdges(base, {1, 16, 17, 63, 64, 65, 127, 128, 129, 192, 193, 700}, seed);
+  ExpectRowTileEdges(base, {{1, 1, 200}, {3, 7, 500}, {1, 65, 1000}, {128, 65, 60}, {128, 1, 4000}},
+                     seed);
+  ExpectEmptyRowEdges(base, seed);
+  Case c = base;  // a spread of key magnitudes in one tile
   c.heads = 16;
   c.nodes = {4, 3};
   c.ctx = {5000, 900};
-  c.kv_fp8 = true;
-  c.config = VerifyKernelConfig::kS64;
   c.kv_scale_spread = true;
   c.seed = seed++;
   ExpectCase(c);
@@ -886,44 +899,13 @@ TEST(VerifyAttentionCuda, SeesawScheduleEdges) {
   SKIP_WITHOUT_GPU();
   if (SkipUnlessSm90()) GTEST_SKIP() << "the seesaw schedule is sm_90a only";
   uint64_t seed = 5000;
-  // Key counts (context + tail) around the tile (64) and pair (128) boundaries, unsplit so
-  // the CTA sees exactly this many keys; then the planner's own split of the same batch.
-  for (int keys : {1, 16, 63, 64, 65, 127, 128, 129, 191, 192, 193, 320}) {
-    for (int max_splits : {1, 0}) {
-      Case c;
-      c.heads = 16;
-      const int n = std::min(keys, 16);
-      c.nodes = {n, 1};
-      c.ctx = {keys - n, keys + 40};
-      c.seed = seed++;
-      c.config = VerifyKernelConfig::kS64;
-      c.max_splits = max_splits;
-      ExpectCase(c);
-    }
-  }
-  // Rows that see no key (random masks), with and without context.
-  for (int ctx : {0, 100}) {
-    Case c;
-    c.heads = 16;
-    c.nodes = {9, 30, 1};
-    c.ctx = {ctx, ctx, 0};
-    c.empty_rows = true;
-    c.seed = seed++;
-    c.config = VerifyKernelConfig::kS64;
-    ExpectCase(c);
-  }
-  // Partial row tiles: 1, 21 and 65 folded rows (the last tile of 65 holds one row), and
-  // 128 heads x 65 nodes = 130 row tiles over 125 keys.
-  for (auto [heads, nodes, ctx] : {std::tuple{1, 1, 200}, std::tuple{3, 7, 500},
-                                   std::tuple{1, 65, 1000}, std::tuple{128, 65, 60}}) {
-    Case c;
-    c.heads = heads;
-    c.nodes = {nodes};
-    c.ctx = {ctx};
-    c.seed = seed++;
-    c.config = VerifyKernelConfig::kS64;
-    ExpectCase(c);
-  }
+  Case base;
+  base.config = VerifyKernelConfig::kS64;
+  ExpectKeyCountEdges(base, {1, 16, 63, 64, 65, 127, 128, 129, 191, 192, 193, 320}, seed);
+  ExpectEmptyRowEdges(base, seed);
+  // 1, 21 and 65 folded rows (the last tile of 65 holds one row), and 128 heads x 65 nodes =
+  // 130 row tiles over 125 keys.
+  ExpectRowTileEdges(base, {{1, 1, 200}, {3, 7, 500}, {1, 65, 1000}, {128, 65, 60}}, seed);
 }
 
 // Larger sweep: heads x nodes grid, split and unsplit, a compute-bound-like batch, random

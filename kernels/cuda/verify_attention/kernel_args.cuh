@@ -31,6 +31,14 @@ struct VerifyKernelArgs {
   const VerifyWorkItem* work;  // [gridDim.x]
 };
 
+// The slot list of a work item's request, indexed by request-local key (the item's keys are
+// entries kv_begin .. kv_end - 1): the request's slice of kv_indices, or for kv_off < 0 a
+// positional plan's index list in the workspace (api.h, VerifyWorkItem).
+__device__ __forceinline__ const int32_t* WorkItemKeys(const VerifyKernelArgs& args,
+                                                       const VerifyWorkItem& wi) {
+  return wi.kv_off >= 0 ? args.kv_indices + wi.kv_off : args.pos_indices + (-wi.kv_off - 1);
+}
+
 // Sets `kernel`'s opt-in dynamic shared memory to `smem_bytes` once per device (`configured`:
 // a function-local static of the caller; a host call per launch would add latency to every
 // layer), after `check` (a callable returning cudaError_t) passed, then launches it with

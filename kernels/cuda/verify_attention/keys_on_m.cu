@@ -71,9 +71,6 @@ __device__ __forceinline__ uint32_t AtomOffset(int row, int byte) {
   return row * 128 + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15);
 }
 
-// 2^e as a float, e in [-126, 127].
-__device__ __forceinline__ float Pow2(int e) { return __int_as_float((127 + e) << 23); }
-
 // The k16 step `k` (0..35) of Q's 576 columns: its B descriptor from Q's base descriptor q0
 // (descriptor addresses are addr >> 4 in 14 bits and shared memory is < 256 KB: adding the
 // offset >> 4 never carries out of the field).
@@ -189,10 +186,8 @@ __global__ void __launch_bounds__(KeysOnMTraits::kThreads, 1)
     const VerifyWorkItem wi = args.work[blockIdx.x];
     const int keys = wi.kv_end - wi.kv_begin;
     const int num_tiles = (keys + Tr::kKeys - 1) / Tr::kKeys;
-    const int32_t* idx =
-        (wi.kv_off >= 0 ? args.kv_indices + wi.kv_off : args.pos_indices + (-wi.kv_off - 1)) +
-        wi.kv_begin;
-    // kv_off < 0 above: a positional plan's index list in the workspace (api.h). Warp pw copies
+    const int32_t* idx = WorkItemKeys(args, wi) + wi.kv_begin;
+    // Warp pw copies
     // keys 16 pw .. 16 pw + 15 of each tile, one row per step: lanes 0-31 its first 512 bytes,
     // lanes 0-8 the other 144 (coalesced); lane l (and l + 16) holds the slot id of key
     // 16 pw + l % 16 (the next tile's loaded while this one is copied). Keys past the range

@@ -98,9 +98,7 @@ __global__ void __launch_bounds__(kMmaThreads, V::kCtasPerSm)
     const int ctx_len = wi.kv_len - wi.num_nodes;  // P_b: keys before the tail
     const int num_keys = wi.kv_end - wi.kv_begin;
     const int num_tiles = (num_keys + BN - 1) / BN;
-    // kv_off < 0: a positional plan's index list in the workspace (api.h, VerifyWorkItem).
-    const int32_t* idx_base =
-        wi.kv_off >= 0 ? args.kv_indices + wi.kv_off : args.pos_indices + (-wi.kv_off - 1);
+    const int32_t* idx_base = WorkItemKeys(args, wi);
 
     if (tid < BM) {
       sM[tid] = -INFINITY;

@@ -273,6 +273,9 @@ __device__ __forceinline__ void E4m3x4ToF16x2x2(uint32_t codes, uint32_t& lo, ui
 
 // ---- math, loads, bulk copies ------------------------------------------------------------
 
+// 2^e as a float, e in [-126, 127].
+__device__ __forceinline__ float Pow2(int e) { return __int_as_float((127 + e) << 23); }
+
 // 2^x on the MUFU unit without exp2f's denormal-range fix-up (results below 2^-126 flush
 // to 0: a probability that small relative to the row max does not matter); 2^-inf = 0.
 __device__ __forceinline__ float FastExp2(float x) {

@@ -39,7 +39,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/cuda/verify_attention/kernel_args.cuh"
 #include "kernels/cuda/verify_attention/ptx.cuh"
@@ -89,6 +88,44 @@ static_assert(offsetof(SeesawSmem, empty_a) == Tr::kBarOff + 48 &&
                   offsetof(SeesawSmem, empty_bc) == Tr::kBarOff + 64 &&
                   offsetof(SeesawSmem, q_full) == Tr::kBarOff + 80,
               "mbarrier offsets used by the barrier accessors below");
+
+// SeesawSmem's mbarriers by role (offsets asserted above). Who arrives on which: the kernel.
+struct SeesawBarriers {
+  uint32_t base;  // shared-window address of SeesawSmem::full
+  __device__ uint32_t full(SeesawColumnGroup grp, int b) const { return base + 8u * (2 * grp + b); }
+  __device__ uint32_t empty_a(int b) const { return base + 48u + 8u * b; }
+  __device__ uint32_t empty_bc(int b) const { return base + 64u + 8u * b; }
+  __device__ uint32_t q() const { return base + 80u; }
+};
+
+// Both producers copy rows 16 pw .. 16 pw + 15 of every 64-row tile with producer warp pw,
+// four rows at a time: lane l copies 16-byte chunk `chunk` = l & 7 of each 128-byte atom row
+// of row key_lane + 4 i, key_lane = 16 pw + (l >> 3), i = 0..3.
+
+// Q [64 rows x 576] (bf16) into the swizzled Q tile at sQ; rows past the request zero-filled.
+__device__ __forceinline__ void GatherQ(const VerifyKernelArgs& args, const VerifyWorkItem& wi,
+                                        int rows_here, uint32_t sQ, int key_lane, int chunk) {
+  const __nv_bfloat16* q_base =
+      args.q + (static_cast<int64_t>(wi.q_row0) * args.num_heads + wi.fold_begin) * kQkDim;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = key_lane + 4 * i;
+    const uint32_t off = r * 128 + ((chunk ^ (r & 7)) << 4);
+    const __nv_bfloat16* src = q_base + min(r, rows_here - 1) * kQkDim + chunk * 8;
+#pragma unroll
+    for (int a = 0; a < Tr::kAtoms; ++a)
+      CpAsync16(sQ + off + a * Tr::kAtom, src + a * 64, r < rows_here);
+  }
+}
+
+// The slot ids of this lane's four rows of the tile whose first request-local key is `first`
+// (idx: the work item's keys from kv_begin, plus key_lane); -1 past the work item's `keys`.
+__device__ __forceinline__ void LoadTileSlots(const int32_t* idx, int key_lane, int keys, int first,
+                                              int32_t (&slot)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    slot[i] = key_lane + 4 * i + first < keys ? __ldg(idx + first + 4 * i) : -1;
+}
 
 // Scales one 64-key score tile into the log2 domain, masks it when needed and returns the
 // row maxima (quad-reduced) of this thread's two rows. s: the wgmma m64n64 accumulator
@@ -361,9 +398,9 @@ __device__ __forceinline__ uint4 ScaleBf16x8(uint4 v, float f) {
 // 2^e as a float (|e| <= 126).
 __device__ __forceinline__ float Pow2(int e) { return __int_as_float((127 + e) << 23); }
 
-// The FP8 producer warpgroup's whole job (see above). bar: the barrier block (SeesawSmem::full).
+// The FP8 producer warpgroup's whole job (see above).
 __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, unsigned char* smem,
-                                                  uint32_t base, uint32_t bar) {
+                                                  uint32_t base, const SeesawBarriers& bars) {
   const VerifyWorkItem wi = args.work[blockIdx.x];
   const int t128 = threadIdx.x & 127;
   const int lane = threadIdx.x & 31;
@@ -371,24 +408,12 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
   const int rows_here = min(Tr::kRows, wi.num_nodes * args.num_heads - wi.fold_begin);
   const uint32_t sQ = base + Tr::kQOff;
   const uint32_t sKV = base + Tr::kKvOff;
-  const uint32_t q_bar = bar + 80u;
-  // ---- Q: cp.async (as the bf16 producer: lane copies chunk (l & 7) of every atom row of rows
-  // 16 pw + (l >> 3) + 4 i), then converted in place by the same lanes ----
+  const int sub = lane >> 3;
+  const int chunk = lane & 7;
+  const int key_lane = 16 * pw + sub;
+  // ---- Q: GatherQ, then converted in place by the lanes that landed it ----
   {
-    const int sub = lane >> 3;
-    const int chunk = lane & 7;
-    const int key_lane = 16 * pw + sub;
-    const __nv_bfloat16* q_base =
-        args.q + (static_cast<int64_t>(wi.q_row0) * args.num_heads + wi.fold_begin) * kQkDim;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = key_lane + 4 * i;
-      const uint32_t off = r * 128 + ((chunk ^ (r & 7)) << 4);
-      const __nv_bfloat16* src = q_base + min(r, rows_here - 1) * kQkDim + chunk * 8;
-#pragma unroll
-      for (int a = 0; a < Tr::kAtoms; ++a)
-        CpAsync16(sQ + off + a * Tr::kAtom, src + a * 64, r < rows_here);
-    }
+    GatherQ(args, wi, rows_here, sQ, key_lane, chunk);
     CpAsyncCommit();
     CpAsyncWait<0>();
     float* row_factor = reinterpret_cast<float*>(smem + offsetof(SeesawFp8Smem, q_row_factor));
@@ -418,7 +443,7 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
       if (chunk == 0) row_factor[r] = args.scale_log2 * Pow2(-eq);
     }
     FenceProxyAsyncShared();  // Q is read by wgmma (async proxy)
-    MbarArrive(q_bar);
+    MbarArrive(bars.q());
   }
   // ---- KV tiles ----
   const int num_tiles = (wi.kv_end - wi.kv_begin + Tr::kKeys - 1) / Tr::kKeys;
@@ -426,17 +451,10 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
   const uint8_t* kv8 = reinterpret_cast<const uint8_t*>(args.kv);
   float* scale_land = reinterpret_cast<float*>(smem + offsetof(SeesawFp8Smem, scale_land));
   const uint32_t s_scale_land = base + offsetof(SeesawFp8Smem, scale_land);
-  // Landing: lane l copies 16-byte chunk (l & 7) of rows 16 pw + (l >> 3) + 4 i, i = 0..3 (as
-  // the bf16 producer), keeping those rows' slot ids (and the next tile's).
-  const int sub = lane >> 3;
-  const int chunk = lane & 7;
-  const int key_lane = 16 * pw + sub;
-  const int32_t* idx =
-      (wi.kv_off >= 0 ? args.kv_indices + wi.kv_off : args.pos_indices + (-wi.kv_off - 1)) +
-      wi.kv_begin + key_lane;
+  // Landing: the lanes' rows as in GatherQ, keeping those rows' slot ids (and the next tile's).
+  const int32_t* idx = WorkItemKeys(args, wi) + wi.kv_begin + key_lane;
   int32_t slot[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) slot[i] = key_lane + 4 * i < keys ? __ldg(idx + 4 * i) : -1;
+  LoadTileSlots(idx, key_lane, keys, 0, slot);
   // Converting: lane l's row within a pair, chunk, first atom of the group.
   const int half = lane >> 4;
   const int atom_lo = (lane >> 3) & 1;
@@ -447,11 +465,8 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
     int32_t cur[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) cur[i] = slot[i];
-    const int next = (t + 1) * Tr::kKeys;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      slot[i] = key_lane + 4 * i + next < keys ? __ldg(idx + next + 4 * i) : -1;
-    if (t >= 2) MbarWait(bar + 64u + 8u * b, parity);  // empty_bc[b]: atoms 4-8 free
+    LoadTileSlots(idx, key_lane, keys, (t + 1) * Tr::kKeys, slot);
+    if (t >= 2) MbarWait(bars.empty_bc(b), parity);  // atoms 4-8 free
       // Two cp.async groups: group A's codes and the scales first, then group B's codes and
       // the rope, so group A converts while the rest is in flight.
 #pragma unroll
@@ -471,7 +486,7 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
         if (part == 1)
           CpAsync16(dst + 8 * Tr::kAtom + sw, row + kFp8RopeOffset + 16 * chunk, valid);
       }
-      if (part == 1) CpAsyncMbarArrive(bar + 8u * (2 * kGroupC + b));  // the rope (atom 8)
+      if (part == 1) CpAsyncMbarArrive(bars.full(kGroupC, b));  // the rope (atom 8)
       CpAsyncCommit();
     }
     CpAsyncWait<1>();
@@ -480,7 +495,7 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
     const float* sl_b = scale_land + b * Tr::kRows * 4;
 #pragma unroll 1
     for (int grp = 0; grp < 2; ++grp) {
-      if (grp == 0 && t >= 2) MbarWait(bar + 48u + 8u * b, parity);  // empty_a[b]: atoms 0-3
+      if (grp == 0 && t >= 2) MbarWait(bars.empty_a(b), parity);  // atoms 0-3 free
       if (grp == 1) {
         CpAsyncWait<0>();
         __syncwarp();  // group B's codes have landed
@@ -510,7 +525,7 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
         }
       }
       FenceProxyAsyncShared();  // the tile is read by wgmma (async proxy)
-      MbarArrive(bar + 8u * (2 * (grp == 0 ? kGroupA : kGroupB) + b));
+      MbarArrive(bars.full(grp == 0 ? kGroupA : kGroupB, b));
     }
   }
   CpAsyncCommit();
@@ -538,9 +553,10 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
   float* s_m1 = s_m0 + 128;
   float* s_scale1 = s_m0 + 192;
   float* s_l = s_m0 + 256;  // [2][64]: each warpgroup's row sums
-  const uint32_t bar = base + Tr::kBarOff;
+  const SeesawBarriers bars{base + Tr::kBarOff};
   // mbarriers. full[group][buffer] (group A = atoms 0-3, B = 4-7, C = 8), count 128: one
-  // cp.async-tracked arrival per producer thread. Empty barriers, one arrival per math warp
+  // arrival per producer thread (cp.async-tracked; the FP8 producer's groups A / B: a plain
+  // arrival after its stores). Empty barriers, one arrival per math warp
   // that reads the part (the other warpgroup's reads are ordered before it through the
   // P-ready named barriers, see below):
   //   emptyA[0]  (buffer 0, atoms 0-3)  WG0 after P0 V0_L            count 4
@@ -548,11 +564,7 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
   //   emptyA[1]  (buffer 1, atoms 0-3)  WG0 after P1 V1_L            count 4
   //   emptyBC[1] (buffer 1, atoms 4-8)  WG0 after P1 V1_L (P1 is in atom 8) and WG1 after
   //                                     P1 V1_R                     count 8
-  // SeesawSmem::full[grp][b], empty_a[b], empty_bc[b], q_full (offsets asserted above).
-  auto full_bar = [&](SeesawColumnGroup grp, int b) { return bar + 8u * (2 * grp + b); };
-  auto empty_a_bar = [&](int b) { return bar + 48u + 8u * b; };
-  auto empty_bc_bar = [&](int b) { return bar + 64u + 8u * b; };
-  const uint32_t q_bar = bar + 80u;  // count 128
+  // q (count 128): Q landed (FP8: and converted).
 
   GridDepLaunchDependents();
   const int tid = threadIdx.x;
@@ -563,19 +575,19 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
   const int lane = tid & 31;
 
   if (tid == 0) {
-    for (int i = 0; i < 6; ++i) MbarInit(bar + 8u * i, 128);
-    MbarInit(empty_a_bar(0), 4);
-    MbarInit(empty_bc_bar(0), 4);
-    MbarInit(empty_a_bar(1), 4);
-    MbarInit(empty_bc_bar(1), 8);
-    MbarInit(q_bar, 128);
+    for (int i = 0; i < 6; ++i) MbarInit(bars.base + 8u * i, 128);
+    MbarInit(bars.empty_a(0), 4);
+    MbarInit(bars.empty_bc(0), 4);
+    MbarInit(bars.empty_a(1), 4);
+    MbarInit(bars.empty_bc(1), 8);
+    MbarInit(bars.q(), 128);
   }
   __syncthreads();
 
   if constexpr (kFp8) {
     if (wg == 2) {
       SetMaxRegsDec<Tr::kProducerRegs>();
-      SeesawFp8Producer(args, smem, base, bar);
+      SeesawFp8Producer(args, smem, base, bars);
       return;
     }
   }
@@ -586,8 +598,6 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
     // to fit the producer's 24 registers).
     const VerifyWorkItem wi = args.work[blockIdx.x];
     const int rows_here = min(Tr::kRows, wi.num_nodes * args.num_heads - wi.fold_begin);
-    const __nv_bfloat16* q_base =
-        args.q + (static_cast<int64_t>(wi.q_row0) * args.num_heads + wi.fold_begin) * kQkDim;
     // Producer warp pw copies rows 16 pw .. 16 pw + 15 of each 64-row tile (Q, then every KV
     // tile), four at a time: lane l copies 16-byte chunk (l & 7) of each 128-byte atom row of
     // row 16 pw + 4 i + (l >> 3), i = 0..3, so one warp instruction moves four whole 128-byte
@@ -617,21 +627,14 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
                     valid);
       }
     };
-    // Q (64 rows x 576), rows past the request zero-filled.
-    copy_rows(
-        sQ, 0, Tr::kAtoms, [&](int i) { return key_lane + 4 * i < rows_here; },
-        [&](int i) { return q_base + min(key_lane + 4 * i, rows_here - 1) * kQkDim + chunk * 8; });
-    CpAsyncMbarArrive(q_bar);
+    GatherQ(args, wi, rows_here, sQ, key_lane, chunk);
+    CpAsyncMbarArrive(bars.q());
     const int num_tiles = (wi.kv_end - wi.kv_begin + Tr::kKeys - 1) / Tr::kKeys;
-    // kv_off < 0: a positional plan's index list in the workspace (api.h, VerifyWorkItem).
-    const int32_t* idx =
-        (wi.kv_off >= 0 ? args.kv_indices + wi.kv_off : args.pos_indices + (-wi.kv_off - 1)) +
-        wi.kv_begin + key_lane;
+    const int32_t* idx = WorkItemKeys(args, wi) + wi.kv_begin + key_lane;
     const int keys = wi.kv_end - wi.kv_begin;
     const __nv_bfloat16* kv_lane = args.kv + chunk * 8;
     int32_t slot[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) slot[i] = key_lane + 4 * i < keys ? __ldg(idx + 4 * i) : -1;
+    LoadTileSlots(idx, key_lane, keys, 0, slot);
     for (int t = 0; t < num_tiles; ++t) {
       const int b = t & 1;
       const uint32_t dst = sKV + b * Tr::kStageBytes;
@@ -640,10 +643,7 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 4; ++i) cur[i] = slot[i];
       // Next tile's slot ids: in flight while this tile is copied.
-      const int next = (t + 1) * Tr::kKeys;
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        slot[i] = key_lane + 4 * i + next < keys ? __ldg(idx + next + 4 * i) : -1;
+      LoadTileSlots(idx, key_lane, keys, (t + 1) * Tr::kKeys, slot);
       // Row addresses are recomputed per column group (one IMAD each) rather than kept:
       // the producer has 24 registers.
       auto copy_atoms = [&](int a0, int a1) {
@@ -654,14 +654,14 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
               return kv_lane + static_cast<int64_t>(static_cast<uint32_t>(max(cur[i], 0))) * kQkDim;
             });
       };
-      if (t >= 2) MbarWait(empty_a_bar(b), parity);
+      if (t >= 2) MbarWait(bars.empty_a(b), parity);
       copy_atoms(0, 4);
-      CpAsyncMbarArrive(full_bar(kGroupA, b));
-      if (t >= 2) MbarWait(empty_bc_bar(b), parity);
+      CpAsyncMbarArrive(bars.full(kGroupA, b));
+      if (t >= 2) MbarWait(bars.empty_bc(b), parity);
       copy_atoms(4, 8);
-      CpAsyncMbarArrive(full_bar(kGroupB, b));
+      CpAsyncMbarArrive(bars.full(kGroupB, b));
       copy_atoms(8, 9);
-      CpAsyncMbarArrive(full_bar(kGroupC, b));
+      CpAsyncMbarArrive(bars.full(kGroupC, b));
     }
     CpAsyncWait<0>();  // no copies in flight when the warp exits
     return;
@@ -691,7 +691,7 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
   float l_run[2] = {0.f, 0.f};                 // this warpgroup's partial row sums
   const uint32_t sV_own = wg * 4 * Tr::kAtom;  // first V atom of this warpgroup's columns
 
-  MbarWait(q_bar, 0);
+  MbarWait(bars.q(), 0);
   // This thread's two rows' logit factors (FP8: written by the producer before q_bar).
   float sc[2] = {0.f, 0.f};
   if constexpr (kFp8) {
@@ -712,7 +712,7 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
     if (wg == 0) {
       // ---- S0 = Q K0^T ----
       float s[32];
-      ComputeS<kFp8>(s, sQ, sK0, full_bar(kGroupA, 0), p & 1);
+      ComputeS<kFp8>(s, sQ, sK0, bars.full(kGroupA, 0), p & 1);
       WgmmaWait<0>();
       // ---- softmax against the running max ----
       float mx[2], m0[2], scale0[2], sum[2];
@@ -745,7 +745,7 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
       WgmmaCommit();
       WgmmaWait<0>();
       // Buffer 0, atoms 0-3: nobody else reads them; the producer may refill them now.
-      if (lane == 0) MbarArrive(empty_a_bar(0));
+      if (lane == 0) MbarArrive(bars.empty_a(0));
       // ---- WG1's P1: O_L = O_L * scale1 + P1 V1_L ----
       NamedBarSync(kBarP1Ready, kMathThreads);
       // V1 landed by cp.async (generic proxy) is read below by wgmma, and this warpgroup never
@@ -766,15 +766,15 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
         WgmmaCommit();
         WgmmaWait<0>();
         if (lane == 0) {
-          MbarArrive(empty_a_bar(1));   // WG1's S1 reads are ordered before P1Ready
-          MbarArrive(empty_bc_bar(1));  // P1 (atom 8) read
+          MbarArrive(bars.empty_a(1));   // WG1's S1 reads are ordered before P1Ready
+          MbarArrive(bars.empty_bc(1));  // P1 (atom 8) read
         }
       }
     } else {
       // ---- S1 = Q K1^T (overlaps WG0's softmax / PV) ----
       float s[32];
       if (has1) {
-        ComputeS<kFp8>(s, sQ, sK1, full_bar(kGroupA, 1), p & 1);
+        ComputeS<kFp8>(s, sQ, sK1, bars.full(kGroupA, 1), p & 1);
         WgmmaWait<0>();
       }
       // ---- WG0's m0 / scale0, then softmax of S1 against m0 ----
@@ -826,14 +826,14 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
       WgmmaCommit();
       WgmmaWait<0>();
       // Buffer 0, atoms 4-8 (V0_R, P0): WG0's reads (S0) and writes (P0) precede P0Ready.
-      if (lane == 0) MbarArrive(empty_bc_bar(0));
+      if (lane == 0) MbarArrive(bars.empty_bc(0));
       if (has1) {
         ScaleO(o, scale1);
         WgmmaFence();  // also orders this thread's pa writes before the wgmma reads them
         PvRegP<kFp8>(o, pa, sK1 + sV_own);
         WgmmaCommit();
         WgmmaWait<0>();
-        if (lane == 0) MbarArrive(empty_bc_bar(1));
+        if (lane == 0) MbarArrive(bars.empty_bc(1));
       }
     }
   }
