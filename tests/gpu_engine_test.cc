@@ -16,6 +16,8 @@
 // the GEMMs bf16 activations and stores the latent cache in bf16 (the CPU engine keeps fp32
 // everywhere), so logits differ by ~bf16 rounding: relative L2 error per step < 3e-2.
 // Label gpu; skipped with a message when no CUDA device is visible.
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -65,10 +67,13 @@ ModelConfig ConfigByName(const std::string& name) {
 }
 
 // tp > 1: every rank on device 0 (the loopback communicator).
+using VerifyKernel = EngineOptions::Cuda::VerifyKernel;
 std::unique_ptr<CudaEngine> MakeGpu(const ModelConfig& c, uint64_t seed, int64_t kv,
-                                    bool host_weights = false, int tp = 1, bool kv_fp8 = false) {
+                                    bool host_weights = false, int tp = 1, bool kv_fp8 = false,
+                                    VerifyKernel verify_kernel = VerifyKernel::kAuto) {
   EngineOptions o;
   if (kv_fp8) o.kv_dtype = KvDtype::kFp8;
+  o.cuda.verify_kernel = verify_kernel;
   if (host_weights) {
     auto w = GenerateRandomWeights(c, seed);
     if (!w.ok()) return nullptr;
@@ -224,11 +229,13 @@ std::vector<int32_t> AllPredictions(const std::vector<StepResult>& r) {
 }
 
 // kv_fp8: both engines store the latent cache in the FP8 format (kernels/kv_fp8.h).
-void RunGpuVsCpu(const std::string& model, bool host_weights, bool kv_fp8 = false) {
+// verify_kernel: the GPU engine's verify attention configuration (kAuto: the planner's).
+void RunGpuVsCpu(const std::string& model, bool host_weights, bool kv_fp8 = false,
+                 VerifyKernel verify_kernel = VerifyKernel::kAuto) {
   const ModelConfig cfg = ConfigByName(model);
   Compare cmp;
   for (uint64_t seed : {1u, 2u, 3u}) {
-    auto gpu = MakeGpu(cfg, seed, 4096, host_weights, /*tp=*/1, kv_fp8);
+    auto gpu = MakeGpu(cfg, seed, 4096, host_weights, /*tp=*/1, kv_fp8, verify_kernel);
     auto cpu = MakeCpu(cfg, seed, 4096, kv_fp8);
     ASSERT_NE(gpu, nullptr);
     ASSERT_NE(cpu, nullptr);
@@ -314,6 +321,19 @@ TEST(GpuEngine, MatchesCpuEngineFp8KvCache) {
   SKIP_WITHOUT_GPU();
   RunGpuVsCpu("tiny576", false, /*kv_fp8=*/true);
   RunGpuVsCpu("tiny", false, /*kv_fp8=*/true);
+}
+// The same with every verify attention of the GPU engine on the seesaw FP8 variant (kS64 with
+// an FP8 cache: f16 tiles converted in the kernel), which kAuto picks only for many rows over
+// many keys (>= 128 rows a request and rows x keys >= 2^22, beyond these small steps): the
+// prefill chunks (5-64 rows of 8 heads) and the draft trees (1-65 nodes) all run it. sm_90a
+// only (skipped on other GPUs, where the planner refuses the forced configuration).
+TEST(GpuEngine, MatchesCpuEngineFp8KvCacheSeesawVariant) {
+  SKIP_WITHOUT_GPU();
+  int dev = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  if (major != 9) GTEST_SKIP() << "the seesaw FP8 variant runs on sm_90a only";
+  RunGpuVsCpu("tiny576", false, /*kv_fp8=*/true, VerifyKernel::kS64);
 }
 // Forks of one 1,500-token context in one step (a decode row or a small draft tree each):
 // the verify attention packs them and reads the shared prefix once per pack (8 heads: up to

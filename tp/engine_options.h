@@ -113,6 +113,13 @@ struct EngineOptions {
     // nodes (VerifyPlanOptions::positional_shared_context): the same bits as per-node plans'
     // guarantees, and 1.1-3.5x faster attention with 8 or 16 heads per rank (docs/PERF.md).
     bool shared_context_attention = true;
+    // The verify attention kernel (kernels/cuda/verify_attention/api.h VerifyKernelConfig):
+    // kAuto lets the planner choose per step; the others force one configuration for tests and
+    // benchmarks (a step the forced kernel cannot run fails with the planner's error: e.g.
+    // kS64 off sm_90, kKm16 with a bf16 cache). Batch-invariant steps keep their positional
+    // configuration.
+    enum class VerifyKernel { kAuto, kM16, kS64, kKm16 };
+    VerifyKernel verify_kernel = VerifyKernel::kAuto;
   } cuda;
 };
 

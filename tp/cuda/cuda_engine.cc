@@ -78,6 +78,22 @@ struct PlanLayout {
 // config key. MoE (kernels/cuda/dense/moe.h), YaRN and FP8 checkpoints run (FP8 weights stay
 // FP8 on sm_90 where their slices are 128-aligned, else are dequantized to bf16 when loaded);
 // the limits left are the MoE kernels' sizes.
+// EngineOptions::Cuda::verify_kernel as the planner's configuration.
+kc::VerifyKernelConfig VerifyKernelConfigOf(EngineOptions::Cuda::VerifyKernel k) {
+  using K = EngineOptions::Cuda::VerifyKernel;
+  switch (k) {
+    case K::kM16:
+      return kc::VerifyKernelConfig::kM16;
+    case K::kS64:
+      return kc::VerifyKernelConfig::kS64;
+    case K::kKm16:
+      return kc::VerifyKernelConfig::kKm16;
+    case K::kAuto:
+      break;
+  }
+  return kc::VerifyKernelConfig::kAuto;
+}
+
 absl::Status CheckCudaSupports(const ModelConfig& c) {
   auto refuse = [](const std::string& what) {
     return absl::UnimplementedError(
@@ -269,6 +285,7 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
       // plain decoding gives that token); the planner otherwise picks the kernel and the key
       // splits by the batch's shape.
       kc::VerifyPlanOptions vo;
+      if (!rk.batch_invariant) vo.config = VerifyKernelConfigOf(options.cuda.verify_kernel);
       // Requests that share a prefix of their slot lists (forks, a common system prompt)
       // read it once per pack of requests (verify_attention/api.h "Shared prefixes").
       if (options.cuda.shared_prefix_attention && !rk.batch_invariant) {

@@ -202,12 +202,14 @@ __device__ __forceinline__ float RescaleFactor(float m_old, float m_new) {
 }
 
 // S[64 x 64] = Q K^T over the 576 columns (36 k16 steps, both operands K-major in smem).
-// Progressive: the 16 k-steps of column group A (atoms 0-3) are issued as soon as that
-// group has landed (full barrier full_a), those of B (atoms 4-7) and C (atom 8) after their
-// own barriers (full_a + 16, + 32), so the tensor pipe starts while the rest of the tile is
-// in flight. Returns with the wgmmas in flight (the caller waits). (With nvcc 13.0 this no
-// longer makes ptxas serialise the wgmmas, as it did with the earlier register budget:
-// ptxas only injects a warpgroup.arrive after each wait, C7519.)
+// Progressive: the 16 k-steps of a column group (A = atoms 0-3, B = atoms 4-7) are issued as
+// soon as that group has landed (its full barrier: full_a, full_a + 16 for B, + 32 for C),
+// the 4 of C (atom 8) last, so the tensor pipe starts while the rest of the tile is in
+// flight. The bf16 producer fills A first, the FP8 producer B first (it converts B while A's
+// codes still occupy atoms 0-1): that group goes first. Returns with the wgmmas in flight (the
+// caller waits). (With nvcc 13.0 this no longer makes ptxas serialise the wgmmas, as it did
+// with the earlier register budget: ptxas only injects a warpgroup.arrive after each wait,
+// C7519.)
 // kFp8: the 32 k-steps of the latent columns take f16 operands, the 4 rope steps bf16 (one
 // fp32 accumulator: it does not care which 16-bit type fed it).
 template <bool kFp8>
@@ -217,22 +219,24 @@ __device__ __forceinline__ void ComputeS(float* s, uint32_t sQ, uint32_t sK, uin
   // (offset >> 4) to a base descriptor never carries out of the field.
   const uint64_t da0 = WgmmaDesc(sQ, 16, 1024);
   const uint64_t db0 = WgmmaDesc(sK, 16, 1024);
-  MbarWait(full_a, parity);
-  FenceProxyAsyncShared();
-  WgmmaFence();
-  if constexpr (kFp8) {
-    WgmmaM64N64SmemAFirstF16(s, da0, db0);
-  } else {
-    WgmmaM64N64SmemAFirst(s, da0, db0);
-  }
+  constexpr int kFirst = kFp8 ? 1 : 0;  // the column group filled first (A = 0, B = 1)
 #pragma unroll
-  for (int k = 1; k < 36; ++k) {
-    if (k == 16 || k == 32) {
-      MbarWait(full_a + (k == 16 ? 16u : 32u), parity);
+  for (int i = 0; i < 36; ++i) {
+    // k-step i of the issue order: the first group's 16, the other latent group's 16, rope.
+    const int k = i < 32 ? ((i >> 4) ^ kFirst) * 16 + (i & 15) : i;
+    if ((i & 15) == 0) {
+      MbarWait(full_a + 16u * static_cast<uint32_t>(k >> 4), parity);
       FenceProxyAsyncShared();
     }
     const uint32_t off = (k >> 2) * Tr::kAtom + (k & 3) * 32;
-    if (kFp8 && k < 32) {
+    if (i == 0) {
+      WgmmaFence();
+      if constexpr (kFp8) {
+        WgmmaM64N64SmemAFirstF16(s, da0 + (off >> 4), db0 + (off >> 4));
+      } else {
+        WgmmaM64N64SmemAFirst(s, da0, db0);
+      }
+    } else if (kFp8 && k < 32) {
       WgmmaM64N64SmemAF16(s, da0 + (off >> 4), db0 + (off >> 4), 1);
     } else {
       WgmmaM64N64SmemA(s, da0 + (off >> 4), db0 + (off >> 4), 1);
@@ -326,17 +330,19 @@ __device__ __forceinline__ void PvSmemP(float (&o)[2][64], uint32_t sP, uint32_t
 //      512 latent columns to f16 x 2^eq, the 64 rope columns to bf16 x 2^eq (exact), with eq
 //      per row so that the row's largest latent value lands in [2^14, 2^15); the row's factor
 //      softmax_scale * log2(e) * 2^-eq goes to q_row_factor.
-//   KV tile t into buffer b, once the math warpgroups released atoms 4-8 (empty_bc): the stored
-//      rows (kernels/kv_fp8.h) land by cp.async, codes in atoms 4-7 (row r's codes
-//      128 k .. 128 k + 127 in atom 4 + k, row r, 16-byte chunks swizzled as the tiles are),
-//      scales in scale_land[b], rope (stored bf16) straight into atom 8 (as in the bf16
-//      kernel: full C). Then the codes are converted (cvt.rn.f16x2.e4m3x2, exact; times
-//      f16(scale): one rounding of the product) into the f16 latent columns: group A
-//      (columns 0..255 -> atoms 0-3, once empty_a released them; full A), then group B
-//      (256..511 -> atoms 4-7, over the landed codes: each row's codes are read before they
-//      are overwritten; full B). A scale outside [2^-14, 146] (its f16 subnormal, or a product
-//      past f16's range) takes the fp32 path: code x scale in fp32, rounded once to f16,
-//      clamped to +-65504 (a latent value beyond f16's range saturates).
+//   KV tile t into buffer b: the stored rows (kernels/kv_fp8.h) land by cp.async as soon as the
+//      math warpgroups released atoms 0-3 (empty_a; mid-pair for buffer 0): the codes in atoms
+//      0-3 (row r's codes 128 k .. 128 k + 127 in atom k, row r, 16-byte chunks swizzled as the
+//      tiles are), the scales in scale_land[b]. Once atoms 4-8 are free too (empty_bc) the rope
+//      (stored bf16) lands straight into atom 8 (as in the bf16 kernel: full C) and the codes
+//      are converted (cvt.rn.f16x2.e4m3x2, exact; times f16(scale): one rounding of the
+//      product) into the f16 latent columns: group B first (columns 256..511: codes in atoms
+//      2-3 -> atoms 4-7; full B; the math warpgroups' Q K^T starts on B), then group A in place
+//      (0..255: codes in atoms 0-1 -> atoms 0-3, each row's codes read before they are
+//      overwritten; full A). Then the next tile's codes are issued, so they land while its
+//      buffer is still being read past atom 3. A scale outside [2^-14, 146] (its f16
+//      subnormal, or a product past f16's range) takes the fp32 path: code x scale in fp32,
+//      rounded once to f16, clamped to +-65504 (a latent value beyond f16's range saturates).
 //   Producer warp pw lands and converts rows 16 pw .. 16 pw + 15 only, so a warp-level sync
 //   orders its landing and its conversion. Converting, lane l handles row 2 i + (l >> 4) and
 //   the 8-column f16 chunk c = l & 7 of the group's atoms x = (l >> 3) & 1 and x + 2: each
@@ -451,10 +457,34 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
   const uint8_t* kv8 = reinterpret_cast<const uint8_t*>(args.kv);
   float* scale_land = reinterpret_cast<float*>(smem + offsetof(SeesawFp8Smem, scale_land));
   const uint32_t s_scale_land = base + offsetof(SeesawFp8Smem, scale_land);
-  // Landing: the lanes' rows as in GatherQ, keeping those rows' slot ids (and the next tile's).
+  // Landing: the lanes' rows as in GatherQ. `cur`: the slot ids of the tile whose codes are
+  // landed or in flight (its rope is issued with them); the next tile's are loaded after this
+  // one converted (while its buffer may still be busy: the wait for empty_a follows).
   const int32_t* idx = WorkItemKeys(args, wi) + wi.kv_begin + key_lane;
-  int32_t slot[4];
-  LoadTileSlots(idx, key_lane, keys, 0, slot);
+  int32_t cur[4];
+  LoadTileSlots(idx, key_lane, keys, 0, cur);
+  // The stored codes of tile t land in atoms 0-3 of its buffer (row r's 128-byte piece k in
+  // atom k, row r, 16-byte chunks swizzled as the tiles are) and its four scales in
+  // scale_land[b]: one cp.async group per tile, issued once atoms 0-3 are free (empty_a).
+  auto land_codes = [&](int t) {
+    const int b = t & 1;
+    const uint32_t dst = sKV + b * Tr::kStageBytes;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = key_lane + 4 * i;
+      const bool valid = cur[i] >= 0;  // keys past the range: zero rows (masked)
+      const uint8_t* row =
+          kv8 + static_cast<int64_t>(static_cast<uint32_t>(max(cur[i], 0))) * kFp8RowBytes;
+      const uint32_t sw = r * 128 + ((chunk ^ (r & 7)) << 4);
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        CpAsync16(dst + k * Tr::kAtom + sw, row + 128 * k + 16 * chunk, valid);
+      if (chunk == 0)
+        CpAsync16(s_scale_land + (b * Tr::kRows + r) * 16, row + kFp8ScaleOffset, valid);
+    }
+    CpAsyncCommit();
+  };
+  if (num_tiles > 0) land_codes(0);
   // Converting: lane l's row within a pair, chunk, first atom of the group.
   const int half = lane >> 4;
   const int atom_lo = (lane >> 3) & 1;
@@ -462,49 +492,32 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
     const int b = t & 1;
     const uint32_t parity = ((t >> 1) - 1) & 1;  // buffer b last held tile t - 2
     const uint32_t dst = sKV + b * Tr::kStageBytes;
-    int32_t cur[4];
+    // The rope (stored bf16) straight into atom 8 once atoms 4-8 are free: full C.
+    if (t >= 2) MbarWait(bars.empty_bc(b), parity);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) cur[i] = slot[i];
-    LoadTileSlots(idx, key_lane, keys, (t + 1) * Tr::kKeys, slot);
-    if (t >= 2) MbarWait(bars.empty_bc(b), parity);  // atoms 4-8 free
-      // Two cp.async groups: group A's codes and the scales first, then group B's codes and
-      // the rope, so group A converts while the rest is in flight.
-#pragma unroll
-    for (int part = 0; part < 2; ++part) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = key_lane + 4 * i;
-        const bool valid = cur[i] >= 0;  // keys past the range: zero rows (masked)
-        const uint8_t* row =
-            kv8 + static_cast<int64_t>(static_cast<uint32_t>(max(cur[i], 0))) * kFp8RowBytes;
-        const uint32_t sw = r * 128 + ((chunk ^ (r & 7)) << 4);
-#pragma unroll
-        for (int k = 2 * part; k < 2 * part + 2; ++k)
-          CpAsync16(dst + (4 + k) * Tr::kAtom + sw, row + 128 * k + 16 * chunk, valid);
-        if (part == 0 && chunk == 0)
-          CpAsync16(s_scale_land + (b * Tr::kRows + r) * 16, row + kFp8ScaleOffset, valid);
-        if (part == 1)
-          CpAsync16(dst + 8 * Tr::kAtom + sw, row + kFp8RopeOffset + 16 * chunk, valid);
-      }
-      if (part == 1) CpAsyncMbarArrive(bars.full(kGroupC, b));  // the rope (atom 8)
-      CpAsyncCommit();
+    for (int i = 0; i < 4; ++i) {
+      const int r = key_lane + 4 * i;
+      const uint8_t* row =
+          kv8 + static_cast<int64_t>(static_cast<uint32_t>(max(cur[i], 0))) * kFp8RowBytes;
+      CpAsync16(dst + 8 * Tr::kAtom + r * 128 + ((chunk ^ (r & 7)) << 4),
+                row + kFp8RopeOffset + 16 * chunk, cur[i] >= 0);
     }
-    CpAsyncWait<1>();
-    __syncwarp();  // group A's codes of the warp's rows have landed (each lane waited for its own)
+    CpAsyncMbarArrive(bars.full(kGroupC, b));
+    CpAsyncCommit();
+    CpAsyncWait<1>();  // this tile's codes (all but the rope group just issued)
+    __syncwarp();      // ... of every row of the warp (each lane waited for its own copies)
     unsigned char* buf = smem + Tr::kKvOff + b * Tr::kStageBytes;
     const float* sl_b = scale_land + b * Tr::kRows * 4;
+    // Group B first (codes in atoms 2-3 -> f16 in atoms 4-7: no overlap), then group A in
+    // place (codes in atoms 0-1 -> f16 in atoms 0-3: every lane reads its codes before the
+    // warp's stores, and group B's codes of those rows were read in the loop before).
 #pragma unroll 1
-    for (int grp = 0; grp < 2; ++grp) {
-      if (grp == 0 && t >= 2) MbarWait(bars.empty_a(b), parity);  // atoms 0-3 free
-      if (grp == 1) {
-        CpAsyncWait<0>();
-        __syncwarp();  // group B's codes have landed
-      }
+    for (int grp = 1; grp >= 0; --grp) {
 #pragma unroll 2
       for (int i = 0; i < 8; ++i) {
         const int r = 16 * pw + 2 * i + half;
         // The lane's f16 chunks: atoms x = atom_lo and x + 2 of the group, chunk `chunk`;
-        // their codes: columns 256 grp + 64 x + 8 chunk, in landing atom 4 + (2 grp + x) / 2,
+        // their codes: columns 256 grp + 64 x + 8 chunk, in landing atom (2 grp + x) / 2,
         // 16-byte chunk ((x & 1) * 4 + chunk / 2), half chunk & 1.
         uint2 c[2];
 #pragma unroll
@@ -512,11 +525,11 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
           const int x = atom_lo + 2 * h;
           const int piece = 2 * grp + (x >> 1);
           const int ch = (x & 1) * 4 + (chunk >> 1);
-          c[h] = *reinterpret_cast<const uint2*>(buf + (4 + piece) * Tr::kAtom + r * 128 +
+          c[h] = *reinterpret_cast<const uint2*>(buf + piece * Tr::kAtom + r * 128 +
                                                  ((ch ^ (r & 7)) << 4) + 8 * (chunk & 1));
         }
         const float2 sc = *reinterpret_cast<const float2*>(sl_b + r * 4 + 2 * grp);
-        __syncwarp();  // group B overwrites landed codes: every lane has read its own first
+        __syncwarp();  // group A overwrites landed codes: every lane has read its own first
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int atom = 4 * grp + atom_lo + 2 * h;
@@ -526,6 +539,13 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
       }
       FenceProxyAsyncShared();  // the tile is read by wgmma (async proxy)
       MbarArrive(bars.full(grp == 0 ? kGroupA : kGroupB, b));
+    }
+    // The next tile's codes, once its buffer's atoms 0-3 are free (released mid-pair for
+    // buffer 0, at the end of the pair for buffer 1).
+    if (t + 1 < num_tiles) {
+      LoadTileSlots(idx, key_lane, keys, (t + 1) * Tr::kKeys, cur);
+      if (t + 1 >= 2) MbarWait(bars.empty_a(b ^ 1), (((t + 1) >> 1) - 1) & 1);
+      land_codes(t + 1);
     }
   }
   CpAsyncCommit();
