@@ -66,6 +66,8 @@ enum SeesawBarrier : int {
   kBarP1Ready = 2,   // WG1 -> WG0: P1, m1, scale1 of this pair are in smem
   kBarEpilogue = 3,  // both: row-sum partials exchanged
   kBarStore = 4,     // both: output rows staged in shared memory
+  // FP8 variant: the 128 threads of one math warpgroup (5 + wg) after converting a tile.
+  kBarConverted = 5,
 };
 constexpr int kMathThreads = SeesawTraits::kMathThreads;
 
@@ -202,16 +204,15 @@ __device__ __forceinline__ float RescaleFactor(float m_old, float m_new) {
 }
 
 // S[64 x 64] = Q K^T over the 576 columns (36 k16 steps, both operands K-major in smem).
-// Progressive: the 16 k-steps of a column group (A = atoms 0-3, B = atoms 4-7) are issued as
-// soon as that group has landed (its full barrier: full_a, full_a + 16 for B, + 32 for C),
-// the 4 of C (atom 8) last, so the tensor pipe starts while the rest of the tile is in
-// flight. The bf16 producer fills A first, the FP8 producer B first (it converts B while A's
-// codes still occupy atoms 0-1): that group goes first. Returns with the wgmmas in flight (the
-// caller waits). (With nvcc 13.0 this no longer makes ptxas serialise the wgmmas, as it did
-// with the earlier register budget: ptxas only injects a warpgroup.arrive after each wait,
-// C7519.)
-// kFp8: the 32 k-steps of the latent columns take f16 operands, the 4 rope steps bf16 (one
-// fp32 accumulator: it does not care which 16-bit type fed it).
+// Progressive: the 16 k-steps of column group A (atoms 0-3) are issued as soon as that
+// group has landed (full barrier full_a), those of B (atoms 4-7) and C (atom 8) after their
+// own barriers (full_a + 16, + 32), so the tensor pipe starts while the rest of the tile is
+// in flight. Returns with the wgmmas in flight (the caller waits). (With nvcc 13.0 this no
+// longer makes ptxas serialise the wgmmas, as it did with the earlier register budget:
+// ptxas only injects a warpgroup.arrive after each wait, C7519.)
+// kFp8: the latent columns (groups A and B) were converted by this warpgroup just before
+// (ConvertTileFp8: no wait); their 32 k-steps take f16 operands, the 4 rope steps bf16 (one
+// fp32 accumulator: it does not care which 16-bit type fed it) after full C.
 template <bool kFp8>
 __device__ __forceinline__ void ComputeS(float* s, uint32_t sQ, uint32_t sK, uint32_t full_a,
                                          uint32_t parity) {
@@ -219,24 +220,24 @@ __device__ __forceinline__ void ComputeS(float* s, uint32_t sQ, uint32_t sK, uin
   // (offset >> 4) to a base descriptor never carries out of the field.
   const uint64_t da0 = WgmmaDesc(sQ, 16, 1024);
   const uint64_t db0 = WgmmaDesc(sK, 16, 1024);
-  constexpr int kFirst = kFp8 ? 1 : 0;  // the column group filled first (A = 0, B = 1)
+  if constexpr (!kFp8) {
+    MbarWait(full_a, parity);
+    FenceProxyAsyncShared();
+  }
+  WgmmaFence();
+  if constexpr (kFp8) {
+    WgmmaM64N64SmemAFirstF16(s, da0, db0);
+  } else {
+    WgmmaM64N64SmemAFirst(s, da0, db0);
+  }
 #pragma unroll
-  for (int i = 0; i < 36; ++i) {
-    // k-step i of the issue order: the first group's 16, the other latent group's 16, rope.
-    const int k = i < 32 ? ((i >> 4) ^ kFirst) * 16 + (i & 15) : i;
-    if ((i & 15) == 0) {
-      MbarWait(full_a + 16u * static_cast<uint32_t>(k >> 4), parity);
+  for (int k = 1; k < 36; ++k) {
+    if ((!kFp8 && k == 16) || k == 32) {
+      MbarWait(full_a + (k == 16 ? 16u : 32u), parity);
       FenceProxyAsyncShared();
     }
     const uint32_t off = (k >> 2) * Tr::kAtom + (k & 3) * 32;
-    if (i == 0) {
-      WgmmaFence();
-      if constexpr (kFp8) {
-        WgmmaM64N64SmemAFirstF16(s, da0 + (off >> 4), db0 + (off >> 4));
-      } else {
-        WgmmaM64N64SmemAFirst(s, da0, db0);
-      }
-    } else if (kFp8 && k < 32) {
+    if (kFp8 && k < 32) {
       WgmmaM64N64SmemAF16(s, da0 + (off >> 4), db0 + (off >> 4), 1);
     } else {
       WgmmaM64N64SmemA(s, da0 + (off >> 4), db0 + (off >> 4), 1);
@@ -401,8 +402,48 @@ __device__ __forceinline__ uint4 ScaleBf16x8(uint4 v, float f) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// 2^e as a float (|e| <= 126).
-__device__ __forceinline__ float Pow2(int e) { return __int_as_float((127 + e) << 23); }
+// The stored codes of a landed tile (atoms 0-3 of `buf`, scales in `sl`) to its f16 latent
+// columns, by the math warpgroup that computes the tile's Q K^T (see the FP8 notes above):
+// warp wl converts rows 16 wl .. 16 wl + 15. Group B first (codes in atoms 2-3 -> f16 in atoms
+// 4-7: no overlap), then group A in place (codes in atoms 0-1 -> f16 in atoms 0-3: every lane
+// reads its codes before the warp's stores, and group B's codes of those rows were read in
+// the loop before). Lane l handles row 2 i + (l >> 4) and the 8-column f16 chunk c = l & 7 of
+// the group's atoms x = (l >> 3) & 1 and x + 2: each quarter warp reads 64 contiguous code
+// bytes and stores 8 distinct chunks of one atom row.
+__device__ __forceinline__ void ConvertTileFp8(unsigned char* buf, const float* sl, int wl,
+                                               int lane) {
+  const int half = lane >> 4;
+  const int atom_lo = (lane >> 3) & 1;
+  const int chunk = lane & 7;
+#pragma unroll
+  for (int grp = 1; grp >= 0; --grp) {
+#pragma unroll 4
+    for (int i = 0; i < 8; ++i) {
+      const int r = 16 * wl + 2 * i + half;
+      // The lane's f16 chunks: atoms x = atom_lo and x + 2 of the group, chunk `chunk`; their
+      // codes: columns 256 grp + 64 x + 8 chunk, in landing atom (2 grp + x) / 2, 16-byte
+      // chunk ((x & 1) * 4 + chunk / 2), half chunk & 1.
+      uint2 c[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int x = atom_lo + 2 * h;
+        const int piece = 2 * grp + (x >> 1);
+        const int ch = (x & 1) * 4 + (chunk >> 1);
+        c[h] = *reinterpret_cast<const uint2*>(buf + piece * Tr::kAtom + r * 128 +
+                                               ((ch ^ (r & 7)) << 4) + 8 * (chunk & 1));
+      }
+      const float2 sc = *reinterpret_cast<const float2*>(sl + r * 4 + 2 * grp);
+      if (grp == 0) __syncwarp();  // in place: every lane has read its codes first
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int atom = 4 * grp + atom_lo + 2 * h;
+        *reinterpret_cast<uint4*>(buf + atom * Tr::kAtom + r * 128 + ((chunk ^ (r & 7)) << 4)) =
+            CodesToF16x8(c[h], h == 0 ? sc.x : sc.y);
+      }
+    }
+    __syncwarp();  // group A overwrites group B's codes of the warp's rows: all read first
+  }
+}
 
 // The FP8 producer warpgroup's whole job (see above).
 __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, unsigned char* smem,
@@ -455,20 +496,23 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
   const int num_tiles = (wi.kv_end - wi.kv_begin + Tr::kKeys - 1) / Tr::kKeys;
   const int keys = wi.kv_end - wi.kv_begin;
   const uint8_t* kv8 = reinterpret_cast<const uint8_t*>(args.kv);
-  float* scale_land = reinterpret_cast<float*>(smem + offsetof(SeesawFp8Smem, scale_land));
   const uint32_t s_scale_land = base + offsetof(SeesawFp8Smem, scale_land);
-  // Landing: the lanes' rows as in GatherQ. `cur`: the slot ids of the tile whose codes are
-  // landed or in flight (its rope is issued with them); the next tile's are loaded after this
-  // one converted (while its buffer may still be busy: the wait for empty_a follows).
+  // Landing: the lanes' rows as in GatherQ, keeping those rows' slot ids (and the next tile's).
   const int32_t* idx = WorkItemKeys(args, wi) + wi.kv_begin + key_lane;
-  int32_t cur[4];
-  LoadTileSlots(idx, key_lane, keys, 0, cur);
-  // The stored codes of tile t land in atoms 0-3 of its buffer (row r's 128-byte piece k in
-  // atom k, row r, 16-byte chunks swizzled as the tiles are) and its four scales in
-  // scale_land[b]: one cp.async group per tile, issued once atoms 0-3 are free (empty_a).
-  auto land_codes = [&](int t) {
+  int32_t slot[4];
+  LoadTileSlots(idx, key_lane, keys, 0, slot);
+  for (int t = 0; t < num_tiles; ++t) {
     const int b = t & 1;
+    const uint32_t parity = ((t >> 1) - 1) & 1;  // buffer b last held tile t - 2
     const uint32_t dst = sKV + b * Tr::kStageBytes;
+    int32_t cur[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cur[i] = slot[i];
+    LoadTileSlots(idx, key_lane, keys, (t + 1) * Tr::kKeys, slot);
+    // The codes in atoms 0-3 (row r's 128-byte piece k in atom k, row r, 16-byte chunks
+    // swizzled as the tiles are) and the scales in scale_land[b], once atoms 0-3 are free:
+    // full A ("codes landed").
+    if (t >= 2) MbarWait(bars.empty_a(b), parity);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = key_lane + 4 * i;
@@ -482,17 +526,8 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
       if (chunk == 0)
         CpAsync16(s_scale_land + (b * Tr::kRows + r) * 16, row + kFp8ScaleOffset, valid);
     }
-    CpAsyncCommit();
-  };
-  if (num_tiles > 0) land_codes(0);
-  // Converting: lane l's row within a pair, chunk, first atom of the group.
-  const int half = lane >> 4;
-  const int atom_lo = (lane >> 3) & 1;
-  for (int t = 0; t < num_tiles; ++t) {
-    const int b = t & 1;
-    const uint32_t parity = ((t >> 1) - 1) & 1;  // buffer b last held tile t - 2
-    const uint32_t dst = sKV + b * Tr::kStageBytes;
-    // The rope (stored bf16) straight into atom 8 once atoms 4-8 are free: full C.
+    CpAsyncMbarArrive(bars.full(kGroupA, b));
+    // The rope (stored bf16) straight into atom 8, once atoms 4-8 are free: full C.
     if (t >= 2) MbarWait(bars.empty_bc(b), parity);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -503,50 +538,6 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
                 row + kFp8RopeOffset + 16 * chunk, cur[i] >= 0);
     }
     CpAsyncMbarArrive(bars.full(kGroupC, b));
-    CpAsyncCommit();
-    CpAsyncWait<1>();  // this tile's codes (all but the rope group just issued)
-    __syncwarp();      // ... of every row of the warp (each lane waited for its own copies)
-    unsigned char* buf = smem + Tr::kKvOff + b * Tr::kStageBytes;
-    const float* sl_b = scale_land + b * Tr::kRows * 4;
-    // Group B first (codes in atoms 2-3 -> f16 in atoms 4-7: no overlap), then group A in
-    // place (codes in atoms 0-1 -> f16 in atoms 0-3: every lane reads its codes before the
-    // warp's stores, and group B's codes of those rows were read in the loop before).
-#pragma unroll 1
-    for (int grp = 1; grp >= 0; --grp) {
-#pragma unroll 2
-      for (int i = 0; i < 8; ++i) {
-        const int r = 16 * pw + 2 * i + half;
-        // The lane's f16 chunks: atoms x = atom_lo and x + 2 of the group, chunk `chunk`;
-        // their codes: columns 256 grp + 64 x + 8 chunk, in landing atom (2 grp + x) / 2,
-        // 16-byte chunk ((x & 1) * 4 + chunk / 2), half chunk & 1.
-        uint2 c[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int x = atom_lo + 2 * h;
-          const int piece = 2 * grp + (x >> 1);
-          const int ch = (x & 1) * 4 + (chunk >> 1);
-          c[h] = *reinterpret_cast<const uint2*>(buf + piece * Tr::kAtom + r * 128 +
-                                                 ((ch ^ (r & 7)) << 4) + 8 * (chunk & 1));
-        }
-        const float2 sc = *reinterpret_cast<const float2*>(sl_b + r * 4 + 2 * grp);
-        __syncwarp();  // group A overwrites landed codes: every lane has read its own first
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int atom = 4 * grp + atom_lo + 2 * h;
-          *reinterpret_cast<uint4*>(buf + atom * Tr::kAtom + r * 128 + ((chunk ^ (r & 7)) << 4)) =
-              CodesToF16x8(c[h], h == 0 ? sc.x : sc.y);
-        }
-      }
-      FenceProxyAsyncShared();  // the tile is read by wgmma (async proxy)
-      MbarArrive(bars.full(grp == 0 ? kGroupA : kGroupB, b));
-    }
-    // The next tile's codes, once its buffer's atoms 0-3 are free (released mid-pair for
-    // buffer 0, at the end of the pair for buffer 1).
-    if (t + 1 < num_tiles) {
-      LoadTileSlots(idx, key_lane, keys, (t + 1) * Tr::kKeys, cur);
-      if (t + 1 >= 2) MbarWait(bars.empty_a(b ^ 1), (((t + 1) >> 1) - 1) & 1);
-      land_codes(t + 1);
-    }
   }
   CpAsyncCommit();
   CpAsyncWait<0>();  // no copies in flight when the warp exits
@@ -711,6 +702,10 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
   float l_run[2] = {0.f, 0.f};                 // this warpgroup's partial row sums
   const uint32_t sV_own = wg * 4 * Tr::kAtom;  // first V atom of this warpgroup's columns
 
+  // FP8: the landed scales, [buffer][row][4] (SeesawFp8Smem::scale_land).
+  const float* fp8_scales = nullptr;
+  if constexpr (kFp8)
+    fp8_scales = reinterpret_cast<const float*>(smem + offsetof(SeesawFp8Smem, scale_land));
   MbarWait(bars.q(), 0);
   // This thread's two rows' logit factors (FP8: written by the producer before q_bar).
   float sc[2] = {0.f, 0.f};
@@ -732,6 +727,15 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
     if (wg == 0) {
       // ---- S0 = Q K0^T ----
       float s[32];
+      if constexpr (kFp8) {
+        // Tile t0's codes have landed (full A) and WG1 no longer reads atoms 4-8 of tile
+        // t0 - 2 (empty_bc): convert, then the whole warpgroup's stores before its wgmmas.
+        MbarWait(bars.full(kGroupA, 0), p & 1);
+        if (p >= 1) MbarWait(bars.empty_bc(0), (p - 1) & 1);
+        ConvertTileFp8(smem + Tr::kKvOff, fp8_scales, wl, lane);
+        FenceProxyAsyncShared();
+        NamedBarSync(kBarConverted, 128);
+      }
       ComputeS<kFp8>(s, sQ, sK0, bars.full(kGroupA, 0), p & 1);
       WgmmaWait<0>();
       // ---- softmax against the running max ----
@@ -794,6 +798,14 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
       // ---- S1 = Q K1^T (overlaps WG0's softmax / PV) ----
       float s[32];
       if (has1) {
+        if constexpr (kFp8) {
+          // Tile t1's codes have landed; only WG1 reads atoms 4-7 of buffer 1 and WG0's reads
+          // of atoms 0-3 ended before the codes could land (empty_a): convert.
+          MbarWait(bars.full(kGroupA, 1), p & 1);
+          ConvertTileFp8(smem + Tr::kKvOff + Tr::kStageBytes, fp8_scales + Tr::kRows * 4, wl, lane);
+          FenceProxyAsyncShared();
+          NamedBarSync(kBarConverted + 1, 128);
+        }
         ComputeS<kFp8>(s, sQ, sK1, bars.full(kGroupA, 1), p & 1);
         WgmmaWait<0>();
       }
