@@ -417,39 +417,31 @@ __device__ __forceinline__ void ConvertTileFp8(unsigned char* buf, const float* 
   const int chunk = lane & 7;
 #pragma unroll
   for (int grp = 1; grp >= 0; --grp) {
-    // All eight row pairs' codes and scales first (the math warpgroup has the registers: 48
-    // live across the loads), then one warp sync before the in-place stores.
-    uint2 c[8][2];
-    float2 sc[8];
-#pragma unroll
+#pragma unroll 4
     for (int i = 0; i < 8; ++i) {
       const int r = 16 * wl + 2 * i + half;
       // The lane's f16 chunks: atoms x = atom_lo and x + 2 of the group, chunk `chunk`; their
       // codes: columns 256 grp + 64 x + 8 chunk, in landing atom (2 grp + x) / 2, 16-byte
       // chunk ((x & 1) * 4 + chunk / 2), half chunk & 1.
+      uint2 c[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int x = atom_lo + 2 * h;
         const int piece = 2 * grp + (x >> 1);
         const int ch = (x & 1) * 4 + (chunk >> 1);
-        c[i][h] = *reinterpret_cast<const uint2*>(buf + piece * Tr::kAtom + r * 128 +
-                                                  ((ch ^ (r & 7)) << 4) + 8 * (chunk & 1));
+        c[h] = *reinterpret_cast<const uint2*>(buf + piece * Tr::kAtom + r * 128 +
+                                               ((ch ^ (r & 7)) << 4) + 8 * (chunk & 1));
       }
-      sc[i] = *reinterpret_cast<const float2*>(sl + r * 4 + 2 * grp);
-    }
-    // Group A is converted in place, and its stores cover group B's codes of the same rows:
-    // every lane has read both first.
-    __syncwarp();
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int r = 16 * wl + 2 * i + half;
+      const float2 sc = *reinterpret_cast<const float2*>(sl + r * 4 + 2 * grp);
+      if (grp == 0) __syncwarp();  // in place: every lane has read its codes first
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int atom = 4 * grp + atom_lo + 2 * h;
         *reinterpret_cast<uint4*>(buf + atom * Tr::kAtom + r * 128 + ((chunk ^ (r & 7)) << 4)) =
-            CodesToF16x8(c[i][h], h == 0 ? sc[i].x : sc[i].y);
+            CodesToF16x8(c[h], h == 0 ? sc.x : sc.y);
       }
     }
+    __syncwarp();  // group A overwrites group B's codes of the warp's rows: all read first
   }
 }
 
