@@ -94,10 +94,19 @@ def verify_attention_table(spec):
     fm_rows = {key(r): r for r in fm["results"]} if fm else {}
     ref_rows = [{key(r): r for r in d["results"]} for _, d, _ in refs]
     peers = fi or fm
+    # The FP8 latent cache (verify_attention_bench --kv_dtype=fp8): FlashMLA's FP8 peer is its
+    # sparse decode over every key (bench/peers/flashmla_mla.py --kv-dtype fp8); an optional
+    # same-run column of verifyd with the bf16 cache ("verifyd_bf16").
+    fp8 = vd.get("meta", {}).get("kv_dtype") == "fp8"
+    vb = load(spec["verifyd_bf16"]) if spec.get("verifyd_bf16") else None
+    vb_rows = {key(r): r for r in vb["results"]} if vb else {}
     out = []
-    head = ["B", "H", "q", "ctx", "verifyd ms (page 1, tree)"]
+    head = ["B", "H", "q", "ctx", "verifyd FP8 ms (page 1, tree)" if fp8 else
+            "verifyd ms (page 1, tree)"]
+    if vb:
+        head += ["verifyd bf16 ms", "FP8 speed vs bf16"]
     if fm:
-        head += ["FlashMLA ms (page 64)"]
+        head += ["FlashMLA FP8 ms (sparse, all keys, page 64)" if fp8 else "FlashMLA ms (page 64)"]
     if fi:
         head += ["FlashInfer ms (page 1)", "FlashInfer best ms (page, layout)"]
     head += [f"{label} ms" for label, _, _ in refs]
@@ -115,6 +124,10 @@ def verify_attention_table(spec):
         k = key(r)
         floor = max(r["mem_floor_ms"], r["compute_floor_ms"])
         cells = [str(r["B"]), str(r["H"]), str(r["q"]), f"{r['ctx']:,}", fmt_ms(r["ms"])]
+        if vb:
+            b = vb_rows.get(k)
+            cells += [fmt_ms(b["ms"]) if b else "–",
+                      fmt_ratio(b["ms"] / r["ms"]) if b else "–"]
         same_run = []
         if fm:
             m = fm_rows.get(k)
@@ -164,6 +177,8 @@ def verify_attention_table(spec):
     out.append("")
     out.append("Sources (raw JSON):")
     out.append(meta_line("verifyd", vd, spec["verifyd"]))
+    if vb:
+        out.append(meta_line("verifyd, bf16 cache (same run)", vb, spec["verifyd_bf16"]))
     if fm:
         out.append(meta_line("FlashMLA (same run)", fm, spec["flashmla"]))
         errs = [x.get("rel_l2") for x in fm["results"] if x.get("rel_l2") is not None]
@@ -178,7 +193,8 @@ def verify_attention_table(spec):
     if m.get("timing"):
         out.append(f"- timing: {m['timing']}")
     if m.get("copy_gbps"):
-        out.append(f"- floors: memory = ctx x 1152 B / {m['copy_gbps']:.0f} GB/s, compute = "
+        out.append(f"- floors: memory = ctx x {656 if fp8 else 1152} B / "
+                   f"{m['copy_gbps']:.0f} GB/s, compute = "
                    f"ctx x q x H x 1088 x 2 FLOP / {m.get('mma_tflops', 790):.0f} TFLOP/s; "
                    "% of floor = larger floor / time")
     return "\n".join(out)
@@ -477,9 +493,9 @@ def main():
         spec = {"kind": "verify_attention", "verifyd": os.path.abspath(args.print_run[0])}
         for path in args.print_run[1:]:  # the peers, told apart by their "impl"
             impl = load(os.path.abspath(path)).get("impl")
-            if impl not in ("flashinfer", "flashmla"):
+            if impl not in ("flashinfer", "flashmla", "flashmla-sparse-fp8"):
                 sys.exit(f"perf_report: {path} is not a peer's JSON (impl {impl!r})")
-            spec[impl] = os.path.abspath(path)
+            spec["flashmla" if impl.startswith("flashmla") else impl] = os.path.abspath(path)
         print(render("run", spec))
         return
     tables = load(args.tables)["tables"]

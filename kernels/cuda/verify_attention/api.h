@@ -31,11 +31,11 @@
 // FP8 latent cache: kKm16 on sm_90 (kAuto's choice there below IsManyRowsBatch, positional
 // plans always: keys on the wgmma M side, the stored codes converted to f16 operands in
 // registers, exact; scales applied to the scores and to P), kS64 on sm_90 for batches with many
-// rows per request (variants.h, IsManyRowsBatch: the seesaw schedule on f16 tiles its producer
-// converts from the stored rows; a latent value beyond f16's range saturates), kM16 elsewhere (its
-// FP8 variants gather the stored rows into 2 FP8 stages and dequantize each into one bf16 tile:
-// bf16(e4m3 x scale), one rounding; two CTAs per SM on sm_90, one within 99 KB elsewhere). Speed
-// against the bf16 cache: docs/PERF.md.
+// rows per request (variants.h, IsManyRowsBatch: the seesaw schedule on f16 tiles its math
+// warpgroups convert from the stored rows; a latent value beyond f16's range saturates), kM16
+// elsewhere (its FP8 variants gather the stored rows into 2 FP8 stages and dequantize each into one
+// bf16 tile: bf16(e4m3 x scale), one rounding; two CTAs per SM on sm_90, one within 99 KB
+// elsewhere). Speed against the bf16 cache: docs/PERF.md.
 //
 // Positional plans (VerifyPlanOptions::positional: the engine's batch-invariant mode). A
 // node's visible keys (the request's context, then its visible tail rows in index order: for

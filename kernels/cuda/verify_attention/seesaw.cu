@@ -1,8 +1,9 @@
 // The seesaw verify attention kernel (variant SeesawS64 in variants.h; sm_90a: H100 / H200):
 // 64 folded rows per CTA, 64-key tiles, warp-specialised. kAuto's choice on sm_90 for every
 // batch but tiny decode ones. Instantiated twice: the bf16 cache (kFp8 = false, described
-// below) and the FP8 cache (SeesawFp8S64: the same math on f16 tiles that its own producer,
-// SeesawFp8Producer, converts from the stored rows; kAuto's FP8 choice for many-row batches). Same
+// below) and the FP8 cache (SeesawFp8S64: the same math on f16 tiles that the math warpgroups
+// convert from the rows its own producer, SeesawFp8Producer, lands; kAuto's FP8 choice for
+// many-row batches). Same
 // work items, partial-output and LSE contract as the mma.sync family, so the planner, the combine
 // kernel and the tests are shared. Design, measurements and the reasoning behind the schedule:
 // docs/KERNEL_NOTES.md. Shared memory: SeesawSmem (seesaw_layout.h). Compiled for every configured
@@ -324,49 +325,87 @@ __device__ __forceinline__ void PvSmemP(float (&o)[2][64], uint32_t sP, uint32_t
     }
 }
 
-// ---- the FP8 variant's producer (SeesawFp8S64) ----------------------------------------------
-// It fills the same tiles as the cp.async producer, with f16 latent columns, within the same
-// 24 registers (the math warpgroups need their 240):
-//   Q: gathered as bf16 by cp.async, then converted in place by the lanes that landed it: the
-//      512 latent columns to f16 x 2^eq, the 64 rope columns to bf16 x 2^eq (exact), with eq
-//      per row so that the row's largest latent value lands in [2^14, 2^15); the row's factor
-//      softmax_scale * log2(e) * 2^-eq goes to q_row_factor.
-//   KV tile t into buffer b: the stored rows (kernels/kv_fp8.h) land by cp.async as soon as the
-//      math warpgroups released atoms 0-3 (empty_a; mid-pair for buffer 0): the codes in atoms
-//      0-3 (row r's codes 128 k .. 128 k + 127 in atom k, row r, 16-byte chunks swizzled as the
-//      tiles are), the scales in scale_land[b]. Once atoms 4-8 are free too (empty_bc) the rope
-//      (stored bf16) lands straight into atom 8 (as in the bf16 kernel: full C) and the codes
-//      are converted (cvt.rn.f16x2.e4m3x2, exact; times f16(scale): one rounding of the
-//      product) into the f16 latent columns: group B first (columns 256..511: codes in atoms
-//      2-3 -> atoms 4-7; full B; the math warpgroups' Q K^T starts on B), then group A in place
-//      (0..255: codes in atoms 0-1 -> atoms 0-3, each row's codes read before they are
-//      overwritten; full A). Then the next tile's codes are issued, so they land while its
-//      buffer is still being read past atom 3. A scale outside [2^-14, 146] (its f16
+// ---- the FP8 variant (SeesawFp8S64): its producer and the math warpgroups' conversion -------
+// The math warpgroups get the same tiles as in the bf16 kernel, with f16 latent columns:
+//   Q: gathered as bf16 by the producer's cp.async, then converted in place by the lanes that
+//      landed it: the 512 latent columns to f16 x 2^eq, the 64 rope columns to bf16 x 2^eq
+//      (exact), with eq per row so that the row's largest latent value lands in [2^14, 2^15);
+//      the row's factor softmax_scale * log2(e) * 2^-eq goes to q_row_factor.
+//   KV tile t into buffer b: the producer (24 registers) lands the stored rows
+//      (kernels/kv_fp8.h) by cp.async as soon as the math warpgroups released atoms 0-3
+//      (empty_a; mid-pair for buffer 0): the codes in atoms 0-3 (row r's codes
+//      128 k .. 128 k + 127 in atom k, row r, 16-byte chunks swizzled as the tiles are) and the
+//      scales in scale_land[b] (full A: "codes landed"); once atoms 4-8 are free too
+//      (empty_bc) the rope (stored bf16) straight into atom 8 (as in the bf16 kernel: full C).
+//      The math warpgroup that computes the tile's Q K^T (WG b) converts the codes just before
+//      (ConvertTileFp8; cvt.rn.f16x2.e4m3x2, exact; times f16(scale): one rounding of the
+//      product): group B (columns 256..511: codes in atoms 2-3 -> atoms 4-7), then group A in
+//      place (0..255: atoms 0-1 -> atoms 0-3). WG0 first waits for WG1's release of atoms 4-8
+//      of tile t - 2 (empty_bc); WG1 needs no wait beyond the codes (only it reads atoms 4-7
+//      of buffer 1, and WG0's reads of atoms 0-3 ended before the codes could land). A proxy
+//      fence and a named barrier of the warpgroup follow; the other warpgroup reads the tile's
+//      V only after the P-ready barrier that follows its Q K^T. The converting warpgroup has
+//      the registers (S and P are dead there, O is live); the producer converting alone took
+//      ~5,000 cycles a tile (docs/KERNEL_NOTES.md). A scale outside [2^-14, 146] (its f16
 //      subnormal, or a product past f16's range) takes the fp32 path: code x scale in fp32,
 //      rounded once to f16, clamped to +-65504 (a latent value beyond f16's range saturates).
-//   Producer warp pw lands and converts rows 16 pw .. 16 pw + 15 only, so a warp-level sync
-//   orders its landing and its conversion. Converting, lane l handles row 2 i + (l >> 4) and
-//   the 8-column f16 chunk c = l & 7 of the group's atoms x = (l >> 3) & 1 and x + 2: each
-//   quarter warp reads 64 contiguous code bytes and stores 8 distinct chunks of one atom row.
 
-// 8 stored codes to 8 f16 of code x scale.
+// Four e4m3 codes (one a byte) as two f16 pairs of code x 2^-8, exactly, on the integer pipe:
+// a code's 7 magnitude bits become bits 13-7 of the f16 (the exponent bias 7 -> 15 is the
+// 2^-8; subnormal codes become subnormal f16 of the same ratio) and its sign bit 15. The NaN
+// codes 0x7f / 0xff (the format's NaN) read as +-480 x 2^-8 here (cvt gives NaN). lo: codes
+// 0 (low half) and 1; hi: 2 and 3 (the layout of E4m3x4ToF16x2x2).
+__device__ __forceinline__ void E4m3x4ToF16x2x2Bits(uint32_t codes, uint32_t& lo, uint32_t& hi) {
+  const uint32_t al = __byte_perm(codes, 0u, 0x1404) >> 1;  // magnitudes in 13-7, sign in 14
+  const uint32_t ah = __byte_perm(codes, 0u, 0x3424) >> 1;
+  lo = al + (al & 0x40004000u);  // sign bit 14 -> 15 (bit 15 is 0: the carry stops there)
+  hi = ah + (ah & 0x40004000u);
+}
+
+#ifndef VERIFYD_SEESAW_FP8_CVT
+#define VERIFYD_SEESAW_FP8_CVT 2
+#endif
+
+// 8 stored codes to 8 f16 of code x scale. How the codes become f16 (both exact): codes 0-3 by
+// cvt.rn.f16x2.e4m3x2 (the conversion pipe), codes 4-7 by E4m3x4ToF16x2x2Bits (the integer
+// pipe), so the two pipes share the work; the product with the scale is rounded once.
 __device__ __forceinline__ uint4 CodesToF16x8(uint2 c, float scale) {
   uint32_t h[4];
-  E4m3x4ToF16x2x2(c.x, h[0], h[1]);
-  E4m3x4ToF16x2x2(c.y, h[2], h[3]);
+  // mul[k]: the factor of h[k] (scale, or 256 x scale where h[k] holds code x 2^-8).
+  constexpr int kMode = VERIFYD_SEESAW_FP8_CVT;  // 0: all cvt, 1: all integer, 2: half each
+  if (kMode == 1) {
+    E4m3x4ToF16x2x2Bits(c.x, h[0], h[1]);
+  } else {
+    E4m3x4ToF16x2x2(c.x, h[0], h[1]);
+  }
+  if (kMode == 0) {
+    E4m3x4ToF16x2x2(c.y, h[2], h[3]);
+  } else {
+    E4m3x4ToF16x2x2Bits(c.y, h[2], h[3]);
+  }
+  const float mul_lo = kMode == 1 ? 256.f : 1.f;       // of h[0], h[1]
+  const float mul_hi = kMode == 0 ? 1.f : 256.f;       // of h[2], h[3]
   if (scale >= 6.103515625e-05f && scale <= 146.0f) {  // f16(scale) normal, |product| <= 65,408
-    const __half2 s2 = __float2half2_rn(scale);
+    // f16(scale) once; 256 x it by adding 8 to both exponent fields (exact: f16(scale) is
+    // normal and 256 x 146 < 65,504).
+    const __half2 s1 = __float2half2_rn(scale);
+    uint32_t s256_bits = *reinterpret_cast<const uint32_t*>(&s1) + 0x20002000u;
+    const __half2 s256 = *reinterpret_cast<const __half2*>(&s256_bits);
+    const __half2 s_lo = mul_lo == 1.f ? s1 : s256;
+    const __half2 s_hi = mul_hi == 1.f ? s1 : s256;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h[k]), s2);
+      __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h[k]), k < 2 ? s_lo : s_hi);
       h[k] = *reinterpret_cast<uint32_t*>(&v);
     }
   } else {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
+      // code x 2^-8 x 256 is exact in fp32: the product with the scale is the one rounding.
       const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[k]));
-      __half2 v = __floats2half2_rn(fminf(fmaxf(f.x * scale, -65504.f), 65504.f),
-                                    fminf(fmaxf(f.y * scale, -65504.f), 65504.f));
+      const float m = k < 2 ? mul_lo : mul_hi;
+      __half2 v = __floats2half2_rn(fminf(fmaxf(f.x * m * scale, -65504.f), 65504.f),
+                                    fminf(fmaxf(f.y * m * scale, -65504.f), 65504.f));
       h[k] = *reinterpret_cast<uint32_t*>(&v);
     }
   }
@@ -546,8 +585,9 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
 
 }  // namespace
 
-// kFp8: the FP8-cache variant (SeesawFp8S64): its own producer (SeesawFp8Producer), f16
-// latent operands, P in f16, Q rows with their own factor; the schedule is the same.
+// kFp8: the FP8-cache variant (SeesawFp8S64): its own producer (SeesawFp8Producer), each tile
+// converted by the math warpgroup that computes its Q K^T (ConvertTileFp8), f16 latent
+// operands, P in f16, Q rows with their own factor; the schedule is the same.
 template <bool kFp8>
 __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
     VerifyAttentionSeesawKernel(const VerifyKernelArgs args) {
@@ -566,8 +606,9 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
   float* s_l = s_m0 + 256;  // [2][64]: each warpgroup's row sums
   const SeesawBarriers bars{base + Tr::kBarOff};
   // mbarriers. full[group][buffer] (group A = atoms 0-3, B = 4-7, C = 8), count 128: one
-  // arrival per producer thread (cp.async-tracked; the FP8 producer's groups A / B: a plain
-  // arrival after its stores). Empty barriers, one arrival per math warp
+  // arrival per producer thread (cp.async-tracked; in the FP8 instance full A means the codes
+  // and scales landed, and full B is unused: the math warpgroups convert). Empty barriers,
+  // one arrival per math warp
   // that reads the part (the other warpgroup's reads are ordered before it through the
   // P-ready named barriers, see below):
   //   emptyA[0]  (buffer 0, atoms 0-3)  WG0 after P0 V0_L            count 4

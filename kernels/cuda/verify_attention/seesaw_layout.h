@@ -56,9 +56,9 @@ struct SeesawSmem {
 // Dynamic shared memory to request: the struct plus the worst-case alignment slack.
 inline constexpr size_t kSeesawSmemBytes = 1024 + sizeof(SeesawSmem);
 
-// The FP8-cache variant (SeesawFp8S64): the same schedule on f16 tiles that its producer
-// converts from the stored rows (seesaw.cu, SeesawFp8Producer). Q's 512 latent columns are f16
-// times a power of two per row (2^eq, so the row's largest value lands in [2^14, 2^15)), its
+// The FP8-cache variant (SeesawFp8S64): the same schedule on f16 tiles that its math
+// warpgroups convert from the stored rows (seesaw.cu, ConvertTileFp8). Q's 512 latent columns are
+// f16 times a power of two per row (2^eq, so the row's largest value lands in [2^14, 2^15)), its
 // rope columns stay bf16 times the same power; the KV tiles' latent columns are
 // f16(code x scale), the rope columns the stored bf16. Same register split as the bf16 kernel.
 struct SeesawFp8Smem {

@@ -69,9 +69,9 @@ struct SeesawS64 {
   static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
 };
 
-// FP8 latent cache, the seesaw schedule on f16 tiles its producer converts from the stored rows
-// (seesaw.cu, SeesawFp8Producer): 64 rows, 64-key tiles (226,176 bytes). sm_90a. kAuto's FP8
-// choice for many-row batches (IsManyRowsBatch); forced as kS64 with an FP8 cache.
+// FP8 latent cache, the seesaw schedule on f16 tiles its math warpgroups convert from the
+// stored rows (seesaw.cu, ConvertTileFp8): 64 rows, 64-key tiles (226,176 bytes). sm_90a. kAuto's
+// FP8 choice for many-row batches (IsManyRowsBatch); forced as kS64 with an FP8 cache.
 struct SeesawFp8S64 {
   static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kS64;
   static constexpr const char* kName = "seesaw wgmma, FP8 cache, f16 tiles (s64)";
