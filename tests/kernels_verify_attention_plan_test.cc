@@ -251,7 +251,9 @@ TEST(VerifyAttentionPlan, Fp8CacheVariants) {
   ASSERT_TRUE(decode_plan.ok()) << decode_plan.status();
   EXPECT_EQ(decode_plan->config, VerifyKernelConfig::kKm16);
   EXPECT_TRUE(detail::IsManyRowsBatch(128, 32768));
-  EXPECT_FALSE(detail::IsManyRowsBatch(127, 1 << 20));
+  EXPECT_TRUE(detail::IsManyRowsBatch(64, 65536));
+  EXPECT_FALSE(detail::IsManyRowsBatch(63, 1 << 20));
+  EXPECT_FALSE(detail::IsManyRowsBatch(16, 1 << 23));  // batched decode: km16
   EXPECT_FALSE(detail::IsManyRowsBatch(256, 16383));
   EXPECT_TRUE(detail::IsManyRowsBatch(1088, 4096));
 }

@@ -350,62 +350,25 @@ __device__ __forceinline__ void PvSmemP(float (&o)[2][64], uint32_t sP, uint32_t
 //      subnormal, or a product past f16's range) takes the fp32 path: code x scale in fp32,
 //      rounded once to f16, clamped to +-65504 (a latent value beyond f16's range saturates).
 
-// Four e4m3 codes (one a byte) as two f16 pairs of code x 2^-8, exactly, on the integer pipe:
-// a code's 7 magnitude bits become bits 13-7 of the f16 (the exponent bias 7 -> 15 is the
-// 2^-8; subnormal codes become subnormal f16 of the same ratio) and its sign bit 15. The NaN
-// codes 0x7f / 0xff (the format's NaN) read as +-480 x 2^-8 here (cvt gives NaN). lo: codes
-// 0 (low half) and 1; hi: 2 and 3 (the layout of E4m3x4ToF16x2x2).
-__device__ __forceinline__ void E4m3x4ToF16x2x2Bits(uint32_t codes, uint32_t& lo, uint32_t& hi) {
-  const uint32_t al = __byte_perm(codes, 0u, 0x1404) >> 1;  // magnitudes in 13-7, sign in 14
-  const uint32_t ah = __byte_perm(codes, 0u, 0x3424) >> 1;
-  lo = al + (al & 0x40004000u);  // sign bit 14 -> 15 (bit 15 is 0: the carry stops there)
-  hi = ah + (ah & 0x40004000u);
-}
-
-#ifndef VERIFYD_SEESAW_FP8_CVT
-#define VERIFYD_SEESAW_FP8_CVT 2
-#endif
-
-// 8 stored codes to 8 f16 of code x scale. How the codes become f16 (both exact): codes 0-3 by
-// cvt.rn.f16x2.e4m3x2 (the conversion pipe), codes 4-7 by E4m3x4ToF16x2x2Bits (the integer
-// pipe), so the two pipes share the work; the product with the scale is rounded once.
+// 8 stored codes to 8 f16 of code x scale. (Converting half of the codes on the integer pipe
+// instead, by byte permutes and adds, or all of them, was slower on the H200: docs/PERF.md.)
 __device__ __forceinline__ uint4 CodesToF16x8(uint2 c, float scale) {
   uint32_t h[4];
-  // mul[k]: the factor of h[k] (scale, or 256 x scale where h[k] holds code x 2^-8).
-  constexpr int kMode = VERIFYD_SEESAW_FP8_CVT;  // 0: all cvt, 1: all integer, 2: half each
-  if (kMode == 1) {
-    E4m3x4ToF16x2x2Bits(c.x, h[0], h[1]);
-  } else {
-    E4m3x4ToF16x2x2(c.x, h[0], h[1]);
-  }
-  if (kMode == 0) {
-    E4m3x4ToF16x2x2(c.y, h[2], h[3]);
-  } else {
-    E4m3x4ToF16x2x2Bits(c.y, h[2], h[3]);
-  }
-  const float mul_lo = kMode == 1 ? 256.f : 1.f;       // of h[0], h[1]
-  const float mul_hi = kMode == 0 ? 1.f : 256.f;       // of h[2], h[3]
+  E4m3x4ToF16x2x2(c.x, h[0], h[1]);
+  E4m3x4ToF16x2x2(c.y, h[2], h[3]);
   if (scale >= 6.103515625e-05f && scale <= 146.0f) {  // f16(scale) normal, |product| <= 65,408
-    // f16(scale) once; 256 x it by adding 8 to both exponent fields (exact: f16(scale) is
-    // normal and 256 x 146 < 65,504).
-    const __half2 s1 = __float2half2_rn(scale);
-    uint32_t s256_bits = *reinterpret_cast<const uint32_t*>(&s1) + 0x20002000u;
-    const __half2 s256 = *reinterpret_cast<const __half2*>(&s256_bits);
-    const __half2 s_lo = mul_lo == 1.f ? s1 : s256;
-    const __half2 s_hi = mul_hi == 1.f ? s1 : s256;
+    const __half2 s2 = __float2half2_rn(scale);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h[k]), k < 2 ? s_lo : s_hi);
+      __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h[k]), s2);
       h[k] = *reinterpret_cast<uint32_t*>(&v);
     }
   } else {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      // code x 2^-8 x 256 is exact in fp32: the product with the scale is the one rounding.
       const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[k]));
-      const float m = k < 2 ? mul_lo : mul_hi;
-      __half2 v = __floats2half2_rn(fminf(fmaxf(f.x * m * scale, -65504.f), 65504.f),
-                                    fminf(fmaxf(f.y * m * scale, -65504.f), 65504.f));
+      __half2 v = __floats2half2_rn(fminf(fmaxf(f.x * scale, -65504.f), 65504.f),
+                                    fminf(fmaxf(f.y * scale, -65504.f), 65504.f));
       h[k] = *reinterpret_cast<uint32_t*>(&v);
     }
   }

@@ -41,13 +41,14 @@ constexpr bool IsTinyDecodeBatch(int64_t max_folded_rows_per_request, int64_t to
   return max_folded_rows_per_request <= 16 && total_keys <= 16384;
 }
 
-// Many rows per request over many keys: >= 128 folded rows in some request and rows x keys
-// (that request's rows times the batch's keys) >= 2^22. There the seesaw FP8 variant (64 rows
-// a CTA) beat the keys-on-M kernel (16 rows a CTA) on the H200 (0.73-0.96x its time; 1.04x on
-// one shape: 8 x 64 heads x 2 nodes at 4k) and below it lost (1.08-1.18x) on every shape
-// measured (docs/PERF.md, "The seesaw FP8 variant against km16" and its crossover table).
+// Many rows per request over many keys: >= 64 folded rows (one seesaw tile) in some request
+// and rows x keys (that request's rows times the batch's keys) >= 2^22. There the seesaw FP8
+// variant (64 rows a CTA) beat the keys-on-M kernel (16 rows a CTA) on the H200 on every shape
+// measured (0.60-0.91x its time, e.g. 64 rows over 65k keys 0.90x), and below it lost or tied
+// (1.01-1.11x; decode rows, 8-16 a request, ran 1.8-2.3x slower at any key count)
+// (docs/PERF.md, "The seesaw FP8 variant against km16" and its crossover table).
 constexpr bool IsManyRowsBatch(int64_t max_folded_rows_per_request, int64_t total_keys) {
-  return max_folded_rows_per_request >= 128 &&
+  return max_folded_rows_per_request >= 64 &&
          max_folded_rows_per_request * total_keys >= (int64_t{1} << 22);
 }
 
