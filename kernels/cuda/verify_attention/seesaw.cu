@@ -67,9 +67,8 @@ enum SeesawBarrier : int {
   kBarP1Ready = 2,   // WG1 -> WG0: P1, m1, scale1 of this pair are in smem
   kBarEpilogue = 3,  // both: row-sum partials exchanged
   kBarStore = 4,     // both: output rows staged in shared memory
-  // FP8 variant: each math warpgroup converts the other one's next tile (ConvertTileFp8).
-  kBarT0Converted = 5,  // WG1 -> WG0: tile t0 of this pair is converted
-  kBarT1Converted = 6,  // WG0 -> WG1: tile t1 of this pair is converted
+  // FP8 variant: the 128 threads of one math warpgroup (5 + wg) after converting a tile.
+  kBarConverted = 5,
 };
 constexpr int kMathThreads = SeesawTraits::kMathThreads;
 
@@ -711,16 +710,6 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
   const float* fp8_scales = nullptr;
   if constexpr (kFp8)
     fp8_scales = reinterpret_cast<const float*>(smem + offsetof(SeesawFp8Smem, scale_land));
-  if constexpr (kFp8) {
-    // Tile 0 (WG0's first) is converted by WG1; every later tile by the other warpgroup while
-    // its own wgmmas run (see the pair loop).
-    if (wg == 1 && num_pairs > 0) {
-      MbarWait(bars.full(kGroupA, 0), 0);
-      ConvertTileFp8(smem + Tr::kKvOff, fp8_scales, wl, lane);
-      FenceProxyAsyncShared();
-      NamedBarArrive(kBarT0Converted, kMathThreads);
-    }
-  }
   MbarWait(bars.q(), 0);
   // This thread's two rows' logit factors (FP8: written by the producer before q_bar).
   float sc[2] = {0.f, 0.f};
@@ -742,20 +731,16 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
     if (wg == 0) {
       // ---- S0 = Q K0^T ----
       float s[32];
-      // FP8: tile t0 was converted by WG1 (before the loop, or at the end of the last pair).
-      if constexpr (kFp8) NamedBarSync(kBarT0Converted, kMathThreads);
-      ComputeS<kFp8>(s, sQ, sK0, bars.full(kGroupA, 0), p & 1);
       if constexpr (kFp8) {
-        // While S0's wgmmas run: convert WG1's tile t1, once its codes have landed (full A)
-        // and WG1's last reads of buffer 1's atoms 4-7 (P1 V1_R of the last pair) are done.
-        if (has1) {
-          MbarWait(bars.full(kGroupA, 1), p & 1);
-          if (p >= 1) MbarWait(bars.empty_bc(1), (p - 1) & 1);
-          ConvertTileFp8(smem + Tr::kKvOff + Tr::kStageBytes, fp8_scales + Tr::kRows * 4, wl, lane);
-          FenceProxyAsyncShared();  // read by WG1's wgmmas (async proxy)
-          NamedBarArrive(kBarT1Converted, kMathThreads);
-        }
+        // Tile t0's codes have landed (full A) and WG1 no longer reads atoms 4-8 of tile
+        // t0 - 2 (empty_bc): convert, then the whole warpgroup's stores before its wgmmas.
+        MbarWait(bars.full(kGroupA, 0), p & 1);
+        if (p >= 1) MbarWait(bars.empty_bc(0), (p - 1) & 1);
+        ConvertTileFp8(smem + Tr::kKvOff, fp8_scales, wl, lane);
+        FenceProxyAsyncShared();
+        NamedBarSync(kBarConverted, 128);
       }
+      ComputeS<kFp8>(s, sQ, sK0, bars.full(kGroupA, 0), p & 1);
       WgmmaWait<0>();
       // ---- softmax against the running max ----
       float mx[2], m0[2], scale0[2], sum[2];
@@ -817,7 +802,14 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
       // ---- S1 = Q K1^T (overlaps WG0's softmax / PV) ----
       float s[32];
       if (has1) {
-        if constexpr (kFp8) NamedBarSync(kBarT1Converted, kMathThreads);  // by WG0, above
+        if constexpr (kFp8) {
+          // Tile t1's codes have landed; only WG1 reads atoms 4-7 of buffer 1 and WG0's reads
+          // of atoms 0-3 ended before the codes could land (empty_a): convert.
+          MbarWait(bars.full(kGroupA, 1), p & 1);
+          ConvertTileFp8(smem + Tr::kKvOff + Tr::kStageBytes, fp8_scales + Tr::kRows * 4, wl, lane);
+          FenceProxyAsyncShared();
+          NamedBarSync(kBarConverted + 1, 128);
+        }
         ComputeS<kFp8>(s, sQ, sK1, bars.full(kGroupA, 1), p & 1);
         WgmmaWait<0>();
       }
@@ -876,22 +868,6 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
         WgmmaFence();  // also orders this thread's pa writes before the wgmma reads them
         PvRegP<kFp8>(o, pa, sK1 + sV_own);
         WgmmaCommit();
-      }
-      if constexpr (kFp8) {
-        // While P1 V1_R runs: convert the next pair's tile t0 (buffer 0) for WG0, once its
-        // codes have landed; this warpgroup's own P0 V0_R, the last reader of atoms 4-7, is
-        // done, and WG0's S0 read buffer 0 before P0Ready.
-        if (p + 1 < num_pairs) {
-          MbarWait(bars.full(kGroupA, 0), (p + 1) & 1);
-          ConvertTileFp8(smem + Tr::kKvOff, fp8_scales, wl, lane);
-          FenceProxyAsyncShared();  // read by WG0's wgmmas (async proxy)
-          NamedBarArrive(kBarT0Converted, kMathThreads);
-        }
-      }
-      if constexpr (kFp8) {
-        WgmmaWait<0>();  // unconditional: ptxas then sees no wgmma in flight past this point
-        if (has1 && lane == 0) MbarArrive(bars.empty_bc(1));
-      } else if (has1) {
         WgmmaWait<0>();
         if (lane == 0) MbarArrive(bars.empty_bc(1));
       }
