@@ -67,9 +67,8 @@ enum SeesawBarrier : int {
   kBarP1Ready = 2,   // WG1 -> WG0: P1, m1, scale1 of this pair are in smem
   kBarEpilogue = 3,  // both: row-sum partials exchanged
   kBarStore = 4,     // both: output rows staged in shared memory
-  // FP8 variant: both math warpgroups convert half of each tile (ConvertTileFp8).
-  kBarT0Converted = 5,  // WG1 -> WG0: WG1's half of tile t0 is converted
-  kBarT1Converted = 6,  // WG0 -> WG1: WG0's half of tile t1 is converted
+  // FP8 variant: the 128 threads of one math warpgroup (5 + wg) after converting a tile.
+  kBarConverted = 5,
 };
 constexpr int kMathThreads = SeesawTraits::kMathThreads;
 
@@ -406,15 +405,14 @@ __device__ __forceinline__ uint4 ScaleBf16x8(uint4 v, float f) {
 }
 
 // The stored codes of a landed tile (atoms 0-3 of `buf`, scales in `sl`) to its f16 latent
-// columns, by both math warpgroups (see the FP8 notes above): a warp converts rows
-// row0 .. row0 + 2 kRowPairs - 1. Group B first (codes in atoms 2-3 -> f16 in atoms
+// columns, by the math warpgroup that computes the tile's Q K^T (see the FP8 notes above):
+// warp wl converts rows 16 wl .. 16 wl + 15. Group B first (codes in atoms 2-3 -> f16 in atoms
 // 4-7: no overlap), then group A in place (codes in atoms 0-1 -> f16 in atoms 0-3: every lane
 // reads its codes before the warp's stores, and group B's codes of those rows were read in
 // the loop before). Lane l handles row 2 i + (l >> 4) and the 8-column f16 chunk c = l & 7 of
 // the group's atoms x = (l >> 3) & 1 and x + 2: each quarter warp reads 64 contiguous code
 // bytes and stores 8 distinct chunks of one atom row.
-template <int kRowPairs>
-__device__ __forceinline__ void ConvertTileFp8(unsigned char* buf, const float* sl, int row0,
+__device__ __forceinline__ void ConvertTileFp8(unsigned char* buf, const float* sl, int wl,
                                                int lane) {
   const int half = lane >> 4;
   const int atom_lo = (lane >> 3) & 1;
@@ -422,8 +420,8 @@ __device__ __forceinline__ void ConvertTileFp8(unsigned char* buf, const float* 
 #pragma unroll
   for (int grp = 1; grp >= 0; --grp) {
 #pragma unroll 4
-    for (int i = 0; i < kRowPairs; ++i) {
-      const int r = row0 + 2 * i + half;
+    for (int i = 0; i < 8; ++i) {
+      const int r = 16 * wl + 2 * i + half;
       // The lane's f16 chunks: atoms x = atom_lo and x + 2 of the group, chunk `chunk`; their
       // codes: columns 256 grp + 64 x + 8 chunk, in landing atom (2 grp + x) / 2, 16-byte
       // chunk ((x & 1) * 4 + chunk / 2), half chunk & 1.
@@ -735,26 +733,14 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
       float s[32];
       if constexpr (kFp8) {
         // Tile t0's codes have landed (full A) and WG1 no longer reads atoms 4-8 of tile
-        // t0 - 2 (empty_bc): convert this warp's 8 rows; WG1 converts the other half.
+        // t0 - 2 (empty_bc): convert, then the whole warpgroup's stores before its wgmmas.
         MbarWait(bars.full(kGroupA, 0), p & 1);
         if (p >= 1) MbarWait(bars.empty_bc(0), (p - 1) & 1);
-        ConvertTileFp8<4>(smem + Tr::kKvOff, fp8_scales, 8 * wl, lane);
+        ConvertTileFp8(smem + Tr::kKvOff, fp8_scales, wl, lane);
         FenceProxyAsyncShared();
-        NamedBarSync(kBarT0Converted, kMathThreads);
+        NamedBarSync(kBarConverted, 128);
       }
       ComputeS<kFp8>(s, sQ, sK0, bars.full(kGroupA, 0), p & 1);
-      if constexpr (kFp8) {
-        // While S0's wgmmas run: this warp's half of tile t1 (WG1's), once its codes have
-        // landed and WG1's last reads of buffer 1's atoms 4-7 (P1 V1_R) are done.
-        if (has1) {
-          MbarWait(bars.full(kGroupA, 1), p & 1);
-          if (p >= 1) MbarWait(bars.empty_bc(1), (p - 1) & 1);
-          ConvertTileFp8<4>(smem + Tr::kKvOff + Tr::kStageBytes, fp8_scales + Tr::kRows * 4, 8 * wl,
-                            lane);
-          FenceProxyAsyncShared();  // read by WG1's wgmmas (async proxy)
-          NamedBarArrive(kBarT1Converted, kMathThreads);
-        }
-      }
       WgmmaWait<0>();
       // ---- softmax against the running max ----
       float mx[2], m0[2], scale0[2], sum[2];
@@ -815,24 +801,14 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
     } else {
       // ---- S1 = Q K1^T (overlaps WG0's softmax / PV) ----
       float s[32];
-      if constexpr (kFp8) {
-        // Rows 32-63 of tile t0 (WG0's): its codes have landed; this warpgroup's own P0 V0_R
-        // of the last pair was the last reader of buffer 0's atoms 4-7, and WG0's S0 read
-        // buffer 0 before P0Ready.
-        MbarWait(bars.full(kGroupA, 0), p & 1);
-        ConvertTileFp8<4>(smem + Tr::kKvOff, fp8_scales, 32 + 8 * wl, lane);
-        FenceProxyAsyncShared();  // read by WG0's wgmmas (async proxy)
-        NamedBarArrive(kBarT0Converted, kMathThreads);
-      }
       if (has1) {
         if constexpr (kFp8) {
-          // The other half of tile t1 (WG0 converts rows 0-31 during its S0), once its codes
-          // have landed: only this warpgroup reads atoms 4-7 of buffer 1.
+          // Tile t1's codes have landed; only WG1 reads atoms 4-7 of buffer 1 and WG0's reads
+          // of atoms 0-3 ended before the codes could land (empty_a): convert.
           MbarWait(bars.full(kGroupA, 1), p & 1);
-          ConvertTileFp8<4>(smem + Tr::kKvOff + Tr::kStageBytes, fp8_scales + Tr::kRows * 4,
-                            32 + 8 * wl, lane);
+          ConvertTileFp8(smem + Tr::kKvOff + Tr::kStageBytes, fp8_scales + Tr::kRows * 4, wl, lane);
           FenceProxyAsyncShared();
-          NamedBarSync(kBarT1Converted, kMathThreads);
+          NamedBarSync(kBarConverted + 1, 128);
         }
         ComputeS<kFp8>(s, sQ, sK1, bars.full(kGroupA, 1), p & 1);
         WgmmaWait<0>();
