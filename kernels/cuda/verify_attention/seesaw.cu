@@ -405,16 +405,14 @@ __device__ __forceinline__ uint4 ScaleBf16x8(uint4 v, float f) {
 }
 
 // The stored codes of a landed tile (atoms 0-3 of `buf`, scales in `sl`) to its f16 latent
-// columns (see the FP8 notes above), rows row0 .. row0 + 2 kRowPairs - 1 by one warp: of the
-// 16 rows of a 16-row slice, math warp wl of the warpgroup that computes the tile's Q K^T
-// converts the first 12, producer warp pw (which landed them) the last 4. Group B first (codes in
-// atoms 2-3 -> f16 in atoms 4-7: no overlap), then group A in place (codes in atoms 0-1 -> f16 in
-// atoms 0-3: every lane reads its codes before the warp's stores, and group B's codes of those rows
-// were read in the loop before). Lane l handles row 2 i + (l >> 4) and the 8-column f16 chunk c = l
-// & 7 of the group's atoms x = (l >> 3) & 1 and x + 2: each quarter warp reads 64 contiguous code
+// columns, by the math warpgroup that computes the tile's Q K^T (see the FP8 notes above):
+// warp wl converts rows 16 wl .. 16 wl + 15. Group B first (codes in atoms 2-3 -> f16 in atoms
+// 4-7: no overlap), then group A in place (codes in atoms 0-1 -> f16 in atoms 0-3: every lane
+// reads its codes before the warp's stores, and group B's codes of those rows were read in
+// the loop before). Lane l handles row 2 i + (l >> 4) and the 8-column f16 chunk c = l & 7 of
+// the group's atoms x = (l >> 3) & 1 and x + 2: each quarter warp reads 64 contiguous code
 // bytes and stores 8 distinct chunks of one atom row.
-template <int kRowPairs>
-__device__ __forceinline__ void ConvertTileFp8(unsigned char* buf, const float* sl, int row0,
+__device__ __forceinline__ void ConvertTileFp8(unsigned char* buf, const float* sl, int wl,
                                                int lane) {
   const int half = lane >> 4;
   const int atom_lo = (lane >> 3) & 1;
@@ -422,8 +420,8 @@ __device__ __forceinline__ void ConvertTileFp8(unsigned char* buf, const float* 
 #pragma unroll
   for (int grp = 1; grp >= 0; --grp) {
 #pragma unroll 4
-    for (int i = 0; i < kRowPairs; ++i) {
-      const int r = row0 + 2 * i + half;
+    for (int i = 0; i < 8; ++i) {
+      const int r = 16 * wl + 2 * i + half;
       // The lane's f16 chunks: atoms x = atom_lo and x + 2 of the group, chunk `chunk`; their
       // codes: columns 256 grp + 64 x + 8 chunk, in landing atom (2 grp + x) / 2, 16-byte
       // chunk ((x & 1) * 4 + chunk / 2), half chunk & 1.
@@ -501,8 +499,6 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
   const int keys = wi.kv_end - wi.kv_begin;
   const uint8_t* kv8 = reinterpret_cast<const uint8_t*>(args.kv);
   const uint32_t s_scale_land = base + offsetof(SeesawFp8Smem, scale_land);
-  const float* scale_land =
-      reinterpret_cast<const float*>(smem + offsetof(SeesawFp8Smem, scale_land));
   // Landing: the lanes' rows as in GatherQ, keeping those rows' slot ids (and the next tile's).
   const int32_t* idx = WorkItemKeys(args, wi) + wi.kv_begin + key_lane;
   int32_t slot[4];
@@ -533,7 +529,6 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
         CpAsync16(s_scale_land + (b * Tr::kRows + r) * 16, row + kFp8ScaleOffset, valid);
     }
     CpAsyncMbarArrive(bars.full(kGroupA, b));
-    CpAsyncCommit();
     // The rope (stored bf16) straight into atom 8, once atoms 4-8 are free: full C.
     if (t >= 2) MbarWait(bars.empty_bc(b), parity);
 #pragma unroll
@@ -545,15 +540,6 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
                 row + kFp8RopeOffset + 16 * chunk, cur[i] >= 0);
     }
     CpAsyncMbarArrive(bars.full(kGroupC, b));
-    CpAsyncCommit();
-    // The last 4 rows of this warp's 16 (it landed them: its own wait and a warp sync suffice),
-    // while the math warpgroup converts the first 12: full B.
-    CpAsyncWait<1>();
-    __syncwarp();
-    ConvertTileFp8<2>(smem + Tr::kKvOff + b * Tr::kStageBytes, scale_land + b * Tr::kRows * 4,
-                      16 * pw + 12, lane);
-    FenceProxyAsyncShared();  // read by the math warpgroups' wgmmas (async proxy)
-    MbarArrive(bars.full(kGroupB, b));
   }
   CpAsyncCommit();
   CpAsyncWait<0>();  // no copies in flight when the warp exits
@@ -750,11 +736,9 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
         // t0 - 2 (empty_bc): convert, then the whole warpgroup's stores before its wgmmas.
         MbarWait(bars.full(kGroupA, 0), p & 1);
         if (p >= 1) MbarWait(bars.empty_bc(0), (p - 1) & 1);
-        ConvertTileFp8<6>(smem + Tr::kKvOff, fp8_scales, 16 * wl, lane);
+        ConvertTileFp8(smem + Tr::kKvOff, fp8_scales, wl, lane);
         FenceProxyAsyncShared();
         NamedBarSync(kBarConverted, 128);
-        MbarWait(bars.full(kGroupB, 0), p & 1);  // the producer's rows
-        FenceProxyAsyncShared();
       }
       ComputeS<kFp8>(s, sQ, sK0, bars.full(kGroupA, 0), p & 1);
       WgmmaWait<0>();
@@ -822,12 +806,9 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
           // Tile t1's codes have landed; only WG1 reads atoms 4-7 of buffer 1 and WG0's reads
           // of atoms 0-3 ended before the codes could land (empty_a): convert.
           MbarWait(bars.full(kGroupA, 1), p & 1);
-          ConvertTileFp8<6>(smem + Tr::kKvOff + Tr::kStageBytes, fp8_scales + Tr::kRows * 4,
-                            16 * wl, lane);
+          ConvertTileFp8(smem + Tr::kKvOff + Tr::kStageBytes, fp8_scales + Tr::kRows * 4, wl, lane);
           FenceProxyAsyncShared();
           NamedBarSync(kBarConverted + 1, 128);
-          MbarWait(bars.full(kGroupB, 1), p & 1);  // the producer's rows
-          FenceProxyAsyncShared();
         }
         ComputeS<kFp8>(s, sQ, sK1, bars.full(kGroupA, 1), p & 1);
         WgmmaWait<0>();
