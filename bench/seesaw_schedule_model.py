@@ -16,7 +16,9 @@ Three parts, all host-only, for whoever changes the schedule:
            groups landing late. Fails on a deadlock, on a read that sees the wrong tile /
            pair, or on a buffer, P or stats slot overwritten before its reader is done.
            Mirror any change of the kernel's barrier code here (it caught nothing in the
-           final code; removing any one release or wait makes it fail).
+           final code; removing any one release or wait makes it fail). Also the FP8
+           instance's protocol (codes landed in atoms 0-3, converted by the math warpgroup
+           that computes the tile's Q K^T), with two mutations that must be caught.
 
 Usage: python3 bench/seesaw_schedule_model.py [algebra] [cycles] [protocol]   (default: all)
 """
@@ -186,11 +188,20 @@ class Mbar:
 
 class NamedBar:
     def __init__(s, n): s.n = n; s.arrived = 0; s.gen = 0
-def run_protocol(num_tiles, seed):
+def run_protocol(num_tiles, seed, fp8=False, mutate=None):
+    """fp8: the FP8 instance (SeesawFp8S64): the producer lands a tile's codes in atoms 0-3
+    ('A') after empty_a (full A) and its rope ('C') after empty_bc (full C); the math
+    warpgroup that computes the tile's Q K^T converts it (writes 'A' and 'B') after full A
+    and after empty_bc of the tile two back (for WG1 that is its own other warps' P1 V1_R:
+    the warps of a warpgroup are not in step), then a named barrier of its 4 warps.
+    mutate: drop one wait of the FP8 protocol ('wg0_empty_bc', 'wg1_empty_bc' or
+    'wg1_codes') to check that the model notices."""
     rnd = random.Random(seed)
     full = {(g, b): Mbar(4) for g in range(3) for b in range(2)}  # 4 producer warps
     emptyA = [Mbar(4), Mbar(4)]; emptyBC = [Mbar(4), Mbar(8)]; qbar = Mbar(4)
     named = {i: NamedBar(8) for i in (1, 2, 3)}
+    named.update({i: NamedBar(4) for i in (5, 6)})  # FP8: one warpgroup's 4 warps
+    conv = {}  # FP8: (buffer, tile) -> warps that converted their rows
     # data tags
     buf = {(b, part): None for b in range(2) for part in ('A', 'B', 'C')}   # tile loaded
     pslot = [None, None]   # P tag in atom 8 of buffer b: ('P', pair)
@@ -203,15 +214,30 @@ def run_protocol(num_tiles, seed):
         for t in range(num_tiles):
             b = t & 1; par = ((t >> 1) - 1) & 1
             if t >= 2: yield ('wait', emptyA[b], par)
+            if fp8:
+                yield ('load', (b, 'A'), ('codes', t), full[(0, b)])
+                if t >= 2: yield ('wait', emptyBC[b], par)
+                yield ('load', (b, 'C'), t, full[(2, b)])
+                continue
             yield ('load', (b, 'A'), t, full[(0, b)])
             if t >= 2: yield ('wait', emptyBC[b], par)
             yield ('load', (b, 'B'), t, full[(1, b)])
             yield ('load', (b, 'C'), t, full[(2, b)])
+    def convert(wgi, t, p):  # FP8: warpgroup wgi converts tile t (buffer wgi) before its S
+        if not (mutate == 'wg1_codes' and wgi == 1):
+            yield ('wait', full[(0, wgi)], p & 1)
+        if p >= 1 and mutate != f'wg{wgi}_empty_bc':
+            yield ('wait', emptyBC[wgi], (p - 1) & 1)
+        yield ('convert', wgi, t)
+        yield ('sync_named', 5 + wgi)
+    def waits_for_s(b, p):  # the full barriers Q K^T waits on (FP8: the rope only)
+        for g in ((2,) if fp8 else range(3)): yield ('wait', full[(g, b)], p & 1)
     def wg0(w):
         yield ('wait', qbar, 0)
         for p in range(num_pairs):
             t0, t1 = 2 * p, 2 * p + 1; has1 = t1 < num_tiles
-            for g in range(3): yield ('wait', full[(g, 0)], p & 1)
+            if fp8: yield from convert(0, t0, p)
+            yield from waits_for_s(0, p)
             yield ('read', (0, 'A'), t0); yield ('read', (0, 'B'), t0); yield ('read', (0, 'C'), t0)
             yield ('endread', (0, 'B')); yield ('endread', (0, 'C'))   # S0 done (wgmma waited)
             yield ('writeP', 0, p); yield ('writestats', 0, p)
@@ -230,7 +256,8 @@ def run_protocol(num_tiles, seed):
         for p in range(num_pairs):
             t0, t1 = 2 * p, 2 * p + 1; has1 = t1 < num_tiles
             if has1:
-                for g in range(3): yield ('wait', full[(g, 1)], p & 1)
+                if fp8: yield from convert(1, t1, p)
+                yield from waits_for_s(1, p)
                 yield ('read', (1, 'A'), t1); yield ('read', (1, 'B'), t1); yield ('read', (1, 'C'), t1)
                 yield ('endread', (1, 'A')); yield ('endread', (1, 'B')); yield ('endread', (1, 'C'))
             yield ('sync_named', 1)
@@ -297,6 +324,19 @@ def run_protocol(num_tiles, seed):
             reading[(a, op[1])] = op[2]
         elif k == 'endread':
             del reading[(a, op[1])]
+        elif k == 'convert':
+            # this warp's rows of buffer b: the codes in 'A' become the f16 tile in 'A' and 'B'
+            b, tile = op[1], op[2]
+            if buf[(b, 'A')] != ('codes', tile) and conv.get((b, tile), 0) == 0:
+                return f'{a} converts buffer {b} expecting the codes of tile {tile}, found {buf[(b, "A")]}'
+            for (ag, key), exp in reading.items():
+                if key in ((b, 'A'), (b, 'B')):
+                    return f'{a} converts tile {tile} into {key} while {ag} reads tile {exp}'
+            if any(key in ((b, 'A'),) for _, key, _, _ in inflight):
+                return f'{a} converts tile {tile} while codes for buffer {b} are still landing'
+            conv[(b, tile)] = conv.get((b, tile), 0) + 1
+            buf[(b, 'A')] = buf[(b, 'B')] = ('partial', tile)
+            if conv[(b, tile)] == 4: buf[(b, 'A')] = buf[(b, 'B')] = tile
         elif k == 'writeP':
             for (ag, sl) in pread:
                 if sl == op[1]: return f'P{op[1]} written by {a} while {ag} reads it'
@@ -329,20 +369,35 @@ def run_protocol(num_tiles, seed):
 
 
 
-def check_protocol(max_tiles=12, seeds=300):
+def check_protocol(max_tiles=12, seeds=300, fp8=False, mutate=None, quiet=False):
     bad = 0
+    name = "protocol" + (" (FP8 instance)" if fp8 else "") + (f" [{mutate} removed]" if mutate else "")
     for num_tiles in range(max_tiles):
         for seed in range(seeds):
-            r = run_protocol(num_tiles, seed)
+            r = run_protocol(num_tiles, seed, fp8, mutate)
             if r:
-                print("protocol: tiles", num_tiles, "seed", seed, r)
+                if not quiet:
+                    print(f"{name}: tiles", num_tiles, "seed", seed, r)
                 bad += 1
                 if bad > 5:
                     return False
     if not bad:
-        print(f"protocol: no deadlock / hazard in {max_tiles * seeds} random interleavings "
+        print(f"{name}: no deadlock / hazard in {max_tiles * seeds} random interleavings "
               f"(0..{max_tiles - 1} tiles)")
     return bad == 0
+
+
+def check_protocol_fp8():
+    """The FP8 instance's protocol is clean, and removing either of its conversion waits
+    makes the model fail (so the check can fail)."""
+    ok = check_protocol(fp8=True)
+    for mutate in ("wg0_empty_bc", "wg1_empty_bc", "wg1_codes"):
+        if check_protocol(fp8=True, mutate=mutate, quiet=True):
+            print(f"protocol (FP8 instance): removing {mutate} went unnoticed")
+            ok = False
+        else:
+            print(f"protocol (FP8 instance): removing {mutate} is caught")
+    return ok
 
 
 def main(argv):
@@ -352,6 +407,7 @@ def main(argv):
         ok = check_algebra() and ok
     if "protocol" in parts:
         ok = check_protocol() and ok
+        ok = check_protocol_fp8() and ok
     if "cycles" in parts:
         print("| softmax cycles | load cycles | cycles / tile | tensor busy |")
         print("|---|---|---|---|")

@@ -340,9 +340,10 @@ __device__ __forceinline__ void PvSmemP(float (&o)[2][64], uint32_t sP, uint32_t
 //      The math warpgroup that computes the tile's Q K^T (WG b) converts the codes just before
 //      (ConvertTileFp8; cvt.rn.f16x2.e4m3x2, exact; times f16(scale): one rounding of the
 //      product): group B (columns 256..511: codes in atoms 2-3 -> atoms 4-7), then group A in
-//      place (0..255: atoms 0-1 -> atoms 0-3). WG0 first waits for WG1's release of atoms 4-8
-//      of tile t - 2 (empty_bc); WG1 needs no wait beyond the codes (only it reads atoms 4-7
-//      of buffer 1, and WG0's reads of atoms 0-3 ended before the codes could land). A proxy
+//      place (0..255: atoms 0-1 -> atoms 0-3). Both first wait for the release of atoms 4-8
+//      of tile t - 2 (empty_bc: for WG1 that is its own four warps' last PV, as the warps of
+//      a warpgroup are not in step); WG0's reads of atoms 0-3 ended before the codes could
+//      land (empty_a). A proxy
 //      fence and a named barrier of the warpgroup follow; the other warpgroup reads the tile's
 //      V only after the P-ready barrier that follows its Q K^T. The converting warpgroup has
 //      the registers (S and P are dead there, O is live); the producer converting alone took
@@ -803,9 +804,13 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
       float s[32];
       if (has1) {
         if constexpr (kFp8) {
-          // Tile t1's codes have landed; only WG1 reads atoms 4-7 of buffer 1 and WG0's reads
-          // of atoms 0-3 ended before the codes could land (empty_a): convert.
+          // Tile t1's codes have landed (WG0's reads of atoms 0-3 ended before they could land:
+          // empty_a) and every warp of this warpgroup finished P1 V1_R of the last pair, the
+          // last read of atoms 4-7 (empty_bc: the warps of a warpgroup are not in step, and a
+          // warp that got here could otherwise overwrite V rows another warp's wgmma still
+          // reads): convert.
           MbarWait(bars.full(kGroupA, 1), p & 1);
+          if (p >= 1) MbarWait(bars.empty_bc(1), (p - 1) & 1);
           ConvertTileFp8(smem + Tr::kKvOff + Tr::kStageBytes, fp8_scales + Tr::kRows * 4, wl, lane);
           FenceProxyAsyncShared();
           NamedBarSync(kBarConverted + 1, 128);
