@@ -324,7 +324,7 @@ TEST(GpuEngine, MatchesCpuEngineFp8KvCache) {
 }
 // The same with every verify attention of the GPU engine on the seesaw FP8 variant (kS64 with
 // an FP8 cache: f16 tiles converted in the kernel), which kAuto picks only for many rows over
-// many keys (>= 128 rows a request and rows x keys >= 2^22, beyond these small steps): the
+// many keys (>= 64 rows a request and rows x keys >= 2^22, beyond these small steps): the
 // prefill chunks (5-64 rows of 8 heads) and the draft trees (1-65 nodes) all run it. sm_90a
 // only (skipped on other GPUs, where the planner refuses the forced configuration).
 TEST(GpuEngine, MatchesCpuEngineFp8KvCacheSeesawVariant) {

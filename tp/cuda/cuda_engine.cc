@@ -74,10 +74,6 @@ struct PlanLayout {
   }
 };
 
-// What the CUDA engine does not implement yet, refused at Create: Unimplemented naming the
-// config key. MoE (kernels/cuda/dense/moe.h), YaRN and FP8 checkpoints run (FP8 weights stay
-// FP8 on sm_90 where their slices are 128-aligned, else are dequantized to bf16 when loaded);
-// the limits left are the MoE kernels' sizes.
 // EngineOptions::Cuda::verify_kernel as the planner's configuration.
 kc::VerifyKernelConfig VerifyKernelConfigOf(EngineOptions::Cuda::VerifyKernel k) {
   using K = EngineOptions::Cuda::VerifyKernel;
@@ -94,6 +90,10 @@ kc::VerifyKernelConfig VerifyKernelConfigOf(EngineOptions::Cuda::VerifyKernel k)
   return kc::VerifyKernelConfig::kAuto;
 }
 
+// What the CUDA engine does not implement yet, refused at Create: Unimplemented naming the
+// config key. MoE (kernels/cuda/dense/moe.h), YaRN and FP8 checkpoints run (FP8 weights stay
+// FP8 on sm_90 where their slices are 128-aligned, else are dequantized to bf16 when loaded);
+// the limits left are the MoE kernels' sizes.
 absl::Status CheckCudaSupports(const ModelConfig& c) {
   auto refuse = [](const std::string& what) {
     return absl::UnimplementedError(
