@@ -44,8 +44,8 @@ import sys
 
 import torch
 
-from same_run import (CKV, FP8_KEY_BYTES, QK, SHAPES, TIMING, floors, fp8_decode, fp8_encode,
-                      num_sets, parse_shapes, time_sets)
+from same_run import (BF16_KEY_BYTES, CKV, FP8_KEY_BYTES, QK, SHAPES, TIMING, floors,
+                      fp8_decode, fp8_encode, num_sets, parse_shapes, time_sets)
 
 PAGE = 64            # the only page size FlashMLA's dense decode takes
 SCALE = 1.0 / math.sqrt(192.0)
@@ -252,87 +252,75 @@ def main():
     props = torch.cuda.get_device_properties(dev)
     shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
     if args.kv_dtype == "fp8":
-        return main_fp8(fm, args, dev, props, shapes)
-    args.json = args.json or "flashmla_mla.json"
-    sanity = sanity_check(fm, dev)
-    print("sanity: FlashMLA vs float32 torch, rel L2 by B/H/q/ctx:", sanity, flush=True)
-    if any(not (e <= 2e-2) for e in sanity.values()):
-        sys.exit("flashmla_mla: the sanity check failed: not timing it")
-    results = []
-    print(f"{'B':>3} {'H':>4} {'q':>3} {'ctx':>7} {'ms':>10} {'eager ms':>10} {'sets':>5} {'rel L2':>9}")
-    for B, H, q, ctx in shapes:
-        ms, eager_ms, sets, err = time_shape(fm, B, H, q, ctx, args, dev)
-        torch.cuda.empty_cache()
-        mem_floor, compute_floor = floors(B, H, q, ctx, args.copy_gbps, args.mma_tflops)
-        results.append({"B": B, "H": H, "q": q, "ctx": ctx, "mask": "causal-chain",
-                        "page_size": PAGE, "ms": ms, "eager_ms": eager_ms, "sets": sets,
-                        "rel_l2": err,
-                        "mem_floor_ms": mem_floor, "compute_floor_ms": compute_floor})
-        print(f"{B:>3} {H:>4} {q:>3} {ctx:>7} {ms:>10.4f} {eager_ms:>10.4f} {sets:>5} {err:>9.2e}",
-              flush=True)
-    meta = {
-        "commit": args.commit, "flashmla_commit": args.flashmla_commit,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": props.name, "cc": f"{props.major}.{props.minor}",
-        "num_sms": props.multi_processor_count, "driver_version": args.nvidia_driver or None,
-        "runtime_version": torch.version.cuda, "torch": torch.__version__,
-        "page_size": PAGE,
-        "timing": TIMING,
-        "rotate_bytes": args.rotate_bytes, "iters": args.iters, "warmup": args.warmup,
-        "copy_gbps": args.copy_gbps, "mma_tflops": args.mma_tflops,
-        "sanity_rel_l2": sanity,
-    }
-    with open(args.json, "w") as f:
-        json.dump({"bench": "verify_attention", "impl": "flashmla", "meta": meta,
-                   "results": results}, f, indent=1)
-    print(f"wrote {args.json}")
+        run(fm, args, dev, props, shapes, impl="flashmla-sparse-fp8",
+            json_default="flashmla_mla_fp8.json", sanity=sanity_check_fp8,
+            sanity_what="FlashMLA sparse FP8 vs float32 torch over the dequantized keys",
+            time_fn=time_shape_fp8, key_bytes=FP8_KEY_BYTES, row_fields=fp8_row_fields,
+            print_fields=("h_q", "s_q"), meta_fields=FP8_META)
+    else:
+        run(fm, args, dev, props, shapes, impl="flashmla", json_default="flashmla_mla.json",
+            sanity=sanity_check, sanity_what="FlashMLA vs float32 torch", time_fn=time_shape,
+            key_bytes=BF16_KEY_BYTES,
+            row_fields=lambda H, q, ctx: {"mask": "causal-chain", "page_size": PAGE},
+            print_fields=(), meta_fields={})
 
 
-def main_fp8(fm, args, dev, props, shapes):
-    """main for --kv-dtype fp8: the sparse FP8 decode, same table and JSON schema."""
-    args.json = args.json or "flashmla_mla_fp8.json"
-    sanity = sanity_check_fp8(fm, dev)
-    print("sanity: FlashMLA sparse FP8 vs float32 torch over the dequantized keys, rel L2 by "
-          "B/H/q/ctx:", sanity, flush=True)
-    if any(not (e <= 2e-2) for e in sanity.values()):
+# The FP8 mode's extra JSON fields: per shape (after B, H, q, ctx) and in meta.
+def fp8_row_fields(H, q, ctx):
+    h_q, s_q, topk = sparse_geometry(H, q, ctx)
+    return {"mask": FP8_MASK, "page_size": PAGE, "kv_dtype": "fp8", "h_q": h_q, "s_q": s_q,
+            "topk": topk, "padded_rows": s_q * h_q, "kv_passes": s_q}
+
+
+FP8_META = {
+    "kv_dtype": "fp8", "kv_key_bytes": FP8_KEY_BYTES,
+    "kernel": "flash_mla_with_kvcache(is_fp8_kvcache=True, indices=...): sparse FP8 decode "
+              "(sm90 sparse_fp8, V3.2 format), then its split combine",
+    "mapping": "q*H rows of a request -> s_q = ceil(q*H/h_q) query tokens of h_q heads "
+               "(h_q 128 if q*H >= 128 else 64; padding rows zero); indices = all L = ctx+q "
+               "keys of the request for each token (-1 pads to a multiple of 64); no mask",
+    "mask": FP8_MASK,
+    "floors": "memory floor over 656 bytes a key; compute floor over the q*H real rows",
+}
+
+
+def run(fm, args, dev, props, shapes, *, impl, json_default, sanity, sanity_what, time_fn,
+        key_bytes, row_fields, print_fields, meta_fields):
+    """Sanity check, time every shape, print the table, write the JSON: the same for both
+    modes but for the callables and extra fields passed in."""
+    args.json = args.json or json_default
+    errs = sanity(fm, dev)
+    print(f"sanity: {sanity_what}, rel L2 by B/H/q/ctx:", errs, flush=True)
+    if any(not (e <= 2e-2) for e in errs.values()):
         sys.exit("flashmla_mla: the sanity check failed: not timing it")
     results = []
-    print(f"{'B':>3} {'H':>4} {'q':>3} {'ctx':>7} {'h_q':>4} {'s_q':>4} {'ms':>10} "
-          f"{'eager ms':>10} {'sets':>5} {'rel L2':>9}")
+    print(f"{'B':>3} {'H':>4} {'q':>3} {'ctx':>7} " + "".join(f"{k:>4} " for k in print_fields)
+          + f"{'ms':>10} {'eager ms':>10} {'sets':>5} {'rel L2':>9}")
     for B, H, q, ctx in shapes:
-        h_q, s_q, topk = sparse_geometry(H, q, ctx)
-        ms, eager_ms, sets, err = time_shape_fp8(fm, B, H, q, ctx, args, dev)
+        extra = row_fields(H, q, ctx)
+        ms, eager_ms, sets, err = time_fn(fm, B, H, q, ctx, args, dev)
         torch.cuda.empty_cache()
         mem_floor, compute_floor = floors(B, H, q, ctx, args.copy_gbps, args.mma_tflops,
-                                          FP8_KEY_BYTES)
-        results.append({"B": B, "H": H, "q": q, "ctx": ctx, "mask": FP8_MASK,
-                        "page_size": PAGE, "kv_dtype": "fp8", "h_q": h_q, "s_q": s_q,
-                        "topk": topk, "padded_rows": s_q * h_q, "kv_passes": s_q,
-                        "ms": ms, "eager_ms": eager_ms, "sets": sets, "rel_l2": err,
+                                          key_bytes)
+        results.append({"B": B, "H": H, "q": q, "ctx": ctx, **extra, "ms": ms,
+                        "eager_ms": eager_ms, "sets": sets, "rel_l2": err,
                         "mem_floor_ms": mem_floor, "compute_floor_ms": compute_floor})
-        print(f"{B:>3} {H:>4} {q:>3} {ctx:>7} {h_q:>4} {s_q:>4} {ms:>10.4f} {eager_ms:>10.4f} "
-              f"{sets:>5} {err:>9.2e}", flush=True)
+        print(f"{B:>3} {H:>4} {q:>3} {ctx:>7} " + "".join(f"{extra[k]:>4} " for k in print_fields)
+              + f"{ms:>10.4f} {eager_ms:>10.4f} {sets:>5} {err:>9.2e}", flush=True)
     meta = {
         "commit": args.commit, "flashmla_commit": args.flashmla_commit,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": props.name, "cc": f"{props.major}.{props.minor}",
         "num_sms": props.multi_processor_count, "driver_version": args.nvidia_driver or None,
         "runtime_version": torch.version.cuda, "torch": torch.__version__,
-        "page_size": PAGE, "kv_dtype": "fp8", "kv_key_bytes": FP8_KEY_BYTES,
-        "kernel": "flash_mla_with_kvcache(is_fp8_kvcache=True, indices=...): sparse FP8 decode "
-                  "(sm90 sparse_fp8, V3.2 format), then its split combine",
-        "mapping": "q*H rows of a request -> s_q = ceil(q*H/h_q) query tokens of h_q heads "
-                   "(h_q 128 if q*H >= 128 else 64; padding rows zero); indices = all L = ctx+q "
-                   "keys of the request for each token (-1 pads to a multiple of 64); no mask",
-        "mask": FP8_MASK,
+        "page_size": PAGE, **meta_fields,
         "timing": TIMING,
         "rotate_bytes": args.rotate_bytes, "iters": args.iters, "warmup": args.warmup,
         "copy_gbps": args.copy_gbps, "mma_tflops": args.mma_tflops,
-        "floors": "memory floor over 656 bytes a key; compute floor over the q*H real rows",
-        "sanity_rel_l2": sanity,
+        "sanity_rel_l2": errs,
     }
     with open(args.json, "w") as f:
-        json.dump({"bench": "verify_attention", "impl": "flashmla-sparse-fp8", "meta": meta,
+        json.dump({"bench": "verify_attention", "impl": impl, "meta": meta,
                    "results": results}, f, indent=1)
     print(f"wrote {args.json}")
 
