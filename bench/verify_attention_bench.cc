@@ -76,17 +76,6 @@ using verifyd::kernels::FloatToBf16;
 using verifyd::kernels::VerifyAttentionParams;
 namespace vc = verifyd::kernels::cuda;
 
-const char* ConfigName(vc::VerifyKernelConfig c) {
-  switch (c) {
-    case vc::VerifyKernelConfig::kS64:
-      return "s64";
-    case vc::VerifyKernelConfig::kKm16:
-      return "km16";
-    default:
-      return "m16";
-  }
-}
-
 struct Shape {
   int B, H, q, ctx;
   std::string Label() const { return absl::StrCat("B", B, "_H", H, "_q", q, "_ctx", ctx); }
@@ -344,7 +333,8 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   res->max_splits = plan->max_splits;
   res->rows_per_cta = plan->rows_per_cta;
   res->shared_packs = plan->shared_packs;
-  res->config = std::string(ConfigName(plan->config)) + (plan->positional ? " positional" : "") +
+  res->config = std::string(vc::VerifyKernelConfigName(plan->config)) +
+                (plan->positional ? " positional" : "") +
                 (plan->positional && opt.positional_shared_context ? " shared" : "");
 
   cudaStreamDestroy(stream);

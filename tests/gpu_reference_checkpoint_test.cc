@@ -10,7 +10,11 @@
 //   moe_fp8_mlp128  the same with a 128-aligned dense MLP: every MLP stays FP8.
 //   moe_fp8_attn128  the same with 128-aligned attention projections: every FP8 linear but
 //                 kv_b (absorbed into per-head bf16 GEMMs) stays FP8.
-// For the dense checkpoint at TP 1 and at loopback TP 2 and 4 (all ranks on device 0):
+//   mla576        DeepSeek-V3's latent width (kv_lora_rank 512 + rope 64) + YaRN: the only
+//                 checkpoint whose attention runs through the optimised verify kernels
+//                 (kernels/cuda/verify_attention; the others' 48- to 240-wide latent rows take
+//                 the fallback attention), each configuration forced in turn (GpuVerifyKernels).
+// For the dense and mla576 checkpoints at TP 1 and at loopback TP 2 and 4 (all ranks on device 0):
 //   - prefill + greedy decoding with empty trees driven by transformers' tokens: every logit
 //     row within 1.5e-2 relative (max |diff| / max |logit| and rel-L2) of transformers' float32
 //     logits, every greedy token equal except at near-ties (top-2 gap below twice the measured
@@ -39,6 +43,7 @@
 #include "kernels/cuda/dense/moe.h"
 #include "kernels/kv_fp8.h"
 #include "kernels/reference/moe.h"
+#include "kernels/verify_attention.h"
 #include "tests/gpu_test_util.h"
 #include "tests/reference_checkpoint_util.h"
 #include "tp/cpu/cpu_engine.h"
@@ -58,10 +63,14 @@ constexpr double kLogitTol = 1.5e-2;
 constexpr int64_t kKvSlots = 1024;
 constexpr int kTreeDepth = 4;  // true draft tokens per tree
 
+using VerifyKernel = EngineOptions::Cuda::VerifyKernel;
+
 std::unique_ptr<CudaEngine> MakeEngine(const std::string& name, int tp, bool fp8_experts = true,
                                        bool expert_parallel = true, bool grouped_experts = true,
-                                       KvDtype kv_dtype = KvDtype::kAuto) {
+                                       KvDtype kv_dtype = KvDtype::kAuto,
+                                       VerifyKernel verify_kernel = VerifyKernel::kAuto) {
   EngineOptions o;
+  o.cuda.verify_kernel = verify_kernel;
   o.kv_dtype = kv_dtype;
   o.model = reftest::CheckpointDir(name);
   o.tp = tp;
@@ -69,6 +78,9 @@ std::unique_ptr<CudaEngine> MakeEngine(const std::string& name, int tp, bool fp8
   o.cuda.expert_parallel = expert_parallel;
   o.cuda.grouped_experts = grouped_experts;
   o.kv_slots = kKvSlots;
+  // Prompts of up to 105 tokens are prefilled (and, with their continuation, re-read for
+  // hidden states) as one chain.
+  o.limits.max_tail_rows = kernels::kMaxTailRows;
   if (tp > 1) o.cuda.devices.assign(tp, 0);  // loopback: every rank on device 0
   absl::StatusOr<std::unique_ptr<CudaEngine>> e = CudaEngine::Create(o);
   EXPECT_TRUE(e.ok()) << name << " tp " << tp << ": " << e.status();
@@ -263,7 +275,8 @@ TEST(GpuMoeControl, RoutingFixedByTheBiasMatchesTheCpuEngine) {
 // engine, which equals transformers to 2e-6) and by gpu_engine_test (tiny-moe vs the CPU
 // engine; lossless speculative decoding), and the MoE-vs-transformers figures are printed.
 INSTANTIATE_TEST_SUITE_P(Checkpoints, GpuReferenceCheckpointTest,
-                         ::testing::Combine(::testing::Values("dense"), ::testing::Values(1, 2, 4)),
+                         ::testing::Combine(::testing::Values("dense", "mla576"),
+                                            ::testing::Values(1, 2, 4)),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return std::get<0>(info.param) + "_tp" +
                                   std::to_string(std::get<1>(info.param));
@@ -334,10 +347,81 @@ TEST_P(GpuKvFp8CheckpointTest, StoredRowsAreTheFormats) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, GpuKvFp8CheckpointTest,
-                         ::testing::Combine(::testing::Values("dense"), ::testing::Values(1, 2)),
+                         ::testing::Combine(::testing::Values("dense", "mla576"),
+                                            ::testing::Values(1, 2)),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return std::get<0>(info.param) + "_tp" +
                                   std::to_string(std::get<1>(info.param));
+                         });
+
+// Every configuration of the optimised verify attention, forced, through the whole engine
+// against transformers on mla576 (576-wide latent rows: what the kernels take), bf16 and FP8
+// caches, TP 1 (8 heads a rank: decode rows fold 8 heads, trees 5 x 8 rows, prefill up to
+// 105 x 8): greedy decoding and draft trees as above, with the bf16 / FP8 tolerances. Each
+// step's plan must be the forced configuration (the engine's test API names it; kAuto: not
+// the fallback). s64 and km16 need sm_90a.
+struct KernelCase {
+  KvDtype kv_dtype;
+  VerifyKernel kernel;
+  const char* name;  // the configuration's name (kernels/cuda/verify_attention/api.h)
+};
+
+class GpuVerifyKernels : public ::testing::TestWithParam<KernelCase> {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    const KernelCase& c = GetParam();
+    int dev = 0, major = 0;
+    ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+    if (c.kernel != VerifyKernel::kAuto && c.kernel != VerifyKernel::kM16 && major != 9) {
+      GTEST_SKIP() << c.name << " runs on sm_90a only";
+    }
+    ASSERT_NO_FATAL_FAILURE(reftest::LoadReference("mla576", &ref_));
+    fp8_ = c.kv_dtype == KvDtype::kFp8;
+    label_ = absl::StrCat("cuda mla576 ", fp8_ ? "kv fp8 " : "", c.name);
+    engine_ = MakeEngine("mla576", 1, true, true, true, c.kv_dtype, c.kernel);
+    ASSERT_NE(engine_, nullptr);
+  }
+
+  void ExpectLastStepOnTheKernel() {
+    const std::string ran = engine_->last_verify_kernel();
+    if (GetParam().kernel == VerifyKernel::kAuto) {
+      EXPECT_NE(ran, "fallback") << label_;
+    } else {
+      EXPECT_EQ(ran, GetParam().name) << label_;
+    }
+  }
+
+  Reference ref_;
+  bool fp8_ = false;
+  std::string label_;
+  std::unique_ptr<CudaEngine> engine_;
+};
+
+TEST_P(GpuVerifyKernels, GreedyAndLogitsMatchTransformers) {
+  reftest::GreedyDecodeAndCompare(*engine_, ref_, label_, fp8_ ? kKvFp8LogitTol : kLogitTol,
+                                  kKvSlots);
+  ExpectLastStepOnTheKernel();
+}
+
+TEST_P(GpuVerifyKernels, DraftTreesAcceptTheReferenceTokens) {
+  reftest::DraftTreesAcceptTheReferenceTokens(
+      *engine_, ref_, label_, fp8_ ? kKvFp8LogitTol : kLogitTol, kKvSlots, kTreeDepth);
+  ExpectLastStepOnTheKernel();
+}
+
+INSTANTIATE_TEST_SUITE_P(Mla576, GpuVerifyKernels,
+                         ::testing::Values(KernelCase{KvDtype::kAuto, VerifyKernel::kAuto, "auto"},
+                                           KernelCase{KvDtype::kAuto, VerifyKernel::kM16, "m16"},
+                                           KernelCase{KvDtype::kAuto, VerifyKernel::kS64, "s64"},
+                                           KernelCase{KvDtype::kFp8, VerifyKernel::kAuto, "auto"},
+                                           KernelCase{KvDtype::kFp8, VerifyKernel::kS64, "s64"},
+                                           KernelCase{KvDtype::kFp8, VerifyKernel::kKm16, "km16"}),
+                         [](const ::testing::TestParamInfo<KernelCase>& info) {
+                           return absl::StrCat(
+                               info.param.kv_dtype == KvDtype::kFp8 ? "fp8_" : "bf16_",
+                               info.param.name);
                          });
 
 // moe_fp8_block128 (FP8, whole 128 x 128 blocks in the experts): the engine opened from the

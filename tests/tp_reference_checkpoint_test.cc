@@ -8,6 +8,8 @@
 //   moe_fp8_mlp128  the same with whole blocks in the dense MLP too (intermediate 256).
 //   moe_fp8_attn128  the same with 128-aligned attention projections too (kv_a ends in a
 //                 partial block).
+//   mla576        DeepSeek-V3's attention dimensions (kv_lora_rank 512, qk_rope_head_dim 64:
+//                 576-wide latent rows, four FP8 scale groups), YaRN, dense MLPs, 8 heads.
 // For every checkpoint and TP 1, 2, 4:
 //   - the parsed config gives transformers' RoPE inv_freq and attention softmax scale;
 //   - prefill + greedy decoding with empty trees (driven by the reference tokens): every
@@ -53,6 +55,9 @@ std::unique_ptr<CpuEngine> MakeEngine(const std::string& name, int tp,
   o.model = CheckpointDir(name);
   o.tp = tp;
   o.kv_slots = kKvSlots;
+  // Prompts of up to 105 tokens are prefilled (and, with their continuation, re-read for
+  // hidden states) as one chain.
+  o.limits.max_tail_rows = kernels::kMaxTailRows;
   o.kv_dtype = kv_dtype;
   absl::StatusOr<std::unique_ptr<CpuEngine>> e = CpuEngine::Create(o);
   EXPECT_TRUE(e.ok()) << name << " tp " << tp << ": " << e.status();
@@ -206,7 +211,8 @@ TEST_P(ReferenceCheckpointTest, HiddenStatesAndLogprobsMatchTransformers) {
 }
 
 const std::vector<std::string> kCheckpoints = {
-    "dense", "moe_yarn", "moe_yarn_fp8", "moe_fp8_block128", "moe_fp8_mlp128", "moe_fp8_attn128"};
+    "dense",          "moe_yarn",        "moe_yarn_fp8", "moe_fp8_block128",
+    "moe_fp8_mlp128", "moe_fp8_attn128", "mla576"};
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, ReferenceConfigTest, ::testing::ValuesIn(kCheckpoints),
                          [](const ::testing::TestParamInfo<std::string>& info) {
@@ -273,7 +279,7 @@ TEST_P(KvFp8CheckpointTest, StoredRowsAreTheFormats) {
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, KvFp8CheckpointTest,
                          ::testing::Combine(::testing::Values("dense", "moe_fp8_block128",
-                                                              "moe_fp8_mlp128"),
+                                                              "moe_fp8_mlp128", "mla576"),
                                             ::testing::Values(1, 2)),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return std::get<0>(info.param) + "_tp" +

@@ -40,6 +40,12 @@ tests/data/references/<name>.json and <name>_logits.safetensors.
                 (o_proj columns 4 x 128) and kv_lora_rank 176 (kv_a_proj_with_mqa's 192 rows:
                 one whole and one partial block, as DeepSeek-V3's 576 = 4.5 blocks), so the CUDA
                 engine keeps every FP8 linear in FP8 at TP 1, 2 and 4. Routing pinned likewise.
+  mla576        DeepSeek-V3's attention dimensions: kv_lora_rank 512 and qk_rope_head_dim 64 (the
+                576-wide latent rows the optimised GPU verify kernels and the 656-byte FP8 KV
+                format are built for; the other checkpoints' latent rows are 48 to 240 wide), YaRN
+                (as moe_yarn), 8 heads, dense MLPs, two layers, bf16, one shard. qk_nope and
+                v_head_dim stay 32 (absorbed before the kernels). Prompts of 9, 40 and 100
+                tokens (engines must allow 128 rows a step to prefill and re-read the longest).
 
 The MoE checkpoints set max_position_embeddings 256 while factor * original is 128: transformers
 warns and uses the explicit factor (4) for both inv_freq and the softmax mscale, so a reader
@@ -222,6 +228,22 @@ CHECKPOINTS.append(dict(_MLP128, name="moe_fp8_attn128", seed=6006,
                         config=dict(_MLP128["config"], q_lora_rank=128, qk_nope_head_dim=112,
                                     v_head_dim=128, kv_lora_rank=176),
                         prompt_lengths=[8, 19]))
+
+# DeepSeek-V3's attention dimensions (kv_lora_rank 512, qk_rope_head_dim 64: the 576-wide latent
+# rows the optimised GPU verify kernels and the 656-byte FP8 cache format are built for), YaRN,
+# dense MLPs, two layers of 8 heads; qk_nope / v head dims kept small (they do not reach the
+# kernels: the latent attention absorbs them) so the checkpoint stays small.
+_DENSE = next(c for c in CHECKPOINTS if c["name"] == "dense")
+CHECKPOINTS.append(dict(
+    _DENSE,
+    name="mla576",
+    seed=7007,
+    config=dict(_DENSE["config"], num_hidden_layers=2, num_attention_heads=8,
+                num_key_value_heads=8, kv_lora_rank=512, qk_rope_head_dim=64,
+                first_k_dense_replace=2, max_position_embeddings=256,
+                rope_parameters=dict(YARN)),
+    prompt_lengths=[9, 40, 100],
+))
 
 
 # ---- weights ---------------------------------------------------------------------------------

@@ -277,6 +277,7 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
   ap.stream = rk.stream;
   ap.kv_fp8 = rk.kv_fp8;  // the pool's format (kernels/kv_fp8.h)
   kc::VerifyAttentionPlan vk_plan;
+  rk.last_verify_kernel = "fallback";
   if (rk.have_vk) {
     ap.kv = rk.kv.empty() ? nullptr : rk.kv[0];
     if (kc::SupportsVerifyAttentionCuda(ap, rk.vk_info).ok()) {
@@ -301,6 +302,7 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
       if (!p.ok()) return p.status();
       vk_plan = std::move(*p);
       rk.shared_prefix_packs = vk_plan.shared_packs;
+      rk.last_verify_kernel = kc::VerifyKernelConfigName(vk_plan.config);
       VERIFYD_RETURN_IF_ERROR(kc::UploadVerifyAttentionPlan(vk_plan, rk.vk_ws, rk.stream));
       step.verify_plan = &vk_plan;
     }
@@ -648,6 +650,10 @@ std::string CudaEngine::fp8_mlps() const {
 
 int CudaEngine::last_shared_prefix_packs() const {
   return impl_->ranks.empty() ? 0 : impl_->ranks[0]->shared_prefix_packs;
+}
+
+std::string CudaEngine::last_verify_kernel() const {
+  return impl_->ranks.empty() ? "" : impl_->ranks[0]->last_verify_kernel;
 }
 
 std::string CudaEngine::kv_cache_dtype() const {

@@ -59,7 +59,7 @@ struct CudaStepProfile {
   double comm_ms = 0;          // all-reduce / all-gather
   double other_ms = 0;         // norms, rope, KV write, SwiGLU, argmax, acceptance, copies
   double total_ms = 0;         // first to last event
-  bool verify_kernel = false;  // the optimised kernel ran (else the fallback)
+  bool verify_kernel = false;  // the optimised kernel ran this step (else the fallback)
 };
 
 class CudaEngine final : public Engine {
@@ -114,6 +114,10 @@ class CudaEngine final : public Engine {
   // Packs of requests that read a shared prefix once in rank 0's last verify-attention plan
   // (kernels/cuda/verify_attention/api.h "Shared prefixes"). Test / benchmark API.
   int last_shared_prefix_packs() const;
+  // The verify attention rank 0's last step ran: its plan's configuration ("m16", "s64",
+  // "km16"; kernels/cuda/verify_attention/api.h) or "fallback" (kernels/cuda/dense/
+  // fallback_attention.h: shapes the optimised kernels do not take). Test / benchmark API.
+  std::string last_verify_kernel() const;
 
   struct Impl;
 

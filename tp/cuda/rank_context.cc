@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -836,7 +837,7 @@ void MarkProfile(CudaRankContext& rk, ProfileCategory cat) {
 
 absl::Status CollectProfile(CudaRankContext& rk) {
   CudaStepProfile p;
-  p.verify_kernel = rk.have_vk;
+  p.verify_kernel = std::string_view(rk.last_verify_kernel) != "fallback";
   for (size_t i = 0; i + 1 < rk.events_used; ++i) {
     float ms = 0;
     VERIFYD_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, rk.events[i], rk.events[i + 1]));

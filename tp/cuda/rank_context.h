@@ -235,6 +235,8 @@ struct CudaRankContext {
   bool batch_invariant = false;           // RankSetup::batch_invariant (GEMMs pinned on `cublas`)
   bool shared_context_attention = false;  // RankSetup::shared_context_attention
   int shared_prefix_packs = 0;            // the last step's plan (CudaEngine test API)
+  // The last step's attention: its plan's configuration name, or "fallback" (CudaEngine test API).
+  const char* last_verify_kernel = "fallback";
 
   template <typename T>
   absl::StatusOr<T*> Alloc(int64_t count) {

@@ -124,6 +124,9 @@ enum class VerifyKernelConfig : int {
 // only, so every step of an engine uses the same one.
 VerifyKernelConfig PositionalConfigFor(int cc_major, bool kv_fp8 = false);
 
+// "m16", "s64" or "km16" ("auto" for kAuto): the names benchmarks and the engine's test API use.
+const char* VerifyKernelConfigName(VerifyKernelConfig config);
+
 // Positional plans: a node with n visible keys runs in ceil(n / len) splits of `len` keys,
 // len = the smallest multiple of 64 that covers n in at most
 // min(ceil(n / kPositionalChunkKeys), kPositionalMaxSplits) splits. Depends on n alone.

@@ -128,6 +128,20 @@ VerifyKernelConfig PositionalConfigFor(int cc_major, bool kv_fp8) {
   return kv_fp8 ? VerifyKernelConfig::kKm16 : VerifyKernelConfig::kS64;
 }
 
+const char* VerifyKernelConfigName(VerifyKernelConfig config) {
+  switch (config) {
+    case VerifyKernelConfig::kAuto:
+      return "auto";
+    case VerifyKernelConfig::kM16:
+      return "m16";
+    case VerifyKernelConfig::kS64:
+      return "s64";
+    case VerifyKernelConfig::kKm16:
+      return "km16";
+  }
+  return "unknown";
+}
+
 int64_t PositionalSplitKeys(int64_t n) {
   constexpr int64_t kAlign = 64;  // a multiple of every variant's key tile
   if (n <= 0) return kAlign;
