@@ -66,6 +66,8 @@ ABSL_FLAG(std::string, shapes, "",
 ABSL_FLAG(bool, gather_ceiling, true,
           "first measure the random-row gather ceiling (1152-byte rows, page size 1)");
 ABSL_FLAG(int, split_overhead, -1, "planner per-split overhead in keys (-1: the default)");
+ABSL_FLAG(int64_t, staged_keys, int64_t{1} << 20,
+          "keys the workspace's staging area holds (FP8 cache, s64staged; 1,156 bytes each)");
 ABSL_FLAG(int, min_split_tiles, -1, "planner's shortest split in key tiles (-1: the default)");
 ABSL_FLAG(std::string, kv_dtype, "bf16",
           "latent cache: bf16 (1,152 bytes a key) or fp8 (kernels/kv_fp8.h, 656 bytes a key)");
@@ -363,15 +365,17 @@ int main(int argc, char** argv) {
     config = vc::VerifyKernelConfig::kS64;
   } else if (cfg == "km16") {
     config = vc::VerifyKernelConfig::kKm16;
+  } else if (cfg == "s64staged") {
+    config = vc::VerifyKernelConfig::kS64Staged;
   } else if (cfg != "auto") {
-    std::fprintf(stderr, "--config: '%s' is not auto, m16, s64 or km16\n", cfg.c_str());
+    std::fprintf(stderr, "--config: '%s' is not auto, m16, s64, km16 or s64staged\n", cfg.c_str());
     return 2;
   }
   // Positional plans get the engine's batch-invariant workspace (more partials, index lists).
   auto ws = absl::GetFlag(FLAGS_positional)
                 ? vc::VerifyAttentionWorkspace::Allocate(1 << 20, 1 << 16, 131072, 1 << 16,
                                                          int64_t{1} << 22)
-                : vc::VerifyAttentionWorkspace::AllocateDefault();
+                : vc::VerifyAttentionWorkspace::AllocateDefault(absl::GetFlag(FLAGS_staged_keys));
   BENCH_OK(ws.status());
   const std::string kv_dtype = absl::GetFlag(FLAGS_kv_dtype);
   if (kv_dtype != "bf16" && kv_dtype != "fp8") {

@@ -356,10 +356,10 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, GpuKvFp8CheckpointTest,
 
 // Every configuration of the optimised verify attention, forced, through the whole engine
 // against transformers on mla576 (576-wide latent rows: what the kernels take), bf16 and FP8
-// caches, TP 1 (8 heads a rank: decode rows fold 8 heads, trees 5 x 8 rows, prefill up to
-// 105 x 8): greedy decoding and draft trees as above, with the bf16 / FP8 tolerances. Each
-// step's plan must be the forced configuration (the engine's test API names it; kAuto: not
-// the fallback). s64 and km16 need sm_90a.
+// caches (s64staged: the FP8 keys staged as bf16 rows first), TP 1 (8 heads a rank: decode rows
+// fold 8 heads, trees 5 x 8 rows, prefill up to 105 x 8): greedy decoding and draft trees as above,
+// with the bf16 / FP8 tolerances. Each step's plan must be the forced configuration (the engine's
+// test API names it; kAuto: not the fallback). s64 and km16 need sm_90a.
 struct KernelCase {
   KvDtype kv_dtype;
   VerifyKernel kernel;
@@ -411,18 +411,18 @@ TEST_P(GpuVerifyKernels, DraftTreesAcceptTheReferenceTokens) {
   ExpectLastStepOnTheKernel();
 }
 
-INSTANTIATE_TEST_SUITE_P(Mla576, GpuVerifyKernels,
-                         ::testing::Values(KernelCase{KvDtype::kAuto, VerifyKernel::kAuto, "auto"},
-                                           KernelCase{KvDtype::kAuto, VerifyKernel::kM16, "m16"},
-                                           KernelCase{KvDtype::kAuto, VerifyKernel::kS64, "s64"},
-                                           KernelCase{KvDtype::kFp8, VerifyKernel::kAuto, "auto"},
-                                           KernelCase{KvDtype::kFp8, VerifyKernel::kS64, "s64"},
-                                           KernelCase{KvDtype::kFp8, VerifyKernel::kKm16, "km16"}),
-                         [](const ::testing::TestParamInfo<KernelCase>& info) {
-                           return absl::StrCat(
-                               info.param.kv_dtype == KvDtype::kFp8 ? "fp8_" : "bf16_",
-                               info.param.name);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Mla576, GpuVerifyKernels,
+    ::testing::Values(KernelCase{KvDtype::kAuto, VerifyKernel::kAuto, "auto"},
+                      KernelCase{KvDtype::kAuto, VerifyKernel::kM16, "m16"},
+                      KernelCase{KvDtype::kAuto, VerifyKernel::kS64, "s64"},
+                      KernelCase{KvDtype::kFp8, VerifyKernel::kAuto, "auto"},
+                      KernelCase{KvDtype::kFp8, VerifyKernel::kS64, "s64"},
+                      KernelCase{KvDtype::kFp8, VerifyKernel::kKm16, "km16"},
+                      KernelCase{KvDtype::kFp8, VerifyKernel::kS64Staged, "s64staged"}),
+    [](const ::testing::TestParamInfo<KernelCase>& info) {
+      return absl::StrCat(info.param.kv_dtype == KvDtype::kFp8 ? "fp8_" : "bf16_", info.param.name);
+    });
 
 // moe_fp8_block128 (FP8, whole 128 x 128 blocks in the experts): the engine opened from the
 // checkpoint directory keeps the routed and shared experts in FP8 (e4m3 + block scales,

@@ -55,6 +55,8 @@ struct DevBuf {
 constexpr int kQk = 576;
 constexpr int kV = 512;
 constexpr bf16_bits kBf16NaN = 0x7fc0;
+// The tests' workspace staging area (kS64Staged with an FP8 cache; poisoned like the rest).
+constexpr int64_t kStagedKeys = int64_t{1} << 18;
 constexpr float kSentinel = 3.0e4f;  // KV of keys some rows must not see (exact in bf16: 30080)
 
 // One batch: per-request tail rows n_b and context lengths P_b; everything else random.
@@ -309,7 +311,7 @@ void RunCuda(const HostBatch& h, VerifyPlanOptions opt, bool with_lse, int64_t m
   auto ws = max_partial_rows > 0
                 ? VerifyAttentionWorkspace::Allocate(1 << 18, 1 << 16, max_partial_rows, 1 << 16,
                                                      max_partial_rows * 8)
-                : VerifyAttentionWorkspace::AllocateDefault();
+                : VerifyAttentionWorkspace::AllocateDefault(kStagedKeys);
   ASSERT_TRUE(ws.ok()) << ws.status();
   opt.host_tree_mask = h.mask.data();
   auto plan = PlanVerifyAttention(dp, h.q_indptr.data(), h.kv_indptr.data(), *dev, *ws, opt);
@@ -766,6 +768,11 @@ TEST(VerifyAttentionCuda, Fp8CacheMatchesReference) {
       c.config = VerifyKernelConfig::kS64;
       ExpectCase(c);
     }
+    // The staged configuration (bf16 rows staged in the workspace; not positional).
+    if ((i % 3 == 2 || c.prefix > 0) && !c.positional && dev->cc_major == 9) {
+      c.config = VerifyKernelConfig::kS64Staged;
+      ExpectCase(c);
+    }
   }
 }
 
@@ -889,6 +896,27 @@ TEST(VerifyAttentionCuda, SeesawFp8Edges) {
   c.heads = 16;
   c.nodes = {4, 3};
   c.ctx = {5000, 900};
+  c.kv_scale_spread = true;
+  c.seed = seed++;
+  ExpectCase(c);
+}
+
+// The staged FP8 configuration (kS64Staged: the batch's keys dequantized into bf16 rows of the
+// workspace, then the bf16 seesaw kernel) at the same edges, plus a batch of requests.
+TEST(VerifyAttentionCuda, StagedFp8Edges) {
+  SKIP_WITHOUT_GPU();
+  if (SkipUnlessSm90()) GTEST_SKIP() << "the seesaw schedule is sm_90a only";
+  uint64_t seed = 9400;
+  Case base;
+  base.kv_fp8 = true;
+  base.config = VerifyKernelConfig::kS64Staged;
+  ExpectKeyCountEdges(base, {1, 17, 63, 64, 65, 129, 700}, seed);
+  ExpectRowTileEdges(base, {{1, 1, 200}, {3, 7, 500}, {128, 65, 60}, {128, 1, 4000}}, seed);
+  ExpectEmptyRowEdges(base, seed);
+  Case c = base;
+  c.heads = 16;
+  c.nodes = {4, 3, 16, 1};
+  c.ctx = {5000, 900, 3000, 0};
   c.kv_scale_spread = true;
   c.seed = seed++;
   ExpectCase(c);

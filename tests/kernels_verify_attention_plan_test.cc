@@ -258,6 +258,90 @@ TEST(VerifyAttentionPlan, Fp8CacheVariants) {
   EXPECT_TRUE(detail::IsManyRowsBatch(1088, 4096));
 }
 
+// kS64Staged (FP8 cache): kAuto takes it on sm_90 for requests of >= 256 folded rows when the
+// batch's keys fit the workspace's staging area, never without one, below the rule, for a
+// bf16 cache or in positional plans; forced, it needs the room (RESOURCE_EXHAUSTED naming the
+// counts), the FP8 format and sm_90. Its plan is the bf16 seesaw's (64 x 64 tiles) over every
+// key of the batch, shared prefixes unpacked.
+TEST(VerifyAttentionPlan, StagedFp8Plans) {
+  VerifyAttentionWorkspace ws = CapacityOnly();
+  ws.max_staged_keys = 262144;
+  const int32_t keys = 65536 + 16;
+  const std::vector<int32_t> qi = {0, 16, 32}, ki = {0, keys, 2 * keys};
+  VerifyAttentionParams p;
+  p.batch = 2;
+  p.total_rows = 32;
+  p.num_heads = 16;  // 256 rows a request
+  p.kv_fp8 = true;
+  auto plan = PlanVerifyAttention(p, qi.data(), ki.data(), kH200, ws);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->config, VerifyKernelConfig::kS64Staged);
+  EXPECT_TRUE(plan->kv_fp8);
+  EXPECT_EQ(plan->staged_keys, 2 * keys);
+  EXPECT_EQ(plan->rows_per_cta, 64);
+  EXPECT_EQ(plan->keys_per_tile, 64);
+  EXPECT_STREQ(VerifyKernelConfigName(plan->config), "s64staged");
+  // Every (row tile, key) once, as in any default plan.
+  std::vector<int> seen(2 * keys * 4, 0);
+  for (const VerifyWorkItem& w : plan->work) {
+    for (int k = w.kv_begin; k < w.kv_end; ++k) ++seen[(w.kv_off + k) * 4 + w.fold_begin / 64];
+  }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), static_cast<int64_t>(seen.size()));
+  // Shared prefixes are not packed (every request reads its own staged rows).
+  std::vector<int32_t> lists(2 * keys);
+  for (int32_t i = 0; i < keys; ++i) lists[i] = lists[keys + i] = i;
+  VerifyPlanOptions share;
+  share.host_kv_indices = lists.data();
+  auto shared = PlanVerifyAttention(p, qi.data(), ki.data(), kH200, ws, share);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_EQ(shared->config, VerifyKernelConfig::kS64Staged);
+  EXPECT_EQ(shared->shared_packs, 0);
+
+  // Not taken: no room, fewer rows (128 a request), a bf16 cache, sm_120, positional.
+  VerifyAttentionWorkspace small = ws;
+  small.max_staged_keys = 2 * keys - 1;
+  EXPECT_EQ(PlanVerifyAttention(p, qi.data(), ki.data(), kH200, small)->config,
+            VerifyKernelConfig::kS64);
+  VerifyAttentionParams fewer = p;
+  fewer.num_heads = 8;
+  EXPECT_EQ(PlanVerifyAttention(fewer, qi.data(), ki.data(), kH200, ws)->config,
+            VerifyKernelConfig::kS64);
+  VerifyAttentionParams bf16 = p;
+  bf16.kv_fp8 = false;
+  auto bf16_plan = PlanVerifyAttention(bf16, qi.data(), ki.data(), kH200, ws);
+  EXPECT_EQ(bf16_plan->config, VerifyKernelConfig::kS64);
+  EXPECT_EQ(bf16_plan->staged_keys, 0);
+  EXPECT_EQ(PlanVerifyAttention(p, qi.data(), ki.data(), kSm120, ws)->config,
+            VerifyKernelConfig::kM16);
+  std::vector<uint64_t> mask(32 * 1, 0);
+  for (int r = 0; r < 32; ++r) mask[r] = (2ull << (r % 16)) - 1;
+  VerifyPlanOptions positional;
+  positional.positional = true;
+  positional.host_tree_mask = mask.data();
+  EXPECT_EQ(PlanVerifyAttention(p, qi.data(), ki.data(), kH200, ws, positional)->config,
+            VerifyKernelConfig::kKm16);
+
+  // Forced.
+  VerifyPlanOptions forced;
+  forced.config = VerifyKernelConfig::kS64Staged;
+  auto f = PlanVerifyAttention(fewer, qi.data(), ki.data(), kH200, ws, forced);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->config, VerifyKernelConfig::kS64Staged);
+  auto no_room = PlanVerifyAttention(p, qi.data(), ki.data(), kH200, small, forced);
+  EXPECT_EQ(no_room.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(no_room.status().message().find("131104"), std::string::npos) << no_room.status();
+  EXPECT_EQ(PlanVerifyAttention(bf16, qi.data(), ki.data(), kH200, ws, forced).status().code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(PlanVerifyAttention(p, qi.data(), ki.data(), kSm120, ws, forced).status().code(),
+            absl::StatusCode::kUnimplemented);
+  positional.config = VerifyKernelConfig::kS64Staged;
+  EXPECT_EQ(PlanVerifyAttention(p, qi.data(), ki.data(), kH200, ws, positional).status().code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(detail::IsStagedFp8Batch(256, 16384));
+  EXPECT_FALSE(detail::IsStagedFp8Batch(255, 1 << 20));
+  EXPECT_FALSE(detail::IsStagedFp8Batch(1024, 4095));
+}
+
 TEST(VerifyAttentionPlan, WorkspaceLayout) {
   const detail::WorkspaceLayout l = detail::LayoutWorkspace(65536, 16384, 32768);
   EXPECT_EQ(l.work, 0u);
@@ -267,6 +351,14 @@ TEST(VerifyAttentionPlan, WorkspaceLayout) {
   EXPECT_GE(l.total, l.part_o + 32768u * 512 * 4);
   for (size_t off : {l.combine, l.lse, l.part_o, l.total}) EXPECT_EQ(off % 256, 0u);
   EXPECT_EQ(VerifyAttentionWorkspace::BytesFor(65536, 16384, 32768), l.total);
+  // The staging area: bf16 rows [keys][576], then their int32 identity slot ids.
+  const detail::WorkspaceLayout st = detail::LayoutWorkspace(65536, 16384, 32768, 0, 0, 1000);
+  EXPECT_GE(st.staged_rows, st.pos);
+  EXPECT_GE(st.staged_ids, st.staged_rows + 1000u * 576 * 2);
+  EXPECT_GE(st.total, st.staged_ids + 1000u * 4);
+  EXPECT_EQ(st.staged_rows % 256, 0u);
+  EXPECT_EQ(st.staged_ids % 256, 0u);
+  EXPECT_EQ(VerifyAttentionWorkspace::BytesFor(65536, 16384, 32768, 0, 0, 1000), st.total);
 }
 
 // Malformed index arrays and workspaces that are too small are refused, naming the problem.

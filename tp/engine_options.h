@@ -118,8 +118,13 @@ struct EngineOptions {
     // benchmarks (a step the forced kernel cannot run fails with the planner's error: e.g.
     // kS64 off sm_90, kKm16 with a bf16 cache). Batch-invariant steps keep their positional
     // configuration.
-    enum class VerifyKernel { kAuto, kM16, kS64, kKm16 };
+    enum class VerifyKernel { kAuto, kM16, kS64, kKm16, kS64Staged };
     VerifyKernel verify_kernel = VerifyKernel::kAuto;
+    // FP8 latent cache on sm_90: keys of one step that the verify attention may dequantize
+    // into a bf16 staging area per layer (VerifyKernelConfig::kS64Staged, for steps with many
+    // rows per request: 1,156 bytes of device memory a key, allocated at Create; 262,144 keys
+    // = 303 MB). 0: no staging area (those steps run the seesaw FP8 variant).
+    int64_t fp8_staging_keys = 262144;
   } cuda;
 };
 

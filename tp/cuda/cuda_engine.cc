@@ -84,6 +84,8 @@ kc::VerifyKernelConfig VerifyKernelConfigOf(EngineOptions::Cuda::VerifyKernel k)
       return kc::VerifyKernelConfig::kS64;
     case K::kKm16:
       return kc::VerifyKernelConfig::kKm16;
+    case K::kS64Staged:
+      return kc::VerifyKernelConfig::kS64Staged;
     case K::kAuto:
       break;
   }
@@ -823,6 +825,10 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   VERIFYD_RETURN_IF_ERROR(ValidateModelConfig(m.config));
   VERIFYD_RETURN_IF_ERROR(CheckCudaSupports(m.config));
   const bool kv_fp8 = o.kv_dtype == KvDtype::kFp8;
+  if (o.cuda.fp8_staging_keys < 0 || o.cuda.fp8_staging_keys > (int64_t{1} << 31) - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda.fp8_staging_keys: ", o.cuda.fp8_staging_keys, " is outside [0, 2^31)"));
+  }
   if (kv_fp8 && m.config.kv_lora_rank % 4 != 0) {
     return absl::UnimplementedError(absl::StrCat(
         "kv_dtype: fp8 on the cuda backend needs kv_lora_rank % 4 == 0 (aligned scales), got ",
@@ -850,6 +856,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   setup.grouped_experts = o.cuda.grouped_experts;
   setup.batch_invariant = o.cuda.batch_invariant;
   setup.shared_context_attention = o.cuda.shared_context_attention;
+  setup.fp8_staging_keys = kv_fp8 && !o.cuda.batch_invariant ? o.cuda.fp8_staging_keys : 0;
   setup.comm_timeout_ms = o.comm_timeout_ms;
   m.max_rows = setup.max_rows;
   if (o.tp > 1 && shared_device) {

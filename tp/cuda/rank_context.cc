@@ -750,7 +750,8 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
                   /*max_index_tasks=*/
                   static_cast<int>(std::max<int64_t>(16384, 3 * setup.max_rows)),
                   /*max_index_entries=*/int64_t{1} << 22)
-            : kc::VerifyAttentionWorkspace::AllocateDefault();
+            : kc::VerifyAttentionWorkspace::AllocateDefault(
+                  rk.vk_info.cc_major == 9 ? setup.fp8_staging_keys : 0);
     if (!ws.ok()) return ws.status();
     rk.vk_ws = *ws;
     rk.have_vk = true;

@@ -271,6 +271,8 @@ struct RankSetup {
   bool grouped_experts = true;            // EngineOptions::cuda.grouped_experts
   bool batch_invariant = false;           // EngineOptions::cuda.batch_invariant
   bool shared_context_attention = false;  // EngineOptions::cuda.shared_context_attention
+  // EngineOptions::cuda.fp8_staging_keys with an FP8 cache (else 0); used on sm_90 only.
+  int64_t fp8_staging_keys = 0;
   // NCCL (TP > 1): the group's unique id and shared failure flag.
   std::string nccl_id;
   std::shared_ptr<NcclGroupState> nccl_group;

@@ -35,7 +35,10 @@
 // warpgroups convert from the stored rows; a latent value beyond f16's range saturates), kM16
 // elsewhere (its FP8 variants gather the stored rows into 2 FP8 stages and dequantize each into one
 // bf16 tile: bf16(e4m3 x scale), one rounding; two CTAs per SM on sm_90, one within 99 KB
-// elsewhere). Speed against the bf16 cache: docs/PERF.md.
+// elsewhere). With a staging area in the workspace (max_staged_keys), batches with >= 256
+// rows in a request (IsStagedFp8Batch) whose keys fit it run kS64Staged instead: the keys
+// dequantized once into bf16 rows of the workspace (same rounding), then the bf16 kS64
+// kernel over them. Speed against the bf16 cache: docs/PERF.md.
 //
 // Positional plans (VerifyPlanOptions::positional: the engine's batch-invariant mode). A
 // node's visible keys (the request's context, then its visible tail rows in index order: for
@@ -114,6 +117,13 @@ enum class VerifyKernelConfig : int {
   // become f16 operands in registers; sm_90a only): kAuto's FP8 choice on sm_90 but for many
   // rows per request (there kS64's FP8 variant).
   kKm16 = 8,
+  // FP8 latent cache only: the batch's keys dequantized once into bf16 rows of the workspace
+  // (bf16(e4m3 x scale), one rounding; VerifyAttentionWorkspace::max_staged_keys), then the
+  // bf16 kS64 kernel over them (sm_90a). kAuto's FP8 choice when a request has many rows
+  // (IsStagedFp8Batch: the dequantization, once per key, costs less than the seesaw FP8
+  // variant converting every tile again for each 64-row tile) and the keys fit the staging
+  // area; never in positional plans.
+  kS64Staged = 9,
   // Values 6 and 7 belonged to the in-kernel positional variants (now a plan property:
   // VerifyPlanOptions::positional) and are not reused.
 };
@@ -124,7 +134,8 @@ enum class VerifyKernelConfig : int {
 // only, so every step of an engine uses the same one.
 VerifyKernelConfig PositionalConfigFor(int cc_major, bool kv_fp8 = false);
 
-// "m16", "s64" or "km16" ("auto" for kAuto): the names benchmarks and the engine's test API use.
+// "m16", "s64", "km16" or "s64staged" ("auto" for kAuto): the names benchmarks and the engine's
+// test API use.
 const char* VerifyKernelConfigName(VerifyKernelConfig config);
 
 // Positional plans: a node with n visible keys runs in ceil(n / len) splits of `len` keys,
@@ -210,6 +221,8 @@ struct VerifyAttentionPlan {
   // that saves (sum over packs of (requests - 1) x prefix keys).
   int shared_packs = 0;
   int64_t shared_reads_saved = 0;
+  // kS64Staged: keys dequantized into the workspace's staging rows first (kv_indptr[batch]).
+  int64_t staged_keys = 0;
 };
 
 // Fixed device workspace: work lists + fp32 partial outputs + their log2-LSE. Allocated
@@ -222,19 +235,22 @@ struct VerifyAttentionWorkspace {
   int64_t max_partial_rows = 0;   // each holds 512 fp32 + one fp32 LSE
   int max_index_tasks = 0;        // positional plans: index lists per plan
   int64_t max_index_entries = 0;  // positional plans: int32 entries of one pass's lists
+  // kS64Staged plans: keys of one batch dequantized to bf16 rows (1,156 bytes each with its
+  // identity slot id); 0: no staging area (kAuto never stages, a forced kS64Staged plan is
+  // RESOURCE_EXHAUSTED).
+  int64_t max_staged_keys = 0;
 
   // Bytes of a workspace of this capacity (plain C++).
   static size_t BytesFor(int max_work_items, int max_combine_items, int64_t max_partial_rows,
-                         int max_index_tasks = 0, int64_t max_index_entries = 0);
+                         int max_index_tasks = 0, int64_t max_index_entries = 0,
+                         int64_t max_staged_keys = 0);
   // cudaMalloc's a workspace of the given capacity; Free() releases it.
-  static absl::StatusOr<VerifyAttentionWorkspace> Allocate(int max_work_items,
-                                                           int max_combine_items,
-                                                           int64_t max_partial_rows,
-                                                           int max_index_tasks = 0,
-                                                           int64_t max_index_entries = 0);
+  static absl::StatusOr<VerifyAttentionWorkspace> Allocate(
+      int max_work_items, int max_combine_items, int64_t max_partial_rows, int max_index_tasks = 0,
+      int64_t max_index_entries = 0, int64_t max_staged_keys = 0);
   // Capacity that any batch within verifyd's limits fits (about 75 MB; index lists for
-  // positional plans of moderate size).
-  static absl::StatusOr<VerifyAttentionWorkspace> AllocateDefault();
+  // positional plans of moderate size), plus a staging area of max_staged_keys keys.
+  static absl::StatusOr<VerifyAttentionWorkspace> AllocateDefault(int64_t max_staged_keys = 0);
   absl::Status Free();
 };
 

@@ -13,6 +13,7 @@
 #include "kernels/cuda/verify_attention/kernel_args.cuh"
 #include "kernels/cuda/verify_attention/plan.h"
 #include "kernels/cuda/verify_attention/positional.cuh"
+#include "kernels/cuda/verify_attention/staging.cuh"
 #include "kernels/cuda/verify_attention/variants.h"
 #include "kernels/status.h"
 
@@ -37,27 +38,29 @@ absl::StatusOr<VerifyAttentionDeviceInfo> VerifyAttentionDeviceInfo::Query() {
 
 absl::StatusOr<VerifyAttentionWorkspace> VerifyAttentionWorkspace::Allocate(
     int max_work_items, int max_combine_items, int64_t max_partial_rows, int max_index_tasks,
-    int64_t max_index_entries) {
+    int64_t max_index_entries, int64_t max_staged_keys) {
   if (max_work_items < 1 || max_combine_items < 0 || max_partial_rows < 0 || max_index_tasks < 0 ||
-      max_index_entries < 0) {
+      max_index_entries < 0 || max_staged_keys < 0 || max_staged_keys > (int64_t{1} << 31) - 1) {
     return absl::InvalidArgumentError("workspace: capacities must be positive");
   }
   VerifyAttentionWorkspace ws;
   ws.bytes = BytesFor(max_work_items, max_combine_items, max_partial_rows, max_index_tasks,
-                      max_index_entries);
+                      max_index_entries, max_staged_keys);
   VERIFYD_CUDA_RETURN_IF_ERROR(cudaMalloc(&ws.device, ws.bytes));
   ws.max_work_items = max_work_items;
   ws.max_combine_items = max_combine_items;
   ws.max_partial_rows = max_partial_rows;
   ws.max_index_tasks = max_index_tasks;
   ws.max_index_entries = max_index_entries;
+  ws.max_staged_keys = max_staged_keys;
   return ws;
 }
 
-absl::StatusOr<VerifyAttentionWorkspace> VerifyAttentionWorkspace::AllocateDefault() {
+absl::StatusOr<VerifyAttentionWorkspace> VerifyAttentionWorkspace::AllocateDefault(
+    int64_t max_staged_keys) {
   return Allocate(/*max_work_items=*/65536, /*max_combine_items=*/16384,
                   /*max_partial_rows=*/32768, /*max_index_tasks=*/16384,
-                  /*max_index_entries=*/int64_t{1} << 20);
+                  /*max_index_entries=*/int64_t{1} << 20, max_staged_keys);
 }
 
 absl::Status VerifyAttentionWorkspace::Free() {
@@ -73,12 +76,12 @@ absl::Status UploadVerifyAttentionPlan(const VerifyAttentionPlan& plan,
       static_cast<int64_t>(plan.combine.size()) > ws.max_combine_items ||
       plan.partial_rows > ws.max_partial_rows ||
       static_cast<int64_t>(plan.index_tasks.size()) > ws.max_index_tasks ||
-      plan.index_entries > ws.max_index_entries) {
+      plan.index_entries > ws.max_index_entries || plan.staged_keys > ws.max_staged_keys) {
     return absl::InvalidArgumentError("verify plan: does not fit the workspace");
   }
   const detail::WorkspaceLayout l =
       detail::LayoutWorkspace(ws.max_work_items, ws.max_combine_items, ws.max_partial_rows,
-                              ws.max_index_tasks, ws.max_index_entries);
+                              ws.max_index_tasks, ws.max_index_entries, ws.max_staged_keys);
   auto* base = static_cast<unsigned char*>(ws.device);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (!plan.work.empty()) {
@@ -140,12 +143,12 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
       plan.partial_rows > ws.max_partial_rows ||
       static_cast<int64_t>(plan.combine.size()) > ws.max_combine_items ||
       static_cast<int64_t>(plan.index_tasks.size()) > ws.max_index_tasks ||
-      plan.index_entries > ws.max_index_entries) {
+      plan.index_entries > ws.max_index_entries || plan.staged_keys > ws.max_staged_keys) {
     return absl::InvalidArgumentError("verify attention: workspace too small for the plan");
   }
   const detail::WorkspaceLayout l =
       detail::LayoutWorkspace(ws.max_work_items, ws.max_combine_items, ws.max_partial_rows,
-                              ws.max_index_tasks, ws.max_index_entries);
+                              ws.max_index_tasks, ws.max_index_entries, ws.max_staged_keys);
   auto* base = static_cast<unsigned char*>(ws.device);
 
   detail::VerifyKernelArgs a{};
@@ -187,6 +190,19 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
     return absl::FailedPreconditionError(
         absl::StrCat("verify attention: the plan (configuration ", static_cast<int>(plan.config),
                      ") was made for another architecture than this sm_", major, "x device"));
+  }
+  // Staged plans: the batch's keys dequantized once into the workspace's bf16 rows, which the
+  // bf16 kernel then reads through identity slot lists (same kv_indptr offsets).
+  if (variant->staged) {
+    detail::StageFp8Args st{};
+    st.kv = static_cast<const uint8_t*>(p.kv);
+    st.kv_indices = p.kv_indices;
+    st.num_keys = plan.staged_keys;
+    st.rows = reinterpret_cast<uint16_t*>(base + l.staged_rows);
+    st.identity = reinterpret_cast<int32_t*>(base + l.staged_ids);
+    VERIFYD_RETURN_IF_ERROR(detail::LaunchStageFp8Rows(st, p.stream));
+    a.kv = reinterpret_cast<const __nv_bfloat16*>(st.rows);
+    a.kv_indices = st.identity;
   }
   // One pass: its index lists (positional plans), the attention over a range of the work
   // list, then the combine of its splits.

@@ -91,7 +91,7 @@ absl::StatusOr<VariantInfo> ResolveVariant(VerifyKernelConfig config,
 
 absl::StatusOr<VariantInfo> AutoVariant(const VerifyAttentionDeviceInfo& device,
                                         int64_t max_folded_rows_per_request, int64_t total_keys,
-                                        bool kv_fp8) {
+                                        bool kv_fp8, int64_t max_staged_keys) {
   const bool tiny = IsTinyDecodeBatch(max_folded_rows_per_request, total_keys);
   for (const VariantInfo& v : kVariantTable) {
     if (v.kv_fp8 != kv_fp8) continue;
@@ -102,6 +102,11 @@ absl::StatusOr<VariantInfo> AutoVariant(const VerifyAttentionDeviceInfo& device,
         !IsManyRowsBatch(max_folded_rows_per_request, total_keys)) {
       continue;
     }
+    if (v.auto_use == AutoUse::kStagedFp8 &&
+        (!IsStagedFp8Batch(max_folded_rows_per_request, total_keys) ||
+         total_keys > max_staged_keys)) {
+      continue;
+    }
     return v;
   }
   // Nothing runs here: the error of the portable configuration names the reason.
@@ -109,7 +114,8 @@ absl::StatusOr<VariantInfo> AutoVariant(const VerifyAttentionDeviceInfo& device,
 }
 
 WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items, int64_t max_partial_rows,
-                                int max_index_tasks, int64_t max_index_entries) {
+                                int max_index_tasks, int64_t max_index_entries,
+                                int64_t max_staged_keys) {
   WorkspaceLayout l;
   l.work = 0;
   l.combine = AlignUp(l.work + sizeof(VerifyWorkItem) * max_work_items, 256);
@@ -117,7 +123,9 @@ WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items, int64
   l.part_o = AlignUp(l.lse + sizeof(float) * max_partial_rows, 256);
   l.tasks = AlignUp(l.part_o + sizeof(float) * kVDim * max_partial_rows, 256);
   l.pos = AlignUp(l.tasks + sizeof(VerifyIndexTask) * max_index_tasks, 256);
-  l.total = AlignUp(l.pos + sizeof(int32_t) * max_index_entries, 256);
+  l.staged_rows = AlignUp(l.pos + sizeof(int32_t) * max_index_entries, 256);
+  l.staged_ids = AlignUp(l.staged_rows + sizeof(uint16_t) * kQkDim * max_staged_keys, 256);
+  l.total = AlignUp(l.staged_ids + sizeof(int32_t) * max_staged_keys, 256);
   return l;
 }
 
@@ -138,6 +146,8 @@ const char* VerifyKernelConfigName(VerifyKernelConfig config) {
       return "s64";
     case VerifyKernelConfig::kKm16:
       return "km16";
+    case VerifyKernelConfig::kS64Staged:
+      return "s64staged";
   }
   return "unknown";
 }
@@ -512,9 +522,9 @@ SharedPrefixPlan PlanSharedPrefixes(const std::vector<int>& n, const std::vector
 
 size_t VerifyAttentionWorkspace::BytesFor(int max_work_items, int max_combine_items,
                                           int64_t max_partial_rows, int max_index_tasks,
-                                          int64_t max_index_entries) {
+                                          int64_t max_index_entries, int64_t max_staged_keys) {
   return detail::LayoutWorkspace(max_work_items, max_combine_items, max_partial_rows,
-                                 max_index_tasks, max_index_entries)
+                                 max_index_tasks, max_index_entries, max_staged_keys)
       .total;
 }
 
@@ -596,12 +606,22 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionPar
                                    ? PositionalConfigFor(device.cc_major, params.kv_fp8)
                                    : options.config,
                                device, params.kv_fp8));
+    if (variant.staged) {
+      return absl::UnimplementedError(
+          "verify plan: positional plans do not stage keys (kS64Staged)");
+    }
     return detail::PlanPositional(params, hq, hkv, variant, ws, options);
   }
-  VERIFYD_ASSIGN_OR_RETURN(const detail::VariantInfo variant,
-                           options.config == VerifyKernelConfig::kAuto
-                               ? detail::AutoVariant(device, max_rows, total_keys, params.kv_fp8)
-                               : detail::ResolveVariant(options.config, device, params.kv_fp8));
+  VERIFYD_ASSIGN_OR_RETURN(
+      const detail::VariantInfo variant,
+      options.config == VerifyKernelConfig::kAuto
+          ? detail::AutoVariant(device, max_rows, total_keys, params.kv_fp8, ws.max_staged_keys)
+          : detail::ResolveVariant(options.config, device, params.kv_fp8));
+  if (variant.staged && total_keys > ws.max_staged_keys) {
+    return absl::ResourceExhaustedError(absl::StrCat("verify plan: kS64Staged stages ", total_keys,
+                                                     " keys; the workspace's staging area holds ",
+                                                     ws.max_staged_keys));
+  }
   const int BM = variant.rows;
   const int BN = variant.keys;
 
@@ -613,6 +633,10 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionPar
   plan.num_heads = H;
   plan.batch = B;
   plan.total_rows = params.total_rows;
+  // Staged plans read every key from its own staged row (the shared-prefix packing would
+  // only save reads of the staged copies, after staging each copy).
+  if (variant.staged) plan.staged_keys = total_keys;
+  const int32_t* host_kv_indices = variant.staged ? nullptr : options.host_kv_indices;
 
   // CTAs resident at once: one per SM for most variants (> 96 KB of shared memory,
   // registers capped for one block), two for the sm_90 FP8 one (variants.h).
@@ -625,7 +649,7 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionPar
   // Requests that share a prefix are planned apart (their items join the list below); the
   // workspace left is what the split search may use.
   const detail::SharedPrefixPlan shared =
-      detail::PlanSharedPrefixes(n, L, hq, hkv, options.host_kv_indices, H, BM, BN, slots,
+      detail::PlanSharedPrefixes(n, L, hq, hkv, host_kv_indices, H, BM, BN, slots,
                                  static_cast<int64_t>(std::max(1, options.min_split_tiles)) * BN);
   const bool use_shared = shared.packs > 0 &&
                           static_cast<int64_t>(shared.work.size()) <= ws.max_work_items &&

@@ -22,20 +22,24 @@ absl::StatusOr<VariantInfo> ResolveVariant(VerifyKernelConfig config,
 
 // kAuto: the first variant of the format in table order that runs on the device, fits its
 // shared memory and whose AutoUse rule holds for a batch with this many folded rows in its
-// largest request and keys in all. VERIFYD_VA_KERNEL=mma (read once per process) restricts
+// largest request and keys in all (a staged variant also needs total_keys <= max_staged_keys).
+// VERIFYD_VA_KERNEL=mma (read once per process) restricts
 // the choice to kM16.
 absl::StatusOr<VariantInfo> AutoVariant(const VerifyAttentionDeviceInfo& device,
                                         int64_t max_folded_rows_per_request, int64_t total_keys,
-                                        bool kv_fp8 = false);
+                                        bool kv_fp8 = false, int64_t max_staged_keys = 0);
 
 // Byte offsets of the workspace parts (256-byte aligned): work items, combine items, partial
 // log2-LSE [max_partial_rows] fp32, partial outputs [max_partial_rows][512] fp32, positional
-// index tasks [max_index_tasks], index lists [max_index_entries] int32.
+// index tasks [max_index_tasks], index lists [max_index_entries] int32, staged bf16 rows
+// [max_staged_keys][576] and their identity slot ids [max_staged_keys] int32.
 struct WorkspaceLayout {
-  size_t work = 0, combine = 0, lse = 0, part_o = 0, tasks = 0, pos = 0, total = 0;
+  size_t work = 0, combine = 0, lse = 0, part_o = 0, tasks = 0, pos = 0, staged_rows = 0,
+         staged_ids = 0, total = 0;
 };
 WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items, int64_t max_partial_rows,
-                                int max_index_tasks = 0, int64_t max_index_entries = 0);
+                                int max_index_tasks = 0, int64_t max_index_entries = 0,
+                                int64_t max_staged_keys = 0);
 
 // Upper bound on splits of one request (the combine kernel's shared weight array).
 inline constexpr int kMaxCombineSplits = 1024;

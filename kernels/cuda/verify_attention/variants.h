@@ -15,6 +15,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "kernels/cuda/verify_attention/api.h"
@@ -31,6 +32,7 @@ struct VerifyKernelArgs;  // kernel_args.cuh: the device-side arguments of every
 enum class AutoUse {
   kNotTinyDecode,  // every batch but a tiny decode batch (IsTinyDecodeBatch)
   kManyRows,       // batches with many rows per request and many keys (IsManyRowsBatch)
+  kStagedFp8,      // IsStagedFp8Batch, and the batch's keys fit the workspace's staging area
   kAlways,
 };
 
@@ -52,6 +54,14 @@ constexpr bool IsManyRowsBatch(int64_t max_folded_rows_per_request, int64_t tota
          max_folded_rows_per_request * total_keys >= (int64_t{1} << 22);
 }
 
+// FP8 cache, keys staged once as bf16 rows (kS64Staged) for requests of >= 256 folded rows
+// (four 64-row tiles: the seesaw FP8 variant converts each tile once per row tile, staging
+// once per key, at 1,808 bytes of extra traffic a key) over rows x keys >= 2^22.
+constexpr bool IsStagedFp8Batch(int64_t max_folded_rows_per_request, int64_t total_keys) {
+  return max_folded_rows_per_request >= 256 &&
+         IsManyRowsBatch(max_folded_rows_per_request, total_keys);
+}
+
 // ---- the variants ------------------------------------------------------------------------
 
 // 64 rows, 64-key tiles, warp-specialised wgmma "seesaw" schedule (seesaw.cu).
@@ -67,6 +77,24 @@ struct SeesawS64 {
   static constexpr const char* kArch = "an sm_90 device (sm_90a build)";
   static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
   static constexpr AutoUse kAuto = AutoUse::kNotTinyDecode;
+  static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
+};
+
+// FP8 latent cache through the bf16 seesaw kernel (seesaw.cu) over the batch's keys staged as
+// bf16 rows in the workspace first (staging.cu; api.h kS64Staged). sm_90a.
+struct SeesawStagedFp8S64 {
+  static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kS64Staged;
+  static constexpr const char* kName = "seesaw wgmma over staged bf16 rows, FP8 cache (s64staged)";
+  static constexpr int kRows = SeesawTraits::kRows;
+  static constexpr int kKeys = SeesawTraits::kKeys;
+  static constexpr int kStages = SeesawTraits::kStages;
+  static constexpr size_t kSmemBytes = kSeesawSmemBytes;
+  static constexpr int kCtasPerSm = 1;
+  static constexpr bool kKvFp8 = true;
+  static constexpr bool kStaged = true;
+  static constexpr const char* kArch = "an sm_90 device (sm_90a build)";
+  static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
+  static constexpr AutoUse kAuto = AutoUse::kStagedFp8;
   static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
 };
 
@@ -184,8 +212,8 @@ static_assert(2 * (MmaM16Fp8Sm90::kSmemBytes + 1024) <= 233472, "m16 FP8 sm_90: 
 template <class... V>
 struct VariantList {};
 // kAuto's preference order (among the variants of the cache's format).
-using VerifyVariants = VariantList<SeesawS64, MmaM16Sm90, MmaM16Portable, SeesawFp8S64,
-                                   KeysOnMFp8Sm90, MmaM16Fp8Sm90, MmaM16Fp8Portable>;
+using VerifyVariants = VariantList<SeesawS64, MmaM16Sm90, MmaM16Portable, SeesawStagedFp8S64,
+                                   SeesawFp8S64, KeysOnMFp8Sm90, MmaM16Fp8Sm90, MmaM16Fp8Portable>;
 
 // ---- run-time view of the table (the planner) -------------------------------------------
 
@@ -202,12 +230,20 @@ struct VariantInfo {
   bool (*runs_on)(int cc_major) = nullptr;
   bool kv_fp8 = false;  // reads the FP8 latent cache (VerifyAttentionParams::kv_fp8)
   int ctas_per_sm = 1;  // CTAs resident per SM (shared memory and registers allow)
+  bool staged = false;  // reads the keys staged as bf16 rows (kS64Staged)
 };
+
+// V::kStaged where a variant declares it, else false.
+template <class V, class = void>
+struct StagedOf : std::false_type {};
+template <class V>
+struct StagedOf<V, std::void_t<decltype(V::kStaged)>> : std::bool_constant<V::kStaged> {};
 
 template <class V>
 constexpr VariantInfo InfoOf(int index) {
-  return {index,      V::kConfig,    V::kName, V::kArch,   V::kRows,  V::kKeys,
-          V::kStages, V::kSmemBytes, V::kAuto, &V::RunsOn, V::kKvFp8, V::kCtasPerSm};
+  return {index,     V::kConfig,    V::kName,          V::kArch, V::kRows,
+          V::kKeys,  V::kStages,    V::kSmemBytes,     V::kAuto, &V::RunsOn,
+          V::kKvFp8, V::kCtasPerSm, StagedOf<V>::value};
 }
 template <class... V>
 constexpr std::array<VariantInfo, sizeof...(V)> MakeVariantTable(VariantList<V...>) {
