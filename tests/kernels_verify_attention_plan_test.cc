@@ -337,9 +337,9 @@ TEST(VerifyAttentionPlan, StagedFp8Plans) {
   positional.config = VerifyKernelConfig::kS64Staged;
   EXPECT_EQ(PlanVerifyAttention(p, qi.data(), ki.data(), kH200, ws, positional).status().code(),
             absl::StatusCode::kUnimplemented);
-  EXPECT_TRUE(detail::IsStagedFp8Batch(256, 16384));
+  EXPECT_TRUE(detail::IsStagedFp8Batch(256, 4096));
   EXPECT_FALSE(detail::IsStagedFp8Batch(255, 1 << 20));
-  EXPECT_FALSE(detail::IsStagedFp8Batch(1024, 4095));
+  EXPECT_FALSE(detail::IsStagedFp8Batch(1024, 1023));
 }
 
 TEST(VerifyAttentionPlan, WorkspaceLayout) {

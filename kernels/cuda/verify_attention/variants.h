@@ -56,10 +56,13 @@ constexpr bool IsManyRowsBatch(int64_t max_folded_rows_per_request, int64_t tota
 
 // FP8 cache, keys staged once as bf16 rows (kS64Staged) for requests of >= 256 folded rows
 // (four 64-row tiles: the seesaw FP8 variant converts each tile once per row tile, staging
-// once per key, at 1,808 bytes of extra traffic a key) over rows x keys >= 2^22.
+// once per key, at 1,808 bytes of extra traffic a key) over rows x keys >= 2^20. On the H200
+// it took 0.60-0.90x the seesaw FP8 variant's time on every such shape measured (256 rows over
+// 4k keys: 0.85x, and 0.89x km16's), and lost at 128 rows (1.12-1.20x at 65k / 185k keys,
+// 1.14x for 64 x 128 heads over 4k) (docs/PERF.md, "Staged FP8 keys").
 constexpr bool IsStagedFp8Batch(int64_t max_folded_rows_per_request, int64_t total_keys) {
   return max_folded_rows_per_request >= 256 &&
-         IsManyRowsBatch(max_folded_rows_per_request, total_keys);
+         max_folded_rows_per_request * total_keys >= (int64_t{1} << 20);
 }
 
 // ---- the variants ------------------------------------------------------------------------
