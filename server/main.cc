@@ -54,6 +54,10 @@ ABSL_FLAG(std::string, kv_dtype, "auto",
           "(e4m3 with a scale per 128 columns, bf16 RoPE part: 656 bytes a token for "
           "DeepSeek-V3, 1.76x the tokens; on an H200 one-node decode attention is 1.2-1.4x "
           "faster than bf16's, draft trees and 64+ heads per GPU slower: docs/PERF.md)");
+ABSL_FLAG(int64_t, fp8_staging_keys, 262144,
+          "cuda backend, --kv_dtype=fp8 on sm_90: keys of one step the verify attention may "
+          "dequantize into a bf16 staging area (1,156 bytes of device memory each) for steps "
+          "with 256+ rows in a request; 0: none (those steps convert tile by tile, slower)");
 ABSL_FLAG(int, max_batch, 64, "requests per engine step");
 ABSL_FLAG(int, max_queue, 1024, "requests waiting for the engine before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, session_ttl_s, 600, "idle seconds before a session expires; 0 disables");
@@ -147,6 +151,7 @@ int main(int argc, char** argv) {
     spec.engine.cuda.devices.push_back(dev);
   }
   spec.engine.cuda.fp8_experts = absl::GetFlag(FLAGS_fp8_experts);
+  spec.engine.cuda.fp8_staging_keys = absl::GetFlag(FLAGS_fp8_staging_keys);
   spec.engine.cuda.expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
   spec.engine.cuda.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   spec.testing_fault = absl::GetFlag(FLAGS_testing_fault);

@@ -204,7 +204,9 @@ double StandaloneAttentionUs(const std::vector<StepRequest>& reqs,
     p.mask_words = verifyd::tp::kMaskWords;
     p.out = out;
     auto info = kc::VerifyAttentionDeviceInfo::Query();
-    auto ws = kc::VerifyAttentionWorkspace::AllocateDefault();
+    // The engine's workspace: with an FP8 cache, its default staging area (kS64Staged).
+    auto ws = kc::VerifyAttentionWorkspace::AllocateDefault(
+        kv_fp8 ? verifyd::tp::EngineOptions{}.cuda.fp8_staging_keys : 0);
     if (ok && info.ok() && ws.ok()) {
       auto vp =
           kc::PlanVerifyAttention(p, plan->q_indptr.data(), plan->kv_indptr.data(), *info, *ws);
