@@ -313,8 +313,8 @@ TEST(VerifyAttentionPlan, StagedFp8Plans) {
   EXPECT_EQ(bf16_plan->staged_keys, 0);
   EXPECT_EQ(PlanVerifyAttention(p, qi.data(), ki.data(), kSm120, ws)->config,
             VerifyKernelConfig::kM16);
-  std::vector<uint64_t> mask(32 * 1, 0);
-  for (int r = 0; r < 32; ++r) mask[r] = (2ull << (r % 16)) - 1;
+  std::vector<uint64_t> mask(static_cast<size_t>(32) * p.mask_words, 0);  // chains
+  for (int r = 0; r < 32; ++r) mask[r * p.mask_words] = (2ull << (r % 16)) - 1;
   VerifyPlanOptions positional;
   positional.positional = true;
   positional.host_tree_mask = mask.data();
