@@ -115,8 +115,9 @@ class CudaEngine final : public Engine {
   // (kernels/cuda/verify_attention/api.h "Shared prefixes"). Test / benchmark API.
   int last_shared_prefix_packs() const;
   // The verify attention rank 0's last step ran: its plan's configuration ("m16", "s64",
-  // "km16"; kernels/cuda/verify_attention/api.h) or "fallback" (kernels/cuda/dense/
-  // fallback_attention.h: shapes the optimised kernels do not take). Test / benchmark API.
+  // "km16", "s64staged"; kernels/cuda/verify_attention/api.h VerifyKernelConfigName) or "fallback"
+  // (kernels/cuda/dense/ fallback_attention.h: shapes the optimised kernels do not take). Test /
+  // benchmark API.
   std::string last_verify_kernel() const;
 
   struct Impl;

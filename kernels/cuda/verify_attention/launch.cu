@@ -41,7 +41,8 @@ absl::StatusOr<VerifyAttentionWorkspace> VerifyAttentionWorkspace::Allocate(
     int64_t max_index_entries, int64_t max_staged_keys) {
   if (max_work_items < 1 || max_combine_items < 0 || max_partial_rows < 0 || max_index_tasks < 0 ||
       max_index_entries < 0 || max_staged_keys < 0 || max_staged_keys > (int64_t{1} << 31) - 1) {
-    return absl::InvalidArgumentError("workspace: capacities must be positive");
+    return absl::InvalidArgumentError(
+        "workspace: capacities must be positive (max_staged_keys below 2^31)");
   }
   VerifyAttentionWorkspace ws;
   ws.bytes = BytesFor(max_work_items, max_combine_items, max_partial_rows, max_index_tasks,
@@ -72,11 +73,7 @@ absl::Status VerifyAttentionWorkspace::Free() {
 
 absl::Status UploadVerifyAttentionPlan(const VerifyAttentionPlan& plan,
                                        const VerifyAttentionWorkspace& ws, void* stream) {
-  if (static_cast<int64_t>(plan.work.size()) > ws.max_work_items ||
-      static_cast<int64_t>(plan.combine.size()) > ws.max_combine_items ||
-      plan.partial_rows > ws.max_partial_rows ||
-      static_cast<int64_t>(plan.index_tasks.size()) > ws.max_index_tasks ||
-      plan.index_entries > ws.max_index_entries || plan.staged_keys > ws.max_staged_keys) {
+  if (!detail::PlanFitsWorkspace(plan, ws)) {
     return absl::InvalidArgumentError("verify plan: does not fit the workspace");
   }
   const detail::WorkspaceLayout l =
@@ -139,11 +136,7 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
           absl::StrCat("verify attention: ", name, " must be 16-byte aligned"));
     }
   }
-  if (ws.device == nullptr || static_cast<int64_t>(plan.work.size()) > ws.max_work_items ||
-      plan.partial_rows > ws.max_partial_rows ||
-      static_cast<int64_t>(plan.combine.size()) > ws.max_combine_items ||
-      static_cast<int64_t>(plan.index_tasks.size()) > ws.max_index_tasks ||
-      plan.index_entries > ws.max_index_entries || plan.staged_keys > ws.max_staged_keys) {
+  if (ws.device == nullptr || !detail::PlanFitsWorkspace(plan, ws)) {
     return absl::InvalidArgumentError("verify attention: workspace too small for the plan");
   }
   const detail::WorkspaceLayout l =

@@ -129,6 +129,14 @@ WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items, int64
   return l;
 }
 
+bool PlanFitsWorkspace(const VerifyAttentionPlan& plan, const VerifyAttentionWorkspace& ws) {
+  return static_cast<int64_t>(plan.work.size()) <= ws.max_work_items &&
+         static_cast<int64_t>(plan.combine.size()) <= ws.max_combine_items &&
+         plan.partial_rows <= ws.max_partial_rows &&
+         static_cast<int64_t>(plan.index_tasks.size()) <= ws.max_index_tasks &&
+         plan.index_entries <= ws.max_index_entries && plan.staged_keys <= ws.max_staged_keys;
+}
+
 }  // namespace detail
 
 VerifyKernelConfig PositionalConfigFor(int cc_major, bool kv_fp8) {

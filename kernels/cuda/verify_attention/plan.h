@@ -23,8 +23,7 @@ absl::StatusOr<VariantInfo> ResolveVariant(VerifyKernelConfig config,
 // kAuto: the first variant of the format in table order that runs on the device, fits its
 // shared memory and whose AutoUse rule holds for a batch with this many folded rows in its
 // largest request and keys in all (a staged variant also needs total_keys <= max_staged_keys).
-// VERIFYD_VA_KERNEL=mma (read once per process) restricts
-// the choice to kM16.
+// VERIFYD_VA_KERNEL=mma (read once per process) restricts the choice to kM16.
 absl::StatusOr<VariantInfo> AutoVariant(const VerifyAttentionDeviceInfo& device,
                                         int64_t max_folded_rows_per_request, int64_t total_keys,
                                         bool kv_fp8 = false, int64_t max_staged_keys = 0);
@@ -40,6 +39,10 @@ struct WorkspaceLayout {
 WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items, int64_t max_partial_rows,
                                 int max_index_tasks = 0, int64_t max_index_entries = 0,
                                 int64_t max_staged_keys = 0);
+
+// Whether every part of `plan` fits the workspace's capacities (work / combine items, partial
+// rows, index tasks and entries, staged keys).
+bool PlanFitsWorkspace(const VerifyAttentionPlan& plan, const VerifyAttentionWorkspace& ws);
 
 // Upper bound on splits of one request (the combine kernel's shared weight array).
 inline constexpr int kMaxCombineSplits = 1024;

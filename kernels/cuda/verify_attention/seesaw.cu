@@ -959,11 +959,6 @@ absl::Status SeesawS64::Launch(const VerifyKernelArgs& args, int grid, void* str
                          SeesawTraits::kThreads, kSeesawSmemBytes, stream);
 }
 
-// The staged FP8 configuration runs the bf16 kernel over the staged rows (launch.cu stages).
-absl::Status SeesawStagedFp8S64::Launch(const VerifyKernelArgs& args, int grid, void* stream) {
-  return SeesawS64::Launch(args, grid, stream);
-}
-
 absl::Status SeesawFp8S64::Launch(const VerifyKernelArgs& args, int grid, void* stream) {
   static std::atomic<uint64_t> configured_devices{0};
   return LaunchSm90aBody(&VerifyAttentionSeesawKernel<true>, configured_devices, args, grid,

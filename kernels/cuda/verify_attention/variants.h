@@ -83,22 +83,15 @@ struct SeesawS64 {
   static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
 };
 
-// FP8 latent cache through the bf16 seesaw kernel (seesaw.cu) over the batch's keys staged as
-// bf16 rows in the workspace first (staging.cu; api.h kS64Staged). sm_90a.
-struct SeesawStagedFp8S64 {
+// FP8 latent cache through the bf16 seesaw kernel (SeesawS64: its geometry, architectures and
+// Launch) over the batch's keys staged as bf16 rows in the workspace first (launch.cu runs
+// staging.cu; api.h kS64Staged). sm_90a.
+struct SeesawStagedFp8S64 : SeesawS64 {
   static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kS64Staged;
   static constexpr const char* kName = "seesaw wgmma over staged bf16 rows, FP8 cache (s64staged)";
-  static constexpr int kRows = SeesawTraits::kRows;
-  static constexpr int kKeys = SeesawTraits::kKeys;
-  static constexpr int kStages = SeesawTraits::kStages;
-  static constexpr size_t kSmemBytes = kSeesawSmemBytes;
-  static constexpr int kCtasPerSm = 1;
   static constexpr bool kKvFp8 = true;
   static constexpr bool kStaged = true;
-  static constexpr const char* kArch = "an sm_90 device (sm_90a build)";
-  static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
   static constexpr AutoUse kAuto = AutoUse::kStagedFp8;
-  static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
 };
 
 // FP8 latent cache, the seesaw schedule on f16 tiles its math warpgroups convert from the
