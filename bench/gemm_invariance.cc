@@ -5,12 +5,17 @@
 //   cublaslt_pin   cuBLASLt with one algorithm for every m: the heuristic's first choice at
 //                  m = --pin_m, split-K forced off
 //   cutlass        the grouped GEMM of kernels/cuda/dense/grouped_gemm.h with one group
+//   verifyd        GemmBf16 on a batch-invariant handle (gemm.h: the reference algorithm plus
+//                  row classes checked bit-equal to it on this device): what the engine runs
+// and times each at each m (median of --iters after 2 warm-ups), then prints the row-class
+// choices (which heuristic candidate each class took, how many were bit-equal).
 // The measurement behind the batch-invariance work (docs/PERF.md); it never fails on a
 // difference. Prints a table and writes JSON (--json).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -26,6 +31,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "kernels/common.h"
+#include "kernels/cuda/dense/gemm.h"
 #include "kernels/cuda/dense/grouped_gemm.h"
 #include "nlohmann/json.hpp"
 
@@ -33,6 +39,7 @@ ABSL_FLAG(std::string, shapes, "1536x7168,7168x8192,4096x7168",
           "n x k shapes (Kimi-K2: q_a_proj, o_proj, a dense gate_up slice)");
 ABSL_FLAG(std::string, rows, "1,9,17,64,65,128,545,2080,4160", "row counts m");
 ABSL_FLAG(int, pin_m, 64, "row count whose heuristic choice cublaslt_pin keeps");
+ABSL_FLAG(int, iters, 10, "timed runs per (implementation, m)");
 ABSL_FLAG(std::string, json, "", "write the results as JSON here");
 ABSL_FLAG(std::string, commit, "unknown", "source revision recorded in the JSON meta");
 
@@ -79,9 +86,19 @@ int main(int argc, char** argv) {
   void* ws = nullptr;
   CHECK_OR_DIE(cudaMalloc(&ws, ws_bytes) == cudaSuccess, "cudaMalloc");
   nlohmann::json results = nlohmann::json::array();
+  cublasHandle_t fixed;
+  CHECK_OR_DIE(cublasCreate(&fixed) == CUBLAS_STATUS_SUCCESS, "cublasCreate");
+  void* fixed_ws = nullptr;
+  CHECK_OR_DIE(cudaMalloc(&fixed_ws, ws_bytes) == cudaSuccess, "cudaMalloc");
+  CHECK_OR_DIE(kc::EnableFixedGemmAlgorithms(fixed, fixed_ws, ws_bytes, max_m).ok(),
+               "EnableFixedGemmAlgorithms");
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
   std::printf(
-      "| n x k | m | cublas: row-0 outputs changed | cublaslt_pin | cutlass |\n"
-      "|---|---|---|---|---|\n");
+      "row-0 outputs (of n) whose bits differ from the m = 1 call; time per call in us\n"
+      "| n x k | m | cublas | cublaslt_pin | cutlass | verifyd |\n"
+      "|---|---|---|---|---|---|\n");
   for (absl::string_view shape : absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',')) {
     std::vector<std::string> nk = absl::StrSplit(shape, 'x');
     int64_t n = 0, k = 0;
@@ -166,13 +183,35 @@ int main(int argc, char** argv) {
       g.d = static_cast<float*>(dy);
       return (*grouped)->Run(g).ok();
     };
+    auto run_verifyd = [&](int64_t m) {
+      return kc::GemmBf16Packed(fixed, m, static_cast<const verifyd::kernels::bf16_bits*>(dx), k,
+                                static_cast<const verifyd::kernels::bf16_bits*>(dw), n, dy)
+          .ok();
+    };
     struct Impl {
       const char* name;
       std::function<bool(int64_t)> run;
       std::vector<float> ref;
     };
-    std::vector<Impl> impls = {
-        {"cublas", run_cublas, {}}, {"cublaslt_pin", run_lt, {}}, {"cutlass", run_cutlass, {}}};
+    std::vector<Impl> impls = {{"cublas", run_cublas, {}},
+                               {"cublaslt_pin", run_lt, {}},
+                               {"cutlass", run_cutlass, {}},
+                               {"verifyd", run_verifyd, {}}};
+    auto time_us = [&](Impl& im, int64_t m) {
+      for (int i = 0; i < 2; ++i) im.run(m);
+      std::vector<float> t;
+      for (int i = 0; i < absl::GetFlag(FLAGS_iters); ++i) {
+        cudaEventRecord(e0, nullptr);
+        im.run(m);
+        cudaEventRecord(e1, nullptr);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        t.push_back(ms * 1000.f);
+      }
+      std::sort(t.begin(), t.end());
+      return t.empty() ? 0.0 : static_cast<double>(t[t.size() / 2]);
+    };
     for (Impl& im : impls) {
       if (im.run(1)) im.ref = row0();
     }
@@ -189,8 +228,10 @@ int main(int argc, char** argv) {
         const std::vector<float> got = row0();
         int64_t changed = 0;
         for (int64_t i = 0; i < n; ++i) changed += std::memcmp(&got[i], &im.ref[i], 4) != 0;
-        std::printf(" %lld of %lld |", static_cast<long long>(changed), static_cast<long long>(n));
+        const double us = time_us(im, m);
+        std::printf(" %lld, %.1f us |", static_cast<long long>(changed), us);
         j[im.name] = changed;
+        j[std::string(im.name) + "_us"] = us;
       }
       std::printf("\n");
       results.push_back(j);
@@ -201,6 +242,27 @@ int main(int argc, char** argv) {
     cudaFree(doff);
     cublasLtMatmulDescDestroy(op);
   }
+  nlohmann::json choices = nlohmann::json::array();
+  std::printf(
+      "\nverifyd row classes (candidate 0 = the reference algorithm)\n"
+      "| n x k | up to m | rows tested | candidates | bit-equal | chosen | reference us | chosen us "
+      "|\n|---|---|---|---|---|---|---|---|\n");
+  for (const kc::GemmRowClassChoice& c : kc::FixedGemmChoices(fixed)) {
+    std::printf("| %lldx%lld | %lld | %lld | %d | %d | %d | %.1f | %.1f |\n",
+                static_cast<long long>(c.n), static_cast<long long>(c.k),
+                static_cast<long long>(c.max_m), static_cast<long long>(c.rows_tested),
+                c.tested_candidates, c.equal_candidates, c.candidate, c.ms_reference * 1000,
+                c.ms_chosen * 1000);
+    choices.push_back({{"n", c.n},
+                       {"k", c.k},
+                       {"max_m", c.max_m},
+                       {"rows_tested", c.rows_tested},
+                       {"candidates", c.tested_candidates},
+                       {"bit_equal", c.equal_candidates},
+                       {"chosen", c.candidate},
+                       {"reference_us", c.ms_reference * 1000},
+                       {"chosen_us", c.ms_chosen * 1000}});
+  }
   if (!absl::GetFlag(FLAGS_json).empty()) {
     cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);
@@ -210,8 +272,11 @@ int main(int argc, char** argv) {
                  {"date", absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())},
                  {"device", prop.name},
                  {"pin_m", absl::GetFlag(FLAGS_pin_m)},
-                 {"counts", "row-0 outputs (of n) whose bits differ from the m = 1 call"}};
+                 {"iters", absl::GetFlag(FLAGS_iters)},
+                 {"counts", "row-0 outputs (of n) whose bits differ from the m = 1 call; *_us: "
+                            "median time per call"}};
     j["results"] = results;
+    j["row_classes"] = choices;
     std::ofstream(absl::GetFlag(FLAGS_json)) << j.dump(1) << "\n";
   }
   return 0;

@@ -44,6 +44,7 @@
 #include "absl/time/time.h"
 #include "bench/moe_fill.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dense/gemm.h"
 #include "kernels/cuda/dense/grouped_gemm.h"
 #include "kernels/cuda/dense/moe.h"
 #include "kernels/cuda/dense/moe_mlp.h"
@@ -53,6 +54,10 @@ ABSL_FLAG(std::string, rows, "1,8,64,256,1024,2048,8192",
           "rows per step (tokens verified; 8192: where the expert GEMMs turn compute-bound)");
 ABSL_FLAG(std::string, modes, "fp8_grouped,fp8_grouped_m64,bf16_grouped,bf16_per_expert",
           "expert modes (fp8_grouped_m64: FP8 with 64-row tiles)");
+ABSL_FLAG(bool, batch_invariant, true,
+          "the engine's batch-invariant sequence (its default: the router kernel at every row "
+          "count, the shared experts' GEMMs on gemm.h's checked row-class algorithms); false: "
+          "the batch-adaptive one (cuBLAS router beyond 64 rows, cublasGemmEx)");
 ABSL_FLAG(int64_t, hidden, 7168, "hidden size");
 ABSL_FLAG(int64_t, experts, 384, "routed experts");
 ABSL_FLAG(int64_t, top_k, 8, "experts per token");
@@ -261,6 +266,7 @@ void RunLayer(const std::string& mode, Layer& L, int64_t R, cudaStream_t st, voi
   a.ld_out = d.H;
   a.cublas = cublas;
   a.stream = st;
+  a.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   a.host_sync = [st] {
     const cudaError_t e = cudaStreamSynchronize(st);
     return e == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(e));
@@ -342,6 +348,11 @@ int main(int argc, char** argv) {
   cublasSetStream(cublas, st);
   void* cublas_ws = DevAlloc<char>(32 << 20);
   cublasSetWorkspace(cublas, cublas_ws, 32 << 20);
+  if (absl::GetFlag(FLAGS_batch_invariant)) {
+    int64_t max_rows = 1;
+    for (const int r : rows) max_rows = std::max<int64_t>(max_rows, r);
+    BENCH_OK(kc::EnableFixedGemmAlgorithms(cublas, cublas_ws, 32 << 20, max_rows));
+  }
   const int E = static_cast<int>(d.E);
   auto make = [&](kc::GroupedGemmKind kind, int groups, int64_t n, int64_t k, int tile_m = 128) {
     auto g = kc::GroupedGemm::Create({kind, groups, n, k, dev, tile_m});
@@ -483,6 +494,7 @@ int main(int argc, char** argv) {
         {"date", absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())},
         {"device", prop.name},
         {"num_sms", prop.multiProcessorCount},
+        {"batch_invariant", absl::GetFlag(FLAGS_batch_invariant)},
         {"driver_version", driver},
         {"runtime_version", runtime},
         {"dims",

@@ -44,10 +44,11 @@ ABSL_FLAG(bool, fp8_experts, true,
 ABSL_FLAG(bool, expert_parallel, true,
           "cuda backend, tp > 1: each rank holds n_routed_experts / tp whole routed experts "
           "(expert parallelism) when they divide evenly; false: a 1/tp slice of every expert");
-ABSL_FLAG(bool, batch_invariant, false,
+ABSL_FLAG(bool, batch_invariant, true,
           "cuda backend: batch-invariant steps (a request's logits do not depend on the rest "
-          "of the step, so speculative output equals plain greedy decoding bit for bit at the "
-          "cost measured in docs/PERF.md)");
+          "of the step, so speculative output equals plain decoding bit for bit); false: the "
+          "batch-adaptive kernels, lossless only up to float near-ties (docs/PERF.md has the "
+          "speed of both)");
 ABSL_FLAG(int64_t, kv_slots, 65536, "latent KV pool capacity in tokens");
 ABSL_FLAG(std::string, kv_dtype, "auto",
           "latent KV cache storage: auto (float32 on the cpu backend, bf16 on cuda) or fp8 "

@@ -1,8 +1,10 @@
-// The CUDA engine's batch-invariant mode (EngineOptions::cuda.batch_invariant): a request's
-// logits must be bit-identical whether it runs alone, next to other random requests (random
-// contexts over a random-filled KV pool, random trees) or with its own tree grown, at TP 1 and
-// at loopback TP 2, on the kimi-k2-attn preset (the verify kernel's dimensions; 2 layers, plus
-// the tiny-moe preset for the MoE path). A control runs the default mode on the same probe and
+// The CUDA engine's batch-invariant steps (EngineOptions::cuda.batch_invariant, the default): a
+// request's logits must be bit-identical whether it runs alone, next to other random requests
+// (random contexts over a random-filled KV pool, random trees) or with its own tree grown, at
+// TP 1 and at loopback TP 2, on the kimi-k2-attn preset (the verify kernel's dimensions; 2
+// layers, plus the tiny-moe preset for the MoE path) and on kimi_fp8_moe, a transformers-made
+// checkpoint of Kimi-K2's geometry (576-wide latents, 16 heads, 16 experts top-4 with Kimi-K2's
+// routing, every linear FP8). A control runs the batch-adaptive steps on the same probe and
 // expects at least one changed bit: the comparison can see a difference. And every node of a
 // draft tree gets exactly the logits plain one-token-per-step decoding of its path gives.
 // Label gpu; skipped with a message when no CUDA device is visible.
@@ -16,6 +18,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/gpu_test_util.h"
+#include "tests/reference_checkpoint_util.h"
 #include "tp/cuda/cuda_engine.h"
 
 namespace verifyd::tp {
@@ -222,7 +225,26 @@ TEST(GpuBatchInvariance, Fp8KvCacheKeepsBothProperties) {
   }
 }
 
-TEST(GpuBatchInvariance, DefaultModeChangesBitsSoTheProbeCanSeeThem) {
+// Kimi-K2's geometry from a transformers-made FP8 checkpoint (routing from the activations,
+// FP8 experts, shared expert, dense MLP and attention projections): both properties at TP 1,
+// loopback TP 2 (expert parallel: 8 experts a rank) and TP 4 (4 heads a rank).
+TEST(GpuBatchInvariance, KimiGeometryFp8MoeCheckpoint) {
+  SKIP_WITHOUT_GPU();
+  for (const int tp : {1, 2, 4}) {
+    std::unique_ptr<CudaEngine> e = MakeEngine(reftest::CheckpointDir("kimi_fp8_moe"), tp,
+                                               /*invariant=*/true, /*shared_context=*/true);
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(ChangedProbeRows(*e), 0) << "tp " << tp;
+    int64_t compared = 0;
+    const int64_t differ = TreeNodesUnlikePlainDecoding(*e, &compared);
+    std::printf("kimi_fp8_moe tp=%d: %lld decode steps, %lld differ from the tree's node\n", tp,
+                static_cast<long long>(compared), static_cast<long long>(differ));
+    EXPECT_GT(compared, 25);
+    EXPECT_EQ(differ, 0) << "tp " << tp;
+  }
+}
+
+TEST(GpuBatchInvariance, BatchAdaptiveStepsChangeBitsSoTheProbeCanSeeThem) {
   SKIP_WITHOUT_GPU();
   std::unique_ptr<CudaEngine> e = MakeEngine("kimi-k2-attn", 1, /*invariant=*/false);
   ASSERT_NE(e, nullptr);
@@ -230,7 +252,7 @@ TEST(GpuBatchInvariance, DefaultModeChangesBitsSoTheProbeCanSeeThem) {
   // The tree-vs-decoding comparison can see a difference too (printed: how many).
   int64_t compared = 0;
   const int64_t differ = TreeNodesUnlikePlainDecoding(*e, &compared);
-  std::printf("default mode: %lld of %lld decode steps differ from the tree's node\n",
+  std::printf("batch-adaptive steps: %lld of %lld decode steps differ from the tree's node\n",
               static_cast<long long>(differ), static_cast<long long>(compared));
   EXPECT_GT(differ, 0);
 }

@@ -24,7 +24,9 @@ if(VERIFYD_WITH_CUDA)
     LIBS verifyd_tp_cuda verifyd_tp verifyd_kernels_ref)
   verifyd_add_test(gpu_batch_invariance_test LABEL gpu TIMEOUT 900
     SOURCES gpu_batch_invariance_test.cc
-    LIBS verifyd_tp_cuda verifyd_tp)
+    LIBS verifyd_tp_cuda verifyd_tp nlohmann_json::nlohmann_json)
+  target_compile_definitions(gpu_batch_invariance_test
+                             PRIVATE VERIFYD_TEST_DATA_DIR="${CMAKE_SOURCE_DIR}/tests/data")
   verifyd_add_test(gpu_loopback_test LABEL gpu
     SOURCES gpu_loopback_test.cc
     LIBS verifyd_tp_cuda CUDA::cudart)

@@ -70,10 +70,13 @@ ModelConfig ConfigByName(const std::string& name) {
 using VerifyKernel = EngineOptions::Cuda::VerifyKernel;
 std::unique_ptr<CudaEngine> MakeGpu(const ModelConfig& c, uint64_t seed, int64_t kv,
                                     bool host_weights = false, int tp = 1, bool kv_fp8 = false,
-                                    VerifyKernel verify_kernel = VerifyKernel::kAuto) {
+                                    VerifyKernel verify_kernel = VerifyKernel::kAuto,
+                                    bool batch_invariant = true) {
   EngineOptions o;
   if (kv_fp8) o.kv_dtype = KvDtype::kFp8;
   o.cuda.verify_kernel = verify_kernel;
+  // A forced kernel is a batch-adaptive plan's (batch-invariant steps plan positionally).
+  o.cuda.batch_invariant = batch_invariant && verify_kernel == VerifyKernel::kAuto;
   if (host_weights) {
     auto w = GenerateRandomWeights(c, seed);
     if (!w.ok()) return nullptr;
@@ -338,10 +341,12 @@ TEST(GpuEngine, MatchesCpuEngineFp8KvCacheSeesawVariant) {
 // Forks of one 1,500-token context in one step (a decode row or a small draft tree each):
 // the verify attention packs them and reads the shared prefix once per pack (8 heads: up to
 // 8 rows of requests per 64-row tile); logits and greedy tokens match the CPU engine.
+// Batch-adaptive steps (shared-prefix packing is theirs).
 TEST(GpuEngine, SharedPrefixForksMatchCpuEngine) {
   SKIP_WITHOUT_GPU();
   const ModelConfig cfg = Tiny576();
-  auto gpu = MakeGpu(cfg, 7, 4096);
+  auto gpu = MakeGpu(cfg, 7, 4096, false, 1, false, VerifyKernel::kAuto,
+                     /*batch_invariant=*/false);
   auto cpu = MakeCpu(cfg, 7, 4096);
   ASSERT_NE(gpu, nullptr);
   ASSERT_NE(cpu, nullptr);

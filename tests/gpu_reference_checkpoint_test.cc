@@ -71,6 +71,8 @@ std::unique_ptr<CudaEngine> MakeEngine(const std::string& name, int tp, bool fp8
                                        VerifyKernel verify_kernel = VerifyKernel::kAuto) {
   EngineOptions o;
   o.cuda.verify_kernel = verify_kernel;
+  // A forced kernel is a batch-adaptive plan's (batch-invariant steps plan positionally).
+  o.cuda.batch_invariant = verify_kernel == VerifyKernel::kAuto;
   o.kv_dtype = kv_dtype;
   o.model = reftest::CheckpointDir(name);
   o.tp = tp;

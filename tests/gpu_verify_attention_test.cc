@@ -72,6 +72,7 @@ struct Case {
   bool positional = false;       // a positional plan (the batch-invariant mode's)
   bool shared_context = false;   // ... with the context splits shared by a request's nodes
   int64_t max_partial_rows = 0;  // > 0: a workspace this small (positional plans: passes)
+  int split_group = -1;          // positional plans: VerifyPlanOptions::positional_split_group
   // > 0: requests b >= 1 with shared[b] set begin with request 0's first `prefix` context
   // slots (forks), and the planner gets the host kv indices (shared-prefix plans).
   int prefix = 0;
@@ -396,6 +397,7 @@ void RunCase(const Case& c, Errors* err) {
   opt.max_splits = c.max_splits;
   opt.positional = c.positional;
   opt.positional_shared_context = c.shared_context;
+  opt.positional_split_group = c.split_group;
   if (c.prefix > 0) opt.host_kv_indices = h.kv_indices.data();
   ASSERT_NO_FATAL_FAILURE(RunCuda(h, opt, c.with_lse, c.max_partial_rows, &out, &lse));
   CompareRows(out, ref_out, c.with_lse ? &lse : nullptr, c.with_lse ? &ref_lse : nullptr, err);
@@ -1018,7 +1020,9 @@ TEST(VerifyAttentionCuda, PositionalMatchesReference) {
   for (const Shape& sh : shapes) {
     for (const VerifyKernelConfig config : {VerifyKernelConfig::kM16, VerifyKernelConfig::kS64}) {
       if (config == VerifyKernelConfig::kS64 && !sm90) continue;
-      for (const bool shared : {false, true}) {
+      // mode 2: seesaw with split groups forced (two context splits per work item).
+      for (const int mode : {0, 1, 2}) {
+        if (mode == 2 && config != VerifyKernelConfig::kS64) continue;
         Case c;
         c.heads = sh.heads;
         c.nodes = sh.nodes;
@@ -1027,7 +1031,8 @@ TEST(VerifyAttentionCuda, PositionalMatchesReference) {
         c.seed = seed++;
         c.config = config;
         c.positional = true;
-        c.shared_context = shared;
+        c.shared_context = mode == 1;
+        c.split_group = mode == 2 ? 2 : -1;
         c.max_partial_rows = sh.max_partial_rows;
         ExpectCase(c);
       }
@@ -1101,7 +1106,9 @@ HostBatch ChainsOf(const HostBatch& tree, int heads, std::vector<int>* source_ro
 // same query decoded as a one-row chain (context = the request's context + the node's
 // ancestors, in order), whatever else shares the batch: the chains of every node of several
 // trees run together in one batch, in reverse order, next to unrelated requests, and with a
-// workspace small enough to need passes.
+// workspace small enough to need passes. On the seesaw kernel the tree runs with split groups
+// forced (3 context splits per work item: VerifyWorkItem::split_keys) and the chains with one
+// split per item, so grouped splits are checked bit-identical to ungrouped ones too.
 TEST(VerifyAttentionCuda, PositionalTreeEqualsChain) {
   SKIP_WITHOUT_GPU();
   const bool sm90 = !SkipUnlessSm90();
@@ -1126,12 +1133,15 @@ TEST(VerifyAttentionCuda, PositionalTreeEqualsChain) {
       opt.config = config;
       opt.positional = true;
       opt.positional_shared_context = shared;
-      ASSERT_NO_FATAL_FAILURE(RunCuda(tree, opt, true, 0, &tree_out, &tree_lse));
+      VerifyPlanOptions tree_opt = opt;
+      if (config == VerifyKernelConfig::kS64) tree_opt.positional_split_group = 3;
+      ASSERT_NO_FATAL_FAILURE(RunCuda(tree, tree_opt, true, 0, &tree_out, &tree_lse));
 
       std::vector<int> source_row;  // tree row of each chain row (-1: unrelated)
       const HostBatch chain = ChainsOf(tree, heads, &source_row);
       std::vector<bf16_bits> chain_out;
       std::vector<float> chain_lse;
+      opt.positional_split_group = 0;
       ASSERT_NO_FATAL_FAILURE(RunCuda(chain, opt, true, 5000, &chain_out, &chain_lse));
 
       int64_t differing = 0, compared = 0;

@@ -503,21 +503,37 @@ Walk Simulate(const VerifyAttentionPlan& plan, const TreeBatch& t, int heads) {
       EXPECT_GT(rows, 0);
       EXPECT_GE(w.kv_len - w.num_nodes, w.kv_end) << "keys before the range's end are masked";
       EXPECT_EQ(w.kv_begin % 64, 0);
-      std::vector<int32_t> keys;
-      for (int key = w.kv_begin; key < w.kv_end; ++key) {
-        keys.push_back(w.kv_off >= 0 ? t.idx[w.kv_off + key] : lists.at(-w.kv_off - 1 + key));
+      // A split group (split_keys > 0) is its splits, one after another, split j written to
+      // partial rows partial_row + j * bm (what the kernel does).
+      std::vector<std::pair<int, int>> ranges;  // [begin, end) of each split of the item
+      if (w.split_keys > 0) {
+        EXPECT_EQ(w.split_keys % 128, 0);
+        EXPECT_GE(w.partial_row, 0);
+        for (int b = w.kv_begin; b < w.kv_end; b += w.split_keys) {
+          ranges.push_back({b, std::min(w.kv_end, b + w.split_keys)});
+        }
+        EXPECT_GT(ranges.size(), 1u);
+      } else {
+        ranges.push_back({w.kv_begin, w.kv_end});
       }
-      for (int r = 0; r < rows; ++r) {
-        const int64_t out = static_cast<int64_t>(w.q_row0) * heads + w.fold_begin + r;
-        auto& seq = walk.slots[out];
-        seq.insert(seq.end(), keys.begin(), keys.end());
-        walk.splits[out].push_back(w.kv_end - w.kv_begin);
-        if (w.partial_row < 0) {
-          ++produced[out];
-        } else {
-          auto& p = partial.at(w.partial_row + r);
-          EXPECT_EQ(p.first, -1) << "partial row " << w.partial_row + r << " written twice";
-          p = {out, static_cast<int>(walk.splits[out].size()) - 1};
+      for (size_t j = 0; j < ranges.size(); ++j) {
+        std::vector<int32_t> keys;
+        for (int key = ranges[j].first; key < ranges[j].second; ++key) {
+          keys.push_back(w.kv_off >= 0 ? t.idx[w.kv_off + key] : lists.at(-w.kv_off - 1 + key));
+        }
+        const int64_t prow = w.partial_row + static_cast<int64_t>(j) * bm;
+        for (int r = 0; r < rows; ++r) {
+          const int64_t out = static_cast<int64_t>(w.q_row0) * heads + w.fold_begin + r;
+          auto& seq = walk.slots[out];
+          seq.insert(seq.end(), keys.begin(), keys.end());
+          walk.splits[out].push_back(ranges[j].second - ranges[j].first);
+          if (w.partial_row < 0) {
+            ++produced[out];
+          } else {
+            auto& p = partial.at(prow + r);
+            EXPECT_EQ(p.first, -1) << "partial row " << prow + r << " written twice";
+            p = {out, static_cast<int>(walk.splits[out].size()) - 1};
+          }
         }
       }
     }
@@ -539,15 +555,17 @@ Walk Simulate(const VerifyAttentionPlan& plan, const TreeBatch& t, int heads) {
 }
 
 // Splits depend on the visible key count alone: one up to kPositionalChunkKeys, then up to
-// kPositionalMaxSplits, 64-key multiples.
+// kPositionalMaxSplits, 128-key multiples (whole tile pairs: split groups).
 TEST(VerifyAttentionPlan, PositionalSplitKeys) {
-  EXPECT_EQ(PositionalSplitKeys(1), 64);
+  EXPECT_EQ(PositionalSplitKeys(1), 128);
   EXPECT_EQ(PositionalSplitKeys(kPositionalChunkKeys), kPositionalChunkKeys);
-  EXPECT_EQ(PositionalSplitKeys(513), 320);      // two splits of 257 -> 320
-  EXPECT_EQ(PositionalSplitKeys(185000), 5824);  // 32 splits of 5782 -> 5824
+  EXPECT_EQ(PositionalSplitKeys(513), 384);      // two splits of 257 -> 384
+  EXPECT_EQ(PositionalSplitKeys(185000), 5888);  // 32 splits of 5782 -> 5888
+  EXPECT_EQ(PositionalSplitKeys(8192, {1024, 4}), 2048);
+  EXPECT_EQ(PositionalSplitKeys(3000, {1024, 4}), 1024);
   for (int64_t n : {1, 63, 64, 65, 511, 512, 513, 4097, 65536, 65537, 185000, 1 << 20}) {
     const int64_t len = PositionalSplitKeys(n);
-    EXPECT_EQ(len % 64, 0) << n;
+    EXPECT_EQ(len % 128, 0) << n;
     const int64_t splits = (n + len - 1) / len;
     EXPECT_LE(splits, kPositionalMaxSplits) << n;
     EXPECT_LE(splits, std::max<int64_t>(1, (n + kPositionalChunkKeys - 1) / kPositionalChunkKeys))
@@ -610,11 +628,16 @@ TEST(VerifyAttentionPlan, PositionalPlanWalksVisibleKeys) {
       if (shared && device.cc_major == 9 && heads == 8) {
         // The point of sharing: a 64-row CTA holds 8 nodes, so the context is read by far
         // fewer work items than one per node.
-        VerifyPlanOptions per_node = opt;
+        // (One split per work item in both: split groups would shrink either.)
+        VerifyPlanOptions ungrouped = opt;
+        ungrouped.positional_split_group = 0;
+        auto sharing = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), device, ws, ungrouped);
+        VerifyPlanOptions per_node = ungrouped;
         per_node.positional_shared_context = false;
         auto plain = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), device, ws, per_node);
+        ASSERT_TRUE(sharing.ok());
         ASSERT_TRUE(plain.ok());
-        EXPECT_LT(plan->work.size() * 3, plain->work.size());
+        EXPECT_LT(sharing->work.size() * 3, plain->work.size());
       }
       VerifyPlanOptions no_mask = opt;
       no_mask.host_tree_mask = nullptr;
@@ -623,6 +646,62 @@ TEST(VerifyAttentionPlan, PositionalPlanWalksVisibleKeys) {
       EXPECT_NE(refused.status().message().find("host_tree_mask"), std::string::npos);
     }
   }
+}
+
+// Split groups (seesaw only): several context splits of a head tile in one work item change
+// which CTA computes a split, never a row's keys, split boundaries or merge order; the auto
+// choice groups only when the batch has far more split items than SMs; other kernels and an
+// explicit 0 keep one split per item.
+TEST(VerifyAttentionPlan, PositionalSplitGroupsKeepEveryRowsSplits) {
+  const VerifyAttentionWorkspace ws = CapacityOnly();
+  const std::vector<int> nodes = {9, 17, 1, 33, 5, 1}, ctx = {20000, 6000, 65000, 3000, 40000, 900};
+  const TreeBatch t = MakeTrees(nodes, ctx, 11);
+  for (const bool shared : {false, true}) {
+    for (const int heads : {16, 64, 128}) {
+      SCOPED_TRACE(testing::Message() << heads << " heads" << (shared ? ", shared" : ""));
+      const VerifyAttentionParams p = ParamsOf(t, heads);
+      VerifyPlanOptions opt;
+      opt.positional = true;
+      opt.positional_shared_context = shared;
+      opt.host_tree_mask = t.mask.data();
+      opt.positional_split_group = 0;
+      auto plain = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, ws, opt);
+      ASSERT_TRUE(plain.ok()) << plain.status();
+      for (const int g : {2, 5, 1000}) {
+        opt.positional_split_group = g;
+        auto grouped = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, ws, opt);
+        ASSERT_TRUE(grouped.ok()) << grouped.status();
+        EXPECT_LT(grouped->work.size(), plain->work.size()) << g;
+        int groups = 0;
+        for (const VerifyWorkItem& w : grouped->work) groups += w.split_keys > 0;
+        EXPECT_GT(groups, 0) << g;
+        const Walk a = Simulate(*plain, t, heads), b = Simulate(*grouped, t, heads);
+        EXPECT_EQ(a.slots, b.slots) << g;
+        EXPECT_EQ(a.splits, b.splits) << g;
+        EXPECT_EQ(grouped->combine.size(), plain->combine.size()) << g;
+      }
+      // Auto: this batch at 16+ heads has several times 2 x 132 split items at 64+ heads.
+      opt.positional_split_group = -1;
+      auto autod = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kH200, ws, opt);
+      ASSERT_TRUE(autod.ok());
+      const Walk a = Simulate(*plain, t, heads), c = Simulate(*autod, t, heads);
+      EXPECT_EQ(a.splits, c.splits);
+      // Not on the 16-row kernel (sm_120): no split groups there.
+      opt.positional_split_group = 4;
+      auto m16 = PlanVerifyAttention(p, t.qi.data(), t.ki.data(), kSm120, ws, opt);
+      ASSERT_TRUE(m16.ok());
+      for (const VerifyWorkItem& w : m16->work) EXPECT_EQ(w.split_keys, 0);
+    }
+  }
+  // One decode row at 4,096 keys: 8 split items, far fewer than the SMs: never grouped.
+  const TreeBatch one = MakeTrees({1}, {4095}, 5);
+  VerifyPlanOptions opt;
+  opt.positional = true;
+  opt.host_tree_mask = one.mask.data();
+  auto plan = PlanVerifyAttention(ParamsOf(one, 64), one.qi.data(), one.ki.data(), kH200, ws, opt);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->work.size(), 8u);
+  for (const VerifyWorkItem& w : plan->work) EXPECT_EQ(w.split_keys, 0);
 }
 
 // A batch whose partial outputs or index lists exceed the workspace runs in passes (per-node

@@ -104,15 +104,24 @@ struct EngineOptions {
     // false: the routed experts always take the per-expert cuBLAS path (one host sync per MoE
     // layer), as on GPUs without the grouped kernels (tests, comparisons).
     bool grouped_experts = true;
-    // Batch-invariant steps: a row's logits do not depend on what else shares its step, and a
-    // draft-tree node gets the bits plain decoding gives its token (GEMMs on one pinned
-    // cuBLASLt algorithm per shape, positional verify-attention plans, the router kernel at
-    // every row count, rank-order TP sums). Costs speed (docs/PERF.md).
-    bool batch_invariant = false;
+    // Batch-invariant steps (the default): a row's logits do not depend on what else shares
+    // its step, and a draft-tree node gets the bits plain decoding gives its token, so
+    // speculative output equals plain decoding bit for bit (GEMMs on cuBLASLt algorithms
+    // checked bit-equal to one reference per shape, positional verify-attention plans, the
+    // router kernel at every row count, rank-order TP sums). false: the batch-adaptive
+    // kernels (forced verify kernels, shared-prefix packing, staged FP8 keys), exact only up
+    // to float near-ties; its speed difference is measured in docs/PERF.md.
+    bool batch_invariant = true;
     // With batch_invariant: positional plans whose context splits are shared by a request's
     // nodes (VerifyPlanOptions::positional_shared_context): the same bits as per-node plans'
     // guarantees, and 1.1-3.5x faster attention with 8 or 16 heads per rank (docs/PERF.md).
     bool shared_context_attention = true;
+    // With batch_invariant: the split rule of positional plans (verify_attention/api.h
+    // PositionalSplitKeys): a node with n visible keys runs in
+    // min(ceil(n / positional_chunk_keys), positional_max_splits) splits. One rule per engine:
+    // a row's splits then depend on its own key count alone.
+    int positional_chunk_keys = 512;
+    int positional_max_splits = 32;
     // The verify attention kernel (kernels/cuda/verify_attention/api.h VerifyKernelConfig):
     // kAuto lets the planner choose per step; the others force one configuration for tests and
     // benchmarks (a step the forced kernel cannot run fails with the planner's error: e.g.

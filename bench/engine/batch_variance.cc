@@ -33,7 +33,9 @@ ABSL_FLAG(int64_t, probe_nodes, 8, "draft nodes of the probe's tree");
 ABSL_FLAG(std::string, batches, "1,7,31", "other requests sharing the probe's step");
 ABSL_FLAG(std::string, grown, "16,64", "the probe's tree grown to this many nodes");
 ABSL_FLAG(bool, verify_kernel, true, "the optimised verify attention (false: the fallback)");
-ABSL_FLAG(bool, batch_invariant, false, "batch-invariant engine steps (EngineOptions::cuda)");
+ABSL_FLAG(bool, batch_invariant, true,
+          "batch-invariant engine steps (EngineOptions::cuda, the default; false: the "
+          "batch-adaptive kernels)");
 ABSL_FLAG(std::string, json, "", "write the results as JSON here");
 ABSL_FLAG(std::string, commit, "unknown", "source revision recorded in the JSON meta");
 

@@ -67,7 +67,13 @@ ABSL_FLAG(std::string, batches, "1,8,32", "requests per step");
 ABSL_FLAG(int, warmup, 2, "untimed steps per configuration");
 ABSL_FLAG(int, iters, 5, "timed steps per configuration (median reported)");
 ABSL_FLAG(bool, verify_kernel, true, "use the optimised verify attention kernel");
-ABSL_FLAG(bool, batch_invariant, false, "batch-invariant engine steps (EngineOptions::cuda)");
+ABSL_FLAG(bool, batch_invariant, true,
+          "batch-invariant engine steps (EngineOptions::cuda, the default; false: the "
+          "batch-adaptive kernels)");
+ABSL_FLAG(int, positional_chunk_keys, 512,
+          "batch-invariant steps: positional split rule (EngineOptions::cuda)");
+ABSL_FLAG(int, positional_max_splits, 32,
+          "batch-invariant steps: positional split rule (EngineOptions::cuda)");
 ABSL_FLAG(bool, shared_context, true,
           "with --batch_invariant: context splits shared by a request's nodes "
           "(EngineOptions::cuda.shared_context_attention; false: per-node plans)");
@@ -264,6 +270,8 @@ int main(int argc, char** argv) {
   o.cuda.use_verify_kernel = absl::GetFlag(FLAGS_verify_kernel);
   o.cuda.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   o.cuda.shared_context_attention = absl::GetFlag(FLAGS_shared_context);
+  o.cuda.positional_chunk_keys = absl::GetFlag(FLAGS_positional_chunk_keys);
+  o.cuda.positional_max_splits = absl::GetFlag(FLAGS_positional_max_splits);
   o.cuda.fp8_experts = absl::GetFlag(FLAGS_fp8_weights);
   o.cuda.fp8_cublaslt = absl::GetFlag(FLAGS_fp8_cublaslt);
   o.cuda.shared_prefix_attention = absl::GetFlag(FLAGS_shared_prefix);
@@ -399,6 +407,8 @@ int main(int argc, char** argv) {
   j["verify_kernel"] = rows.empty() ? false : rows[0].prof.verify_kernel;
   j["batch_invariant"] = absl::GetFlag(FLAGS_batch_invariant);
   j["shared_context"] = absl::GetFlag(FLAGS_shared_context);
+  j["positional_chunk_keys"] = absl::GetFlag(FLAGS_positional_chunk_keys);
+  j["positional_max_splits"] = absl::GetFlag(FLAGS_positional_max_splits);
   {
     // A preset's weights are generated; a checkpoint is named by its directory's last part.
     const std::string m = absl::GetFlag(FLAGS_model);

@@ -40,6 +40,11 @@ tests/data/references/<name>.json and <name>_logits.safetensors.
                 (o_proj columns 4 x 128) and kv_lora_rank 176 (kv_a_proj_with_mqa's 192 rows:
                 one whole and one partial block, as DeepSeek-V3's 576 = 4.5 blocks), so the CUDA
                 engine keeps every FP8 linear in FP8 at TP 1, 2 and 4. Routing pinned likewise.
+  kimi_fp8_moe  Kimi-K2's geometry for the GPU exactness checks: kv_lora_rank 512, rope 64, 16
+                heads, 16 routed experts top-4 with Kimi-K2's routing (one group, sigmoid +
+                correction bias, normalised, scaling 2.827, one shared expert; not pinned),
+                YaRN, every decoder Linear FP8 in 128-aligned blocks, three layers (the first
+                dense), 1,024 positions. One shard.
   mla576        DeepSeek-V3's attention dimensions: kv_lora_rank 512 and qk_rope_head_dim 64 (the
                 576-wide latent rows the optimised GPU verify kernels and the 656-byte FP8 KV
                 format are built for; the other checkpoints' latent rows are 48 to 240 wide), YaRN
@@ -243,6 +248,48 @@ CHECKPOINTS.append(dict(
                 first_k_dense_replace=2, max_position_embeddings=256,
                 rope_parameters=dict(YARN)),
     prompt_lengths=[9, 40, 100],
+))
+
+# Kimi-K2's geometry where it matters to the GPU engine's exactness: the 576-wide latent rows
+# (kv_lora_rank 512, rope 64) of the optimised verify kernels, 16 heads, Kimi-K2's routing (one
+# group, sigmoid scores with the correction bias, top-4 of 16 routed experts here, normalised,
+# routed_scaling_factor 2.827, one shared expert), YaRN, every decoder Linear in FP8 128 x 128
+# blocks with 128-aligned dims (the CUDA engine keeps experts, shared expert, dense MLP and the
+# attention projections but kv_b in FP8). Routing is NOT pinned: the batch-invariance checks
+# need routing decisions made from the activations. 1,024 positions, so servers can prefill
+# prompts of hundreds of tokens.
+CHECKPOINTS.append(dict(
+    _DENSE,
+    name="kimi_fp8_moe",
+    seed=8008,
+    config=dict(
+        COMMON,
+        hidden_size=256,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+        num_hidden_layers=3,
+        first_k_dense_replace=1,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        q_lora_rank=128,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=64,
+        v_head_dim=64,
+        n_routed_experts=16,
+        num_experts_per_tok=4,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.827,
+        max_position_embeddings=1024,
+        rope_parameters=dict(YARN, original_max_position_embeddings=256),
+    ),
+    spelling="v4",
+    fp8=True,
+    shards=1,
+    prompt_lengths=[11, 47, 90],
 ))
 
 

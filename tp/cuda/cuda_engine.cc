@@ -297,6 +297,7 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
       if (rk.batch_invariant) {
         vo.positional = true;  // configuration: PositionalConfigFor(the device)
         vo.positional_shared_context = rk.shared_context_attention;
+        vo.positional_split = rk.positional_split;
         vo.host_tree_mask = plan.tree_mask.data();
       }
       absl::StatusOr<kc::VerifyAttentionPlan> p = kc::PlanVerifyAttention(
@@ -780,6 +781,17 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
     return bad("kv_memory_fraction: ", kv_fraction, " must be in (0, 1)");
   }
   if (o.comm_timeout_ms <= 0) return bad("comm_timeout_ms must be > 0");
+  if (o.cuda.positional_chunk_keys < 64 || o.cuda.positional_chunk_keys % 64 != 0) {
+    return bad("positional_chunk_keys: ", o.cuda.positional_chunk_keys,
+               " must be a positive multiple of 64");
+  }
+  if (o.cuda.positional_max_splits < 1 || o.cuda.positional_max_splits > 256) {
+    return bad("positional_max_splits: ", o.cuda.positional_max_splits, " must be in [1, 256]");
+  }
+  if (o.cuda.batch_invariant && o.cuda.verify_kernel != EngineOptions::Cuda::VerifyKernel::kAuto) {
+    return bad("verify_kernel: a forced verify-attention kernel needs batch_invariant = false "
+               "(batch-invariant steps run positional plans on the device's own kernel)");
+  }
 
   const int ndev = CudaDeviceCount();
   if (ndev == 0) return absl::FailedPreconditionError("cuda engine: no CUDA device is visible");
@@ -856,6 +868,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   setup.grouped_experts = o.cuda.grouped_experts;
   setup.batch_invariant = o.cuda.batch_invariant;
   setup.shared_context_attention = o.cuda.shared_context_attention;
+  setup.positional_split.chunk_keys = o.cuda.positional_chunk_keys;
+  setup.positional_split.max_splits = o.cuda.positional_max_splits;
   setup.fp8_staging_keys = kv_fp8 && !o.cuda.batch_invariant ? o.cuda.fp8_staging_keys : 0;
   setup.comm_timeout_ms = o.comm_timeout_ms;
   m.max_rows = setup.max_rows;

@@ -533,6 +533,7 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
     VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(rk.cublas, *ws, kCublasWs));
     rk.batch_invariant = setup.batch_invariant;
     rk.shared_context_attention = setup.shared_context_attention;
+    rk.positional_split = setup.positional_split;
     if (rk.batch_invariant) {
       VERIFYD_RETURN_IF_ERROR(
           kc::EnableFixedGemmAlgorithms(rk.cublas, *ws, kCublasWs, setup.max_rows));
@@ -744,7 +745,7 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
         rk.batch_invariant
             ? kc::VerifyAttentionWorkspace::Allocate(
                   static_cast<int>(std::max<int64_t>(
-                      65536, setup.max_rows * head_tiles * kc::kPositionalMaxSplits)),
+                      65536, setup.max_rows * head_tiles * setup.positional_split.max_splits)),
                   static_cast<int>(std::max<int64_t>(16384, setup.max_rows * head_tiles)),
                   /*max_partial_rows=*/131072,
                   /*max_index_tasks=*/

@@ -234,6 +234,7 @@ struct CudaRankContext {
   size_t free_bytes = 0;                  // device memory free after InitRankContext
   bool batch_invariant = false;           // RankSetup::batch_invariant (GEMMs pinned on `cublas`)
   bool shared_context_attention = false;  // RankSetup::shared_context_attention
+  kernels::cuda::PositionalSplitRule positional_split;  // RankSetup::positional_split
   int shared_prefix_packs = 0;            // the last step's plan (CudaEngine test API)
   // The last step's attention: its plan's configuration name, or "fallback" (CudaEngine test API).
   const char* last_verify_kernel = "fallback";
@@ -271,6 +272,8 @@ struct RankSetup {
   bool grouped_experts = true;            // EngineOptions::cuda.grouped_experts
   bool batch_invariant = false;           // EngineOptions::cuda.batch_invariant
   bool shared_context_attention = false;  // EngineOptions::cuda.shared_context_attention
+  // EngineOptions::cuda.positional_chunk_keys / positional_max_splits
+  kernels::cuda::PositionalSplitRule positional_split;
   // EngineOptions::cuda.fp8_staging_keys with an FP8 cache (else 0); used on sm_90 only.
   int64_t fp8_staging_keys = 0;
   // NCCL (TP > 1): the group's unique id and shared failure flag.

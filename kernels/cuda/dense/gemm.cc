@@ -5,12 +5,17 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
@@ -18,17 +23,33 @@
 namespace verifyd::kernels::cuda {
 namespace {
 
-// Batch-invariant GEMMs (EnableFixedGemmAlgorithms): per cuBLAS handle, a cuBLASLt handle and
-// one algorithm per shape class, chosen once and used for every row count.
+// Batch-invariant GEMMs (EnableFixedGemmAlgorithms): per cuBLAS handle, a cuBLASLt handle and,
+// per shape class, a reference algorithm (used at every row count: a row's result is then
+// independent of m) plus, per row class, the fastest algorithm found whose output equals the
+// reference's bit for bit on this device (ChooseRowClasses).
+struct ShapeAlgos {
+  cublasLtMatmulAlgo_t reference;
+  // (largest m of the class, algorithm), ascending; the last class is unbounded.
+  std::vector<std::pair<int64_t, cublasLtMatmulAlgo_t>> classes;
+  const cublasLtMatmulAlgo_t& For(int64_t m) const {
+    for (const auto& c : classes) {
+      if (m <= c.first) return c.second;
+    }
+    return reference;
+  }
+};
+
 struct FixedAlgos {
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   int64_t max_rows = 0;
-  // (transa, n, k, lda, ldb, ldc, strides a/b/c, batch, a type, c type, compute) -> algorithm
+  // (transa, n, k, lda, ldb, ldc, strides a/b/c, batch, a type, c type, compute) -> algorithms
   using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                          int64_t, int, int, int, int>;
-  std::map<Key, cublasLtMatmulAlgo_t> algos;
+  std::map<Key, ShapeAlgos> algos;
+  bool row_classes = true;               // false: the reference at every m
+  std::vector<GemmRowClassChoice> log;  // FixedGemmChoices
   std::mutex mu;
 };
 
@@ -118,6 +139,187 @@ absl::Status MakeDescs(const LtGemm& g, int64_t m, LtDescs* d) {
   return absl::OkStatus();
 }
 
+size_t DTypeBytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
+
+// Up to `max` cuBLASLt heuristic choices for g at m rows, split-K forced off, that also run at
+// every row count in [lo, hi] (checked at both ends) within the workspace.
+std::vector<cublasLtMatmulAlgo_t> Candidates(FixedAlgos& f, const LtGemm& g, int64_t m, int64_t lo,
+                                             int64_t hi, int max) {
+  std::vector<cublasLtMatmulAlgo_t> out;
+  LtDescs ref;
+  if (!MakeDescs(g, m, &ref).ok()) return out;
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return out;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                       &f.workspace_bytes, sizeof(f.workspace_bytes));
+  cublasLtMatmulHeuristicResult_t res[16];
+  int found = 0;
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(f.lt, ref.op, ref.a, ref.b, ref.c, ref.c, pref, 16, res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (hs != CUBLAS_STATUS_SUCCESS) return out;
+  for (int i = 0; i < found && static_cast<int>(out.size()) < max; ++i) {
+    cublasLtMatmulAlgo_t cand = res[i].algo;
+    const int32_t splitk = 1;
+    const uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE;
+    cublasLtMatmulAlgoConfigSetAttribute(&cand, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                         sizeof(splitk));
+    cublasLtMatmulAlgoConfigSetAttribute(&cand, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red,
+                                         sizeof(red));
+    bool ok = true;
+    for (int64_t rows : {lo, m, hi}) {
+      LtDescs d;
+      cublasLtMatmulHeuristicResult_t check;
+      ok = ok && MakeDescs(g, rows, &d).ok() &&
+           cublasLtMatmulAlgoCheck(f.lt, d.op, d.a, d.b, d.c, d.c, &cand, &check) ==
+               CUBLAS_STATUS_SUCCESS &&
+           check.workspaceSize <= f.workspace_bytes;
+    }
+    // Forcing split-K off can turn two heuristic results into the same algorithm.
+    for (const cublasLtMatmulAlgo_t& seen : out) {
+      ok = ok && std::memcmp(&seen, &cand, sizeof(cand)) != 0;
+    }
+    if (ok) out.push_back(cand);
+  }
+  return out;
+}
+
+absl::Status LaunchLt(FixedAlgos& f, const LtGemm& g, int64_t m, const void* b, void* c,
+                      const cublasLtMatmulAlgo_t& algo, cudaStream_t stream) {
+  LtDescs d;
+  VERIFYD_RETURN_IF_ERROR(MakeDescs(g, m, &d));
+  VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(f.lt, d.op, &g.alpha, g.a, d.a, b, d.b, &g.beta, c,
+                                                d.c, c, d.c, &algo, f.workspace, f.workspace_bytes,
+                                                stream));
+  return absl::OkStatus();
+}
+
+// Device scratch freed on scope exit (selection only: never inside a step's steady state).
+struct Scratch {
+  void* p = nullptr;
+  ~Scratch() {
+    if (p) cudaFree(p);
+  }
+};
+
+// The row classes of a shape: the heuristic's choices at each class's representative row
+// count are run beside the reference on random rows (the real weights as A) and kept only when
+// every output bit equals the reference's; the fastest of those (by CUDA events, best of 3)
+// serves the class. A class without an equal candidate keeps the reference. Row-for-row
+// equality with the reference algorithm, which is itself one algorithm for every m, is what
+// makes a row's result independent of m.
+absl::Status ChooseRowClasses(FixedAlgos& f, const LtGemm& g, cudaStream_t stream,
+                              ShapeAlgos* out) {
+  constexpr int64_t kBounds[] = {16, 64, 256, 1024, std::numeric_limits<int64_t>::max()};
+  constexpr int64_t kRepresentative[] = {16, 64, 256, 1024, 4096};
+  constexpr size_t kScratchBytes = size_t{96} << 20;
+  const int64_t max_rows = std::max<int64_t>(f.max_rows, 1);
+  const size_t bsz = DTypeBytes(g.a_type), csz = DTypeBytes(g.c_type);
+  auto b_elems = [&](int64_t m) {
+    return static_cast<size_t>((m - 1) * g.ldb + g.k + (g.batch - 1) * g.stride_b);
+  };
+  auto c_elems = [&](int64_t m) {
+    return static_cast<size_t>((m - 1) * g.ldc + g.n + (g.batch - 1) * g.stride_c);
+  };
+  int64_t lo = 1;
+  for (int cls = 0; cls < 5 && lo <= max_rows; ++cls) {
+    const int64_t hi = std::min(kBounds[cls], max_rows);
+    const int64_t rep = std::min(std::max(kRepresentative[cls], lo), hi);
+    GemmRowClassChoice choice;
+    choice.n = g.n;
+    choice.k = g.k;
+    choice.batch = g.batch;
+    choice.max_m = cls == 4 ? -1 : hi;
+    cublasLtMatmulAlgo_t chosen = out->reference;
+    int64_t t = rep;  // the row count tested and timed
+    while (t > 1 && b_elems(t) * bsz + 2 * c_elems(t) * csz > kScratchBytes) t = (t + 1) / 2;
+    std::vector<cublasLtMatmulAlgo_t> cands = Candidates(f, g, rep, lo, hi, 8);
+    choice.tested_candidates = static_cast<int>(cands.size());
+    Scratch sb, sc0, sc1;
+    const size_t nb = b_elems(t) * bsz, nc = c_elems(t) * csz;
+    if (!cands.empty() && cudaMalloc(&sb.p, nb) == cudaSuccess &&
+        cudaMalloc(&sc0.p, nc) == cudaSuccess && cudaMalloc(&sc1.p, nc) == cudaSuccess) {
+      // Random B (values in [-2, 2) in the input type) and C (for beta != 0).
+      std::vector<uint8_t> hb(nb), hc(nc);
+      uint32_t state = 0x9e3779b9u ^ static_cast<uint32_t>(g.n * 31 + g.k);
+      auto next = [&state] {
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        return state;
+      };
+      auto fill = [&](std::vector<uint8_t>& h, size_t esz) {
+        for (size_t i = 0; i < h.size() / esz; ++i) {
+          const float v = (static_cast<float>(next() >> 8) / 16777216.f - 0.5f) * 4.f;
+          uint32_t u;
+          std::memcpy(&u, &v, 4);
+          if (esz == 4) {
+            std::memcpy(&h[i * 4], &u, 4);
+          } else {
+            const uint16_t b16 = static_cast<uint16_t>(u >> 16);
+            std::memcpy(&h[i * 2], &b16, 2);
+          }
+        }
+      };
+      fill(hb, bsz);
+      fill(hc, csz);
+      VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpy(sb.p, hb.data(), nb, cudaMemcpyHostToDevice));
+      auto run_into = [&](void* c, const cublasLtMatmulAlgo_t& algo) -> absl::Status {
+        VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(c, hc.data(), nc, cudaMemcpyHostToDevice,
+                                                     stream));
+        return LaunchLt(f, g, t, sb.p, c, algo, stream);
+      };
+      std::vector<uint8_t> want(nc), got(nc);
+      VERIFYD_RETURN_IF_ERROR(run_into(sc0.p, out->reference));
+      VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+      VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpy(want.data(), sc0.p, nc, cudaMemcpyDeviceToHost));
+      cudaEvent_t e0 = nullptr, e1 = nullptr;
+      VERIFYD_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e0));
+      VERIFYD_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e1));
+      auto time_of = [&](const cublasLtMatmulAlgo_t& algo) -> double {
+        float best = std::numeric_limits<float>::infinity();
+        for (int it = 0; it < 3; ++it) {
+          if (cudaEventRecord(e0, stream) != cudaSuccess) return best;
+          if (!LaunchLt(f, g, t, sb.p, sc1.p, algo, stream).ok()) return best;
+          float ms = 0.f;
+          if (cudaEventRecord(e1, stream) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+              cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
+            return best;
+          }
+          best = std::min(best, ms);
+        }
+        return best;
+      };
+      double best_ms = time_of(out->reference);
+      choice.ms_reference = best_ms;
+      for (size_t i = 0; i < cands.size(); ++i) {
+        if (!run_into(sc1.p, cands[i]).ok()) continue;
+        if (cudaStreamSynchronize(stream) != cudaSuccess ||
+            cudaMemcpy(got.data(), sc1.p, nc, cudaMemcpyDeviceToHost) != cudaSuccess) {
+          continue;
+        }
+        if (std::memcmp(got.data(), want.data(), nc) != 0) continue;
+        ++choice.equal_candidates;
+        const double ms = time_of(cands[i]);
+        if (ms < best_ms) {
+          best_ms = ms;
+          chosen = cands[i];
+          choice.candidate = static_cast<int>(i) + 1;
+        }
+      }
+      choice.ms_chosen = best_ms;
+      choice.rows_tested = t;
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+    }
+    cudaGetLastError();  // a failed scratch allocation leaves the reference for the class
+    out->classes.emplace_back(cls == 4 ? std::numeric_limits<int64_t>::max() : hi, chosen);
+    f.log.push_back(choice);
+    lo = hi + 1;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunFixed(FixedAlgos& f, void* cublas_handle, const LtGemm& g) {
   const FixedAlgos::Key key{static_cast<int>(g.ta),
                             g.n,
@@ -132,84 +334,60 @@ absl::Status RunFixed(FixedAlgos& f, void* cublas_handle, const LtGemm& g) {
                             static_cast<int>(g.a_type),
                             static_cast<int>(g.c_type),
                             static_cast<int>(g.compute)};
+  cudaStream_t stream = nullptr;
+  VERIFYD_CUBLAS_RETURN_IF_ERROR(
+      cublasGetStream(static_cast<cublasHandle_t>(cublas_handle), &stream));
   cublasLtMatmulAlgo_t algo;
   {
     std::lock_guard<std::mutex> lock(f.mu);
     auto it = f.algos.find(key);
     if (it == f.algos.end()) {
-      // The heuristic at a reference row count, split-K off; it must run at 1 and max rows.
+      // The reference: the heuristic at 64 rows, split-K off, running at every row count.
       constexpr int64_t kReferenceRows = 64;
-      LtDescs ref;
-      VERIFYD_RETURN_IF_ERROR(MakeDescs(g, kReferenceRows, &ref));
-      cublasLtMatmulPreference_t pref = nullptr;
-      VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                           &f.workspace_bytes, sizeof(f.workspace_bytes));
-      cublasLtMatmulHeuristicResult_t res[8];
-      int found = 0;
-      const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(f.lt, ref.op, ref.a, ref.b, ref.c,
-                                                               ref.c, pref, 8, res, &found);
-      cublasLtMatmulPreferenceDestroy(pref);
-      VERIFYD_CUBLAS_RETURN_IF_ERROR(hs);
-      bool chosen = false;
-      for (int i = 0; i < found && !chosen; ++i) {
-        cublasLtMatmulAlgo_t cand = res[i].algo;
-        const int32_t splitk = 1;
-        const uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE;
-        cublasLtMatmulAlgoConfigSetAttribute(&cand, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
-                                             sizeof(splitk));
-        cublasLtMatmulAlgoConfigSetAttribute(&cand, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red,
-                                             sizeof(red));
-        bool ok = true;
-        for (int64_t rows : {int64_t{1}, kReferenceRows, std::max<int64_t>(f.max_rows, 1)}) {
-          LtDescs d;
-          cublasLtMatmulHeuristicResult_t check;
-          ok = ok && MakeDescs(g, rows, &d).ok() &&
-               cublasLtMatmulAlgoCheck(f.lt, d.op, d.a, d.b, d.c, d.c, &cand, &check) ==
-                   CUBLAS_STATUS_SUCCESS &&
-               check.workspaceSize <= f.workspace_bytes;
-        }
-        if (ok) {
-          algo = cand;
-          chosen = true;
-        }
-      }
-      if (!chosen) {
+      const int64_t max_rows = std::max<int64_t>(f.max_rows, 1);
+      std::vector<cublasLtMatmulAlgo_t> ref = Candidates(
+          f, g, std::min(kReferenceRows, max_rows), 1, max_rows, 1);
+      if (ref.empty()) {
         return absl::UnimplementedError(absl::StrCat(
             "batch-invariant gemm: no cuBLASLt algorithm without split-K serves every row count "
             "for n=",
             g.n, " k=", g.k));
       }
-      it = f.algos.emplace(key, algo).first;
+      ShapeAlgos sa;
+      sa.reference = ref[0];
+      if (f.row_classes) VERIFYD_RETURN_IF_ERROR(ChooseRowClasses(f, g, stream, &sa));
+      it = f.algos.emplace(key, std::move(sa)).first;
     }
-    algo = it->second;
+    algo = it->second.For(g.m);
   }
-  LtDescs d;
-  VERIFYD_RETURN_IF_ERROR(MakeDescs(g, g.m, &d));
-  cudaStream_t stream = nullptr;
-  VERIFYD_CUBLAS_RETURN_IF_ERROR(
-      cublasGetStream(static_cast<cublasHandle_t>(cublas_handle), &stream));
-  VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(f.lt, d.op, &g.alpha, g.a, d.a, g.b, d.b, &g.beta,
-                                                g.c, d.c, g.c, d.c, &algo, f.workspace,
-                                                f.workspace_bytes, stream));
-  return absl::OkStatus();
+  return LaunchLt(f, g, g.m, g.b, g.c, algo, stream);
 }
 
 }  // namespace
 
 absl::Status EnableFixedGemmAlgorithms(void* cublas_handle, void* workspace, size_t bytes,
-                                       int64_t max_rows) {
+                                       int64_t max_rows, bool row_classes) {
   if (cublas_handle == nullptr) return absl::InvalidArgumentError("cublas handle must be set");
   auto f = std::make_unique<FixedAlgos>();
   VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&f->lt));
   f->workspace = workspace;
   f->workspace_bytes = bytes;
   f->max_rows = max_rows;
+  f->row_classes = row_classes;
   std::lock_guard<std::mutex> lock(g_fixed_mu);
   auto& slot = FixedRegistry()[cublas_handle];
   if (slot == nullptr) g_fixed_handles.fetch_add(1, std::memory_order_acq_rel);
   slot = std::move(f);
   return absl::OkStatus();
+}
+
+std::vector<GemmRowClassChoice> FixedGemmChoices(void* cublas_handle) {
+  std::lock_guard<std::mutex> lock(g_fixed_mu);
+  auto& r = FixedRegistry();
+  auto it = r.find(cublas_handle);
+  if (it == r.end()) return {};
+  std::lock_guard<std::mutex> l2(it->second->mu);
+  return it->second->log;
 }
 
 void DisableFixedGemmAlgorithms(void* cublas_handle) {

@@ -9,16 +9,23 @@
 // given a fixed workspace, so launches are graph-capture safe).
 //
 // Batch-invariant mode (EnableFixedGemmAlgorithms on a handle): every GEMM on that handle runs
-// through cuBLASLt with one algorithm per shape class (transposes, n, k, leading dimensions,
-// strides, batch, dtypes), the heuristic's choice at 64 rows with split-K off, checked to run
-// at 1 and max_rows rows, and used for every row count: a row's result then does not depend on
-// how many rows the call has (cublasGemmEx picks another algorithm from 9-128 rows on:
-// bench/gemm_invariance, docs/PERF.md).
+// through cuBLASLt. Per shape class (transposes, n, k, leading dimensions, strides, batch,
+// dtypes) a *reference* algorithm — the heuristic's choice at 64 rows with split-K off, checked
+// to run at every row count — fixes the arithmetic: the same algorithm for every m gives a row
+// the same bits whatever m is (bench/gemm_invariance; cublasGemmEx picks another algorithm
+// from 9-128 rows on, docs/PERF.md). Speed comes back by *row classes* (m up to 16, 64, 256,
+// 1024, beyond): at the shape's first call, the heuristic's split-K-free choices for each
+// class are run beside the reference on random rows with the real weights, and a class takes
+// the fastest whose every output bit equals the reference's on this device (algorithms that
+// differ only in tile shape, swizzle or stages accumulate each output in the same order);
+// a class without one keeps the reference. So a row's result is the reference's, hence
+// independent of m, by a check made on the device the engine runs on.
 // Host header (no CUDA code). Thread-safety: one thread per handle.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "kernels/common.h"
@@ -41,10 +48,23 @@ struct GemmParams {
 absl::Status GemmBf16(void* cublas_handle, const GemmParams& p);
 
 // Turns the batch-invariant mode on for a handle (workspace: device memory the handle's
-// GEMMs may use, max_rows: the largest m they get). Disable before destroying the handle.
+// GEMMs may use, max_rows: the largest m they get; row_classes false: the reference algorithm
+// at every m). Disable before destroying the handle. A shape's first call chooses its
+// algorithms (device syncs and a little scratch memory, once per shape and handle).
 absl::Status EnableFixedGemmAlgorithms(void* cublas_handle, void* workspace, size_t bytes,
-                                       int64_t max_rows);
+                                       int64_t max_rows, bool row_classes = true);
 void DisableFixedGemmAlgorithms(void* cublas_handle);
+// What the row-class selection chose, one entry per (shape, row class), in call order.
+struct GemmRowClassChoice {
+  int64_t n = 0, k = 0, batch = 1;
+  int64_t max_m = 0;          // the class's largest row count (-1: unbounded)
+  int64_t rows_tested = 0;    // rows of the equality check and the timing
+  int tested_candidates = 0;  // heuristic choices run beside the reference
+  int equal_candidates = 0;   // of those, bit-identical to the reference
+  int candidate = 0;          // the one chosen (1-based; 0: the reference)
+  double ms_reference = 0, ms_chosen = 0;
+};
+std::vector<GemmRowClassChoice> FixedGemmChoices(void* cublas_handle);
 // GemmBf16 on packed operands (ldx = ldw = k, ldy = n).
 absl::Status GemmBf16Packed(void* cublas_handle, int64_t m, const bf16_bits* x, int64_t k,
                             const bf16_bits* w, int64_t n, void* y, DType y_dtype = DType::kFloat32,

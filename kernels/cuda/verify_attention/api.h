@@ -140,17 +140,25 @@ const char* VerifyKernelConfigName(VerifyKernelConfig config);
 
 // Positional plans: a node with n visible keys runs in ceil(n / len) splits of `len` keys,
 // len = the smallest multiple of 64 that covers n in at most
-// min(ceil(n / kPositionalChunkKeys), kPositionalMaxSplits) splits. Depends on n alone.
+// min(ceil(n / chunk_keys), max_splits) splits. Depends on n (and the rule, one per engine)
+// alone.
 inline constexpr int kPositionalChunkKeys = 512;
 inline constexpr int kPositionalMaxSplits = 32;
-int64_t PositionalSplitKeys(int64_t visible_keys);
+struct PositionalSplitRule {
+  int chunk_keys = kPositionalChunkKeys;  // > 0
+  int max_splits = kPositionalMaxSplits;  // > 0
+};
+int64_t PositionalSplitKeys(int64_t visible_keys, const PositionalSplitRule& rule = {});
 
 // Shared-context positional plans (VerifyPlanOptions::positional_shared_context): the split
 // length of PositionalSplitKeys(the visible key count rounded up to a multiple of
 // kPositionalSharedRound), so that the nodes of a tree (whose counts differ by less than 128)
 // mostly share their split boundaries. Depends on the count alone.
 inline constexpr int kPositionalSharedRound = 4096;
-int64_t PositionalSharedSplitKeys(int64_t visible_keys);
+// Split groups (VerifyPlanOptions::positional_split_group = -1): splits are grouped until the
+// plan has about this many work items per SM.
+inline constexpr int kPositionalGroupWaves = 2;
+int64_t PositionalSharedSplitKeys(int64_t visible_keys, const PositionalSplitRule& rule = {});
 
 // Positional plans: one index list built on the GPU before a pass's attention:
 // list[0 .. end - begin) = the node's visible keys [begin, end) as slot ids, i.e. for key k
@@ -168,7 +176,7 @@ struct VerifyIndexTask {
 };
 
 // One CTA's work: a tile of one request's folded rows (row = node * heads + head) against a
-// range of that request's keys. 8 int32, copied verbatim to the device.
+// range of that request's keys. 12 int32, copied verbatim to the device.
 struct VerifyWorkItem {
   int32_t q_row0;      // q_indptr[b]: first query row of the request
   int32_t num_nodes;   // n_b: tail rows of the request
@@ -182,6 +190,12 @@ struct VerifyWorkItem {
   int32_t kv_begin;    // key range [kv_begin, kv_end) within the request
   int32_t kv_end;
   int32_t partial_row;  // -1: write out/lse directly; else first workspace partial row
+  // > 0 (positional plans, kernels with VariantInfo::split_groups): the range holds several
+  // consecutive splits of split_keys keys each (a multiple of 128); the kernel computes each
+  // from a fresh softmax state exactly as a work item of its own would, and writes split j of
+  // the range to partial rows partial_row + j * rows_per_cta + i. 0: one range, one result.
+  int32_t split_keys;
+  int32_t pad[3];
 };
 
 // Merge of the splits of one row tile of one split request. 8 int32.
@@ -279,6 +293,15 @@ struct VerifyPlanOptions {
   // row alone, so the plan is as batch-invariant as the per-node one. Checked on the host
   // (kernels_verify_attention_plan_test) and on an H200 (the GPU tests); the engine's default.
   bool positional_shared_context = false;
+  // Positional plans: the split lengths (PositionalSplitKeys).
+  PositionalSplitRule positional_split;
+  // Positional plans on a variant with split groups (VariantInfo::split_groups): up to this
+  // many consecutive context-only splits of one head tile go to one work item
+  // (VerifyWorkItem::split_keys), which computes each split exactly as its own item would:
+  // the bits do not change, only how many CTAs the plan has (fewer prologues, Q loads and
+  // pipeline fills when the batch already fills the GPU). -1: chosen from the batch (about
+  // kPositionalGroupWaves CTAs per SM); 0 or 1: one split per item.
+  int positional_split_group = -1;
   // Positional plans only (required there): host copy of params.tree_mask
   // ([total_rows, mask_words]), from which the planner counts each node's visible keys.
   const uint64_t* host_tree_mask = nullptr;

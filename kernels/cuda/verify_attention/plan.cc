@@ -160,18 +160,18 @@ const char* VerifyKernelConfigName(VerifyKernelConfig config) {
   return "unknown";
 }
 
-int64_t PositionalSplitKeys(int64_t n) {
-  constexpr int64_t kAlign = 64;  // a multiple of every variant's key tile
+int64_t PositionalSplitKeys(int64_t n, const PositionalSplitRule& rule) {
+  constexpr int64_t kAlign = 128;  // whole tile pairs of the seesaw kernel (split groups)
   if (n <= 0) return kAlign;
-  const int64_t splits =
-      std::min<int64_t>(detail::CeilDiv(n, kPositionalChunkKeys), kPositionalMaxSplits);
+  const int64_t splits = std::min<int64_t>(detail::CeilDiv(n, std::max(1, rule.chunk_keys)),
+                                           std::max(1, rule.max_splits));
   return detail::CeilDiv(detail::CeilDiv(n, splits), kAlign) * kAlign;
 }
 
-int64_t PositionalSharedSplitKeys(int64_t n) {
+int64_t PositionalSharedSplitKeys(int64_t n, const PositionalSplitRule& rule) {
   const int64_t rounded =
       std::max<int64_t>(1, detail::CeilDiv(n, kPositionalSharedRound)) * kPositionalSharedRound;
-  return PositionalSplitKeys(rounded);
+  return PositionalSplitKeys(rounded, rule);
 }
 
 namespace detail {
@@ -302,6 +302,7 @@ struct PositionalBuilder {
 absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& params,
                                                    const int32_t* hq, const int32_t* hkv,
                                                    const VariantInfo& variant,
+                                                   const VerifyAttentionDeviceInfo& device,
                                                    const VerifyAttentionWorkspace& ws,
                                                    const VerifyPlanOptions& options) {
   PositionalBuilder pb(params, variant, ws, options);
@@ -313,20 +314,41 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
   const bool shared = options.positional_shared_context;
   const bool group = shared && H < BM && BM % H == 0;
   const int head_tiles = group ? 1 : static_cast<int>(CeilDiv(H, BM));
+  // Every node's visible key count, split length and split count (per request, flattened).
+  std::vector<int> all_visible(params.total_rows), all_splits(params.total_rows);
+  std::vector<int64_t> all_lens(params.total_rows);
+  int64_t items = 0;  // work items with one split per item
+  for (int b = 0; b < B; ++b) {
+    const int n_b = hq[b + 1] - hq[b];
+    const int ctx = (hkv[b + 1] - hkv[b]) - n_b;
+    for (int t = 0; t < n_b; ++t) {
+      const int r = hq[b] + t;
+      all_visible[r] = pb.Visible(r, n_b, ctx);
+      all_lens[r] = shared ? PositionalSharedSplitKeys(all_visible[r], options.positional_split)
+                           : PositionalSplitKeys(all_visible[r], options.positional_split);
+      all_splits[r] = static_cast<int>(std::max<int64_t>(1, CeilDiv(all_visible[r], all_lens[r])));
+      plan.max_splits = std::max(plan.max_splits, all_splits[r]);
+      items += static_cast<int64_t>(all_splits[r]) * head_tiles;
+    }
+  }
+  // Split groups: a function of the batch, which changes no bits (api.h).
+  int split_group = 1;
+  if (variant.split_groups) {
+    if (options.positional_split_group > 1) {
+      split_group = options.positional_split_group;
+    } else if (options.positional_split_group < 0 && device.num_sms > 0) {
+      split_group = static_cast<int>(std::max<int64_t>(
+          1, items / (static_cast<int64_t>(kPositionalGroupWaves) * device.num_sms)));
+    }
+  }
   std::vector<int> visible, splits;
   std::vector<int64_t> lens;
   for (int b = 0; b < B; ++b) {
     const int n_b = hq[b + 1] - hq[b];
     const int ctx = (hkv[b + 1] - hkv[b]) - n_b;
-    visible.assign(n_b, 0);
-    splits.assign(n_b, 0);
-    lens.assign(n_b, 0);
-    for (int t = 0; t < n_b; ++t) {
-      visible[t] = pb.Visible(hq[b] + t, n_b, ctx);
-      lens[t] = shared ? PositionalSharedSplitKeys(visible[t]) : PositionalSplitKeys(visible[t]);
-      splits[t] = static_cast<int>(std::max<int64_t>(1, CeilDiv(visible[t], lens[t])));
-      plan.max_splits = std::max(plan.max_splits, splits[t]);
-    }
+    visible.assign(all_visible.begin() + hq[b], all_visible.begin() + hq[b + 1]);
+    splits.assign(all_splits.begin() + hq[b], all_splits.begin() + hq[b + 1]);
+    lens.assign(all_lens.begin() + hq[b], all_lens.begin() + hq[b + 1]);
     for (int t0 = 0; t0 < n_b;) {
       int t1 = t0 + 1;  // the unit: nodes [t0, t1)
       if (group) {
@@ -350,19 +372,25 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
       auto base_of = [&](int k) { return pb.pass_partial + static_cast<int64_t>(k) * max_s * BM; };
       VerifyWorkItem w{};
       w.q_row0 = hq[b];
-      // Splits [0, i0): the context only, one work item per tile for all the unit's nodes.
-      for (int i = 0; i < i0; ++i) {
+      // Splits [0, i0): the context only, one work item per tile for all the unit's nodes
+      // (runs of up to split_group splits per item when the kernel takes split groups and the
+      // split length is whole tile pairs).
+      const int group_of = len % 128 == 0 ? split_group : 1;
+      for (int i = 0; i < i0; i += group_of) {
+        const int i1 = std::min(i0, i + group_of);
         for (int k = 0; k < head_tiles; ++k) {
           w.num_nodes = t1;  // rows: up to the unit's last node
           w.kv_off = hkv[b];
           w.kv_begin = static_cast<int32_t>(i * len);
-          w.kv_end = static_cast<int32_t>((i + 1) * len);
+          w.kv_end = static_cast<int32_t>(i1 * len);
           w.kv_len = w.kv_end + w.num_nodes;
           w.fold_begin = fold_of(k);
           w.partial_row = static_cast<int32_t>(base_of(k) + i * BM);
+          w.split_keys = i1 - i > 1 ? static_cast<int32_t>(len) : 0;
           plan.work.push_back(w);
         }
       }
+      w.split_keys = 0;
       // Splits [i0, S_t): node by node.
       for (int t = t0; t < t1; ++t) {
         for (int i = i0; i < splits[t]; ++i) {
@@ -618,7 +646,7 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionPar
       return absl::UnimplementedError(
           "verify plan: positional plans do not stage keys (kS64Staged)");
     }
-    return detail::PlanPositional(params, hq, hkv, variant, ws, options);
+    return detail::PlanPositional(params, hq, hkv, variant, device, ws, options);
   }
   VERIFYD_ASSIGN_OR_RETURN(
       const detail::VariantInfo variant,

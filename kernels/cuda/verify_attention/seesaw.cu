@@ -545,6 +545,54 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
   CpAsyncCommit();
   CpAsyncWait<0>();  // no copies in flight when the warp exits
 }
+
+// The end of one split of a work item that holds several (VerifyWorkItem::split_keys): both
+// math warpgroups add their row sums (through s_l, as the final epilogue), write the split's
+// normalised rows (fp32) and, WG0, its log2 sum to partial row `prow` + r, straight from
+// registers (the KV ring, which the final epilogue stages through, is still streaming), then
+// restart the softmax state, so the next split is computed from scratch exactly as a work item
+// of its own would be: m_run = -inf makes the next pair's rescale factor 0 for every row that
+// sees a key of its first tile (every written row of a context split), which clears O and the
+// row sums there (a reset of O here would make ptxas spill the accumulators). Both warpgroups
+// hold this split's final m_run (WG0 read m1 after P1).
+// s_l reuse is ordered by the P-ready barriers of the pairs in between (as the final
+// epilogue's).
+__device__ __forceinline__ void SeesawFlushSplit(const VerifyKernelArgs& args, float (&o)[2][64],
+                                                 float (&m_run)[2], float (&l_run)[2], float* s_l,
+                                                 int wg, int row0, int q4, int rows_here,
+                                                 int64_t prow) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (q4 == 0) s_l[wg * 64 + row0 + 8 * h] = l;
+  }
+  NamedBarSync(kBarEpilogue, kMathThreads);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row0 + 8 * h;
+    if (r < rows_here) {
+      const float l_tot = s_l[r] + s_l[64 + r];  // the final epilogue's order
+      const float inv = l_tot > 0.f ? 1.f / l_tot : 0.f;
+      float* orow = args.part_o + (prow + r) * kVDim;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int col0 = wg * 256 + hf * 128 + q4 * 2;
+#pragma unroll
+        for (int nb = 0; nb < 16; ++nb) {
+          *reinterpret_cast<float2*>(orow + col0 + nb * 8) =
+              make_float2(o[hf][nb * 4 + 2 * h] * inv, o[hf][nb * 4 + 2 * h + 1] * inv);
+        }
+      }
+      if (wg == 0 && q4 == 0) {
+        args.part_lse[prow + r] = l_tot > 0.f ? m_run[h] + log2f(l_tot) : -INFINITY;
+      }
+    }
+    m_run[h] = -INFINITY;
+    l_run[h] = 0.f;
+  }
+}
 #endif  // VERIFYD_SEESAW_BODY
 
 }  // namespace
@@ -692,6 +740,9 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
   const int ctx_len = wi.kv_len - wi.num_nodes;
   const int num_tiles = (wi.kv_end - wi.kv_begin + Tr::kKeys - 1) / Tr::kKeys;
   const int num_pairs = (num_tiles + 1) / 2;
+  // Several splits in this item (bf16 instance only): a split ends every split_pairs pairs
+  // (split_keys is a multiple of 128 keys, two tiles).
+  const int split_pairs = kFp8 ? 0 : wi.split_keys / (2 * Tr::kKeys);
   const int wl = t128 >> 5;  // warp in the warpgroup: rows 16 wl ..
   const int g = lane >> 2;
   const int q4 = lane & 3;
@@ -877,6 +928,11 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
         if (lane == 0) MbarArrive(bars.empty_bc(1));
       }
     }
+    if (!kFp8 && split_pairs > 0 && (p + 1) % split_pairs == 0 && p + 1 < num_pairs) {
+      const int64_t prow = LoadFresh(&args.work[blockIdx.x].partial_row) +
+                           static_cast<int64_t>((p + 1) / split_pairs - 1) * Tr::kRows;
+      SeesawFlushSplit(args, o, m_run, l_run, s_l, wg, row0, q4, rows_here, prow);
+    }
   }
 
   // ---- epilogue: add the two warpgroups' row sums, normalise, write ----
@@ -890,8 +946,9 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
   NamedBarSync(kBarEpilogue, kMathThreads);
   // The output coordinates are re-read here rather than kept live across the loop (at 240
   // registers that would cost a spill).
-  const int partial_row = LoadFresh(&args.work[blockIdx.x].partial_row);
+  int partial_row = LoadFresh(&args.work[blockIdx.x].partial_row);
   const bool direct = partial_row < 0;
+  if (split_pairs > 0 && !direct) partial_row += ((num_pairs - 1) / split_pairs) * Tr::kRows;
   const int64_t out_row0 =
       static_cast<int64_t>(LoadFresh(&args.work[blockIdx.x].q_row0)) * H + wi.fold_begin;
   // The rows are staged in shared memory (the KV buffers: every wgmma that read them has

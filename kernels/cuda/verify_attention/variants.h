@@ -80,6 +80,7 @@ struct SeesawS64 {
   static constexpr const char* kArch = "an sm_90 device (sm_90a build)";
   static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
   static constexpr AutoUse kAuto = AutoUse::kNotTinyDecode;
+  static constexpr bool kSplitGroups = true;  // VerifyWorkItem::split_keys
   static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
 };
 
@@ -227,6 +228,8 @@ struct VariantInfo {
   bool kv_fp8 = false;  // reads the FP8 latent cache (VerifyAttentionParams::kv_fp8)
   int ctas_per_sm = 1;  // CTAs resident per SM (shared memory and registers allow)
   bool staged = false;  // reads the keys staged as bf16 rows (kS64Staged)
+  // Takes work items holding several splits (VerifyWorkItem::split_keys > 0).
+  bool split_groups = false;
 };
 
 // V::kStaged where a variant declares it, else false.
@@ -235,11 +238,18 @@ struct StagedOf : std::false_type {};
 template <class V>
 struct StagedOf<V, std::void_t<decltype(V::kStaged)>> : std::bool_constant<V::kStaged> {};
 
+// V::kSplitGroups where a variant declares it, else false.
+template <class V, class = void>
+struct SplitGroupsOf : std::false_type {};
+template <class V>
+struct SplitGroupsOf<V, std::void_t<decltype(V::kSplitGroups)>>
+    : std::bool_constant<V::kSplitGroups> {};
+
 template <class V>
 constexpr VariantInfo InfoOf(int index) {
   return {index,     V::kConfig,    V::kName,          V::kArch, V::kRows,
           V::kKeys,  V::kStages,    V::kSmemBytes,     V::kAuto, &V::RunsOn,
-          V::kKvFp8, V::kCtasPerSm, StagedOf<V>::value};
+          V::kKvFp8, V::kCtasPerSm, StagedOf<V>::value, SplitGroupsOf<V>::value};
 }
 template <class... V>
 constexpr std::array<VariantInfo, sizeof...(V)> MakeVariantTable(VariantList<V...>) {
