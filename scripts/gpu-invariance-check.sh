@@ -66,7 +66,7 @@ for step in "${steps[@]}"; do
       ;;
     server)
       port=50079
-      for target in kimi:1 kimi:2 kimi:8 fp8moe:1 fp8moe:2 mla576:1 adaptive:1; do
+      for target in kimi:1 kimi:8 fp8moe:1 fp8moe:2 mla576:1 adaptive:1; do
         tp=${target#*:}
         kind=${target%%:*}
         model=(--model=kimi-k2-attn --preset_layers=4)
@@ -88,11 +88,11 @@ for step in "${steps[@]}"; do
         verifyctl --target=127.0.0.1:$port info > "$LOGS/info_$name.txt" 2>&1
         loads=()
         for len in "${lens[@]}"; do
-          timeout 180 verifyctl --target=127.0.0.1:$port load --sessions=6 --rounds=40 \
+          timeout 180 verifyctl --target=127.0.0.1:$port load --sessions=6 --rounds=30 \
             --prompt_len="$len" --seed="$len" > "$LOGS/load_${name}_greedy_$len.txt" 2>&1 &
           loads+=($!)
         done
-        timeout 180 verifyctl --target=127.0.0.1:$port load --sessions=6 --rounds=40 \
+        timeout 180 verifyctl --target=127.0.0.1:$port load --sessions=6 --rounds=30 \
           --prompt_len="${lens[1]}" --temperature=0.8 --seed=7 \
           > "$LOGS/load_${name}_sampled.txt" 2>&1 &
         loads+=($!)

@@ -122,6 +122,10 @@ struct EngineOptions {
     // a row's splits then depend on its own key count alone.
     int positional_chunk_keys = 512;
     int positional_max_splits = 32;
+    // With batch_invariant: partial rows of the verify attention's workspace (2,052 bytes
+    // each: 524,288 = 1 GiB per rank). A step whose splits need more runs in passes (slower
+    // for batches of trees: docs/PERF.md).
+    int64_t positional_partial_rows = int64_t{1} << 19;
     // The verify attention kernel (kernels/cuda/verify_attention/api.h VerifyKernelConfig):
     // kAuto lets the planner choose per step; the others force one configuration for tests and
     // benchmarks (a step the forced kernel cannot run fails with the planner's error: e.g.

@@ -74,6 +74,9 @@ ABSL_FLAG(int, positional_chunk_keys, 512,
           "batch-invariant steps: positional split rule (EngineOptions::cuda)");
 ABSL_FLAG(int, positional_max_splits, 32,
           "batch-invariant steps: positional split rule (EngineOptions::cuda)");
+ABSL_FLAG(int64_t, positional_partial_rows, int64_t{1} << 19,
+          "batch-invariant steps: partial rows of the verify attention workspace "
+          "(EngineOptions::cuda)");
 ABSL_FLAG(bool, shared_context, true,
           "with --batch_invariant: context splits shared by a request's nodes "
           "(EngineOptions::cuda.shared_context_attention; false: per-node plans)");
@@ -272,6 +275,7 @@ int main(int argc, char** argv) {
   o.cuda.shared_context_attention = absl::GetFlag(FLAGS_shared_context);
   o.cuda.positional_chunk_keys = absl::GetFlag(FLAGS_positional_chunk_keys);
   o.cuda.positional_max_splits = absl::GetFlag(FLAGS_positional_max_splits);
+  o.cuda.positional_partial_rows = absl::GetFlag(FLAGS_positional_partial_rows);
   o.cuda.fp8_experts = absl::GetFlag(FLAGS_fp8_weights);
   o.cuda.fp8_cublaslt = absl::GetFlag(FLAGS_fp8_cublaslt);
   o.cuda.shared_prefix_attention = absl::GetFlag(FLAGS_shared_prefix);
@@ -409,6 +413,7 @@ int main(int argc, char** argv) {
   j["shared_context"] = absl::GetFlag(FLAGS_shared_context);
   j["positional_chunk_keys"] = absl::GetFlag(FLAGS_positional_chunk_keys);
   j["positional_max_splits"] = absl::GetFlag(FLAGS_positional_max_splits);
+  j["positional_partial_rows"] = absl::GetFlag(FLAGS_positional_partial_rows);
   {
     // A preset's weights are generated; a checkpoint is named by its directory's last part.
     const std::string m = absl::GetFlag(FLAGS_model);

@@ -515,7 +515,10 @@ def route(gate, x, use_bias):
     g = choice.view(-1, gate.num_group, gate.num_experts // gate.num_group)
     group_scores = g.topk(2, dim=-1)[0].sum(dim=-1)
     gs = torch.sort(group_scores, dim=-1, descending=True).values
-    group_margin = gs[:, gate.topk_group - 1] - gs[:, gate.topk_group]
+    if gate.topk_group < gate.num_group:
+        group_margin = gs[:, gate.topk_group - 1] - gs[:, gate.topk_group]
+    else:  # every group kept (Kimi-K2: one group): no group decision to be near
+        group_margin = torch.full_like(gs[:, 0], float("inf"))
     group_idx = torch.topk(group_scores, k=gate.topk_group, dim=-1, sorted=False)[1]
     mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
     mask = mask.unsqueeze(-1).expand_as(g).reshape(-1, gate.num_experts).bool()

@@ -785,6 +785,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
     return bad("positional_chunk_keys: ", o.cuda.positional_chunk_keys,
                " must be a positive multiple of 64");
   }
+  if (o.cuda.positional_partial_rows < 4096) {
+    return bad("positional_partial_rows: ", o.cuda.positional_partial_rows, " must be >= 4096");
+  }
   if (o.cuda.positional_max_splits < 1 || o.cuda.positional_max_splits > 256) {
     return bad("positional_max_splits: ", o.cuda.positional_max_splits, " must be in [1, 256]");
   }
@@ -870,6 +873,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   setup.shared_context_attention = o.cuda.shared_context_attention;
   setup.positional_split.chunk_keys = o.cuda.positional_chunk_keys;
   setup.positional_split.max_splits = o.cuda.positional_max_splits;
+  setup.positional_partial_rows = o.cuda.positional_partial_rows;
   setup.fp8_staging_keys = kv_fp8 && !o.cuda.batch_invariant ? o.cuda.fp8_staging_keys : 0;
   setup.comm_timeout_ms = o.comm_timeout_ms;
   m.max_rows = setup.max_rows;

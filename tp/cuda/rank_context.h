@@ -274,6 +274,7 @@ struct RankSetup {
   bool shared_context_attention = false;  // EngineOptions::cuda.shared_context_attention
   // EngineOptions::cuda.positional_chunk_keys / positional_max_splits
   kernels::cuda::PositionalSplitRule positional_split;
+  int64_t positional_partial_rows = 0;  // EngineOptions::cuda.positional_partial_rows
   // EngineOptions::cuda.fp8_staging_keys with an FP8 cache (else 0); used on sm_90 only.
   int64_t fp8_staging_keys = 0;
   // NCCL (TP > 1): the group's unique id and shared failure flag.

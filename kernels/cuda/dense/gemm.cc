@@ -202,17 +202,19 @@ struct Scratch {
   }
 };
 
-// The row classes of a shape: the heuristic's choices at each class's representative row
-// count are run beside the reference on random rows (the real weights as A) and kept only when
-// every output bit equals the reference's; the fastest of those (by CUDA events, best of 3)
-// serves the class. A class without an equal candidate keeps the reference. Row-for-row
-// equality with the reference algorithm, which is itself one algorithm for every m, is what
-// makes a row's result independent of m.
+// The row classes of a shape: for each class, the heuristic's split-K-free choices at the
+// class's largest row count are timed there (CUDA events; random rows, the real weights as A),
+// fastest first, and the first whose every output bit equals the reference's on random rows
+// (up to 128 of them, a ragged tile included) serves the class; a class without such a
+// candidate keeps the reference. Row-for-row equality with the reference algorithm, itself one
+// algorithm for every m, is what makes a row's result independent of m.
 absl::Status ChooseRowClasses(FixedAlgos& f, const LtGemm& g, cudaStream_t stream,
                               ShapeAlgos* out) {
-  constexpr int64_t kBounds[] = {16, 64, 256, 1024, std::numeric_limits<int64_t>::max()};
-  constexpr int64_t kRepresentative[] = {16, 64, 256, 1024, 4096};
+  constexpr int64_t kBounds[] = {16,   32,   64,   128,  256,
+                                 512,  1024, 2048, 4096, std::numeric_limits<int64_t>::max()};
+  constexpr int kClasses = sizeof(kBounds) / sizeof(kBounds[0]);
   constexpr size_t kScratchBytes = size_t{96} << 20;
+  constexpr int64_t kCheckRows = 125;  // rows of the bit-equality check (a ragged tile)
   const int64_t max_rows = std::max<int64_t>(f.max_rows, 1);
   const size_t bsz = DTypeBytes(g.a_type), csz = DTypeBytes(g.c_type);
   auto b_elems = [&](int64_t m) {
@@ -221,102 +223,113 @@ absl::Status ChooseRowClasses(FixedAlgos& f, const LtGemm& g, cudaStream_t strea
   auto c_elems = [&](int64_t m) {
     return static_cast<size_t>((m - 1) * g.ldc + g.n + (g.batch - 1) * g.stride_c);
   };
+  int64_t t_max = std::min<int64_t>(max_rows, 8192);  // the largest row count timed
+  while (t_max > 1 && b_elems(t_max) * bsz + 2 * c_elems(t_max) * csz > kScratchBytes) {
+    t_max = (t_max + 1) / 2;
+  }
+  const int64_t t_check = std::min(kCheckRows, t_max);
+  Scratch sb, sc0, sc1;
+  const size_t nb = b_elems(t_max) * bsz, nc = c_elems(t_max) * csz;
+  const size_t nc_check = c_elems(t_check) * csz;
+  const bool have_scratch = cudaMalloc(&sb.p, nb) == cudaSuccess &&
+                            cudaMalloc(&sc0.p, nc) == cudaSuccess &&
+                            cudaMalloc(&sc1.p, nc) == cudaSuccess;
+  cudaGetLastError();  // a failed allocation leaves the reference for every class
+  std::vector<uint8_t> hc, want, got;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  if (have_scratch) {
+    // Random B (values in [-2, 2) in the input type) and C (for beta != 0).
+    std::vector<uint8_t> hb(nb);
+    hc.resize(nc_check);
+    uint32_t state = 0x9e3779b9u ^ static_cast<uint32_t>(g.n * 31 + g.k);
+    auto next = [&state] {
+      state ^= state << 13;
+      state ^= state >> 17;
+      state ^= state << 5;
+      return state;
+    };
+    auto fill = [&](std::vector<uint8_t>& h, size_t esz) {
+      for (size_t i = 0; i < h.size() / esz; ++i) {
+        const float v = (static_cast<float>(next() >> 8) / 16777216.f - 0.5f) * 4.f;
+        uint32_t u;
+        std::memcpy(&u, &v, 4);
+        if (esz == 4) {
+          std::memcpy(&h[i * 4], &u, 4);
+        } else {
+          const uint16_t b16 = static_cast<uint16_t>(u >> 16);
+          std::memcpy(&h[i * 2], &b16, 2);
+        }
+      }
+    };
+    fill(hb, bsz);
+    fill(hc, csz);
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpy(sb.p, hb.data(), nb, cudaMemcpyHostToDevice));
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e0));
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e1));
+    want.resize(nc_check);
+    got.resize(nc_check);
+    VERIFYD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(sc0.p, hc.data(), nc_check, cudaMemcpyHostToDevice));
+    VERIFYD_RETURN_IF_ERROR(LaunchLt(f, g, t_check, sb.p, sc0.p, out->reference, stream));
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    VERIFYD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(want.data(), sc0.p, nc_check, cudaMemcpyDeviceToHost));
+  }
+  auto equal_to_reference = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cudaMemcpy(sc1.p, hc.data(), nc_check, cudaMemcpyHostToDevice) == cudaSuccess &&
+           LaunchLt(f, g, t_check, sb.p, sc1.p, algo, stream).ok() &&
+           cudaStreamSynchronize(stream) == cudaSuccess &&
+           cudaMemcpy(got.data(), sc1.p, nc_check, cudaMemcpyDeviceToHost) == cudaSuccess &&
+           std::memcmp(got.data(), want.data(), nc_check) == 0;
+  };
+  auto time_of = [&](const cublasLtMatmulAlgo_t& algo, int64_t t) -> double {
+    float ms = std::numeric_limits<float>::infinity();
+    for (int it = 0; it < 2; ++it) {  // the first run warms up
+      if (cudaEventRecord(e0, stream) != cudaSuccess ||
+          !LaunchLt(f, g, t, sb.p, sc1.p, algo, stream).ok() ||
+          cudaEventRecord(e1, stream) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+          cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
+        return std::numeric_limits<double>::infinity();
+      }
+    }
+    return ms;
+  };
   int64_t lo = 1;
-  for (int cls = 0; cls < 5 && lo <= max_rows; ++cls) {
+  for (int cls = 0; cls < kClasses && lo <= max_rows; ++cls) {
     const int64_t hi = std::min(kBounds[cls], max_rows);
-    const int64_t rep = std::min(std::max(kRepresentative[cls], lo), hi);
     GemmRowClassChoice choice;
     choice.n = g.n;
     choice.k = g.k;
     choice.batch = g.batch;
-    choice.max_m = cls == 4 ? -1 : hi;
+    choice.max_m = cls == kClasses - 1 ? -1 : hi;
     cublasLtMatmulAlgo_t chosen = out->reference;
-    int64_t t = rep;  // the row count tested and timed
-    while (t > 1 && b_elems(t) * bsz + 2 * c_elems(t) * csz > kScratchBytes) t = (t + 1) / 2;
-    std::vector<cublasLtMatmulAlgo_t> cands = Candidates(f, g, rep, lo, hi, 8);
-    choice.tested_candidates = static_cast<int>(cands.size());
-    Scratch sb, sc0, sc1;
-    const size_t nb = b_elems(t) * bsz, nc = c_elems(t) * csz;
-    if (!cands.empty() && cudaMalloc(&sb.p, nb) == cudaSuccess &&
-        cudaMalloc(&sc0.p, nc) == cudaSuccess && cudaMalloc(&sc1.p, nc) == cudaSuccess) {
-      // Random B (values in [-2, 2) in the input type) and C (for beta != 0).
-      std::vector<uint8_t> hb(nb), hc(nc);
-      uint32_t state = 0x9e3779b9u ^ static_cast<uint32_t>(g.n * 31 + g.k);
-      auto next = [&state] {
-        state ^= state << 13;
-        state ^= state >> 17;
-        state ^= state << 5;
-        return state;
-      };
-      auto fill = [&](std::vector<uint8_t>& h, size_t esz) {
-        for (size_t i = 0; i < h.size() / esz; ++i) {
-          const float v = (static_cast<float>(next() >> 8) / 16777216.f - 0.5f) * 4.f;
-          uint32_t u;
-          std::memcpy(&u, &v, 4);
-          if (esz == 4) {
-            std::memcpy(&h[i * 4], &u, 4);
-          } else {
-            const uint16_t b16 = static_cast<uint16_t>(u >> 16);
-            std::memcpy(&h[i * 2], &b16, 2);
-          }
-        }
-      };
-      fill(hb, bsz);
-      fill(hc, csz);
-      VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpy(sb.p, hb.data(), nb, cudaMemcpyHostToDevice));
-      auto run_into = [&](void* c, const cublasLtMatmulAlgo_t& algo) -> absl::Status {
-        VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(c, hc.data(), nc, cudaMemcpyHostToDevice,
-                                                     stream));
-        return LaunchLt(f, g, t, sb.p, c, algo, stream);
-      };
-      std::vector<uint8_t> want(nc), got(nc);
-      VERIFYD_RETURN_IF_ERROR(run_into(sc0.p, out->reference));
-      VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-      VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpy(want.data(), sc0.p, nc, cudaMemcpyDeviceToHost));
-      cudaEvent_t e0 = nullptr, e1 = nullptr;
-      VERIFYD_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e0));
-      VERIFYD_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e1));
-      auto time_of = [&](const cublasLtMatmulAlgo_t& algo) -> double {
-        float best = std::numeric_limits<float>::infinity();
-        for (int it = 0; it < 3; ++it) {
-          if (cudaEventRecord(e0, stream) != cudaSuccess) return best;
-          if (!LaunchLt(f, g, t, sb.p, sc1.p, algo, stream).ok()) return best;
-          float ms = 0.f;
-          if (cudaEventRecord(e1, stream) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
-              cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
-            return best;
-          }
-          best = std::min(best, ms);
-        }
-        return best;
-      };
-      double best_ms = time_of(out->reference);
-      choice.ms_reference = best_ms;
-      for (size_t i = 0; i < cands.size(); ++i) {
-        if (!run_into(sc1.p, cands[i]).ok()) continue;
-        if (cudaStreamSynchronize(stream) != cudaSuccess ||
-            cudaMemcpy(got.data(), sc1.p, nc, cudaMemcpyDeviceToHost) != cudaSuccess) {
-          continue;
-        }
-        if (std::memcmp(got.data(), want.data(), nc) != 0) continue;
-        ++choice.equal_candidates;
-        const double ms = time_of(cands[i]);
-        if (ms < best_ms) {
-          best_ms = ms;
-          chosen = cands[i];
-          choice.candidate = static_cast<int>(i) + 1;
-        }
-      }
-      choice.ms_chosen = best_ms;
+    if (have_scratch) {
+      const int64_t t = std::min(hi, t_max);
+      std::vector<cublasLtMatmulAlgo_t> cands = Candidates(f, g, std::max(t, lo), lo, hi, 8);
+      choice.tested_candidates = static_cast<int>(cands.size());
       choice.rows_tested = t;
-      cudaEventDestroy(e0);
-      cudaEventDestroy(e1);
+      choice.ms_reference = time_of(out->reference, t);
+      std::vector<std::pair<double, size_t>> by_time;
+      for (size_t i = 0; i < cands.size(); ++i) by_time.emplace_back(time_of(cands[i], t), i);
+      std::sort(by_time.begin(), by_time.end());
+      choice.ms_chosen = choice.ms_reference;
+      for (const auto& [ms, i] : by_time) {
+        if (!(ms < choice.ms_reference)) break;  // the reference is faster from here on
+        if (!equal_to_reference(cands[i])) continue;
+        ++choice.equal_candidates;
+        chosen = cands[i];
+        choice.candidate = static_cast<int>(i) + 1;
+        choice.ms_chosen = ms;
+        break;
+      }
     }
-    cudaGetLastError();  // a failed scratch allocation leaves the reference for the class
-    out->classes.emplace_back(cls == 4 ? std::numeric_limits<int64_t>::max() : hi, chosen);
+    out->classes.emplace_back(cls == kClasses - 1 ? std::numeric_limits<int64_t>::max() : hi,
+                              chosen);
     f.log.push_back(choice);
     lo = hi + 1;
   }
+  if (e0) cudaEventDestroy(e0);
+  if (e1) cudaEventDestroy(e1);
   return absl::OkStatus();
 }
 

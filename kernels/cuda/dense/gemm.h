@@ -13,13 +13,16 @@
 // dtypes) a *reference* algorithm — the heuristic's choice at 64 rows with split-K off, checked
 // to run at every row count — fixes the arithmetic: the same algorithm for every m gives a row
 // the same bits whatever m is (bench/gemm_invariance; cublasGemmEx picks another algorithm
-// from 9-128 rows on, docs/PERF.md). Speed comes back by *row classes* (m up to 16, 64, 256,
-// 1024, beyond): at the shape's first call, the heuristic's split-K-free choices for each
-// class are run beside the reference on random rows with the real weights, and a class takes
-// the fastest whose every output bit equals the reference's on this device (algorithms that
-// differ only in tile shape, swizzle or stages accumulate each output in the same order);
-// a class without one keeps the reference. So a row's result is the reference's, hence
-// independent of m, by a check made on the device the engine runs on.
+// from 9-128 rows on, docs/PERF.md). Speed comes back by *row classes* (m up to 16, 32, 64,
+// ..., 4096, beyond): at the shape's first call, the heuristic's split-K-free choices for each
+// class are timed at the class's largest row count (random rows, the real weights) and the
+// fastest whose every output bit equals the reference's on this device serves the class
+// (algorithms that differ only in tile shape, swizzle or stages accumulate each output in the
+// same order: on an H200 every candidate tried was bit-equal, docs/PERF.md); a class without
+// one keeps the reference. So a row's result is the reference's, hence independent of m, by a
+// check made on the device the engine runs on. Split-K and stream-K algorithms (cuBLAS's
+// choice for 65-1,024 rows of the wide projections) are never candidates: their sums depend
+// on the split.
 // Host header (no CUDA code). Thread-safety: one thread per handle.
 #pragma once
 
@@ -60,7 +63,7 @@ struct GemmRowClassChoice {
   int64_t max_m = 0;          // the class's largest row count (-1: unbounded)
   int64_t rows_tested = 0;    // rows of the equality check and the timing
   int tested_candidates = 0;  // heuristic choices run beside the reference
-  int equal_candidates = 0;   // of those, bit-identical to the reference
+  int equal_candidates = 0;   // candidates found bit-identical (0 or 1: checked fastest first)
   int candidate = 0;          // the one chosen (1-based; 0: the reference)
   double ms_reference = 0, ms_chosen = 0;
 };

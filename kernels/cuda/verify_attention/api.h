@@ -157,7 +157,7 @@ int64_t PositionalSplitKeys(int64_t visible_keys, const PositionalSplitRule& rul
 inline constexpr int kPositionalSharedRound = 4096;
 // Split groups (VerifyPlanOptions::positional_split_group = -1): splits are grouped until the
 // plan has about this many work items per SM.
-inline constexpr int kPositionalGroupWaves = 2;
+inline constexpr int kPositionalGroupWaves = 4;
 int64_t PositionalSharedSplitKeys(int64_t visible_keys, const PositionalSplitRule& rule = {});
 
 // Positional plans: one index list built on the GPU before a pass's attention:

@@ -317,7 +317,8 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
   // Every node's visible key count, split length and split count (per request, flattened).
   std::vector<int> all_visible(params.total_rows), all_splits(params.total_rows);
   std::vector<int64_t> all_lens(params.total_rows);
-  int64_t items = 0;  // work items with one split per item
+  int64_t items = 0;    // work items with one split per item
+  int64_t partial = 0;  // partial rows the whole plan writes (passes hand them out)
   for (int b = 0; b < B; ++b) {
     const int n_b = hq[b + 1] - hq[b];
     const int ctx = (hkv[b + 1] - hkv[b]) - n_b;
@@ -329,6 +330,7 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
       all_splits[r] = static_cast<int>(std::max<int64_t>(1, CeilDiv(all_visible[r], all_lens[r])));
       plan.max_splits = std::max(plan.max_splits, all_splits[r]);
       items += static_cast<int64_t>(all_splits[r]) * head_tiles;
+      if (all_splits[r] > 1) partial += static_cast<int64_t>(all_splits[r]) * head_tiles * BM;
     }
   }
   // Split groups: a function of the batch, which changes no bits (api.h).
@@ -337,8 +339,13 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
     if (options.positional_split_group > 1) {
       split_group = options.positional_split_group;
     } else if (options.positional_split_group < 0 && device.num_sms > 0) {
+      // The work items of one pass (a plan larger than the workspace's partial rows runs in
+      // passes, one launch each), grouped down to about kPositionalGroupWaves per SM.
+      const int64_t passes =
+          ws.max_partial_rows > 0 ? std::max<int64_t>(1, CeilDiv(partial, ws.max_partial_rows))
+                                  : 1;
       split_group = static_cast<int>(std::max<int64_t>(
-          1, items / (static_cast<int64_t>(kPositionalGroupWaves) * device.num_sms)));
+          1, items / passes / (static_cast<int64_t>(kPositionalGroupWaves) * device.num_sms)));
     }
   }
   std::vector<int> visible, splits;
