@@ -120,7 +120,7 @@ struct EngineOptions {
     // PositionalSplitKeys): a node with n visible keys runs in
     // min(ceil(n / positional_chunk_keys), positional_max_splits) splits. One rule per engine:
     // a row's splits then depend on its own key count alone.
-    int positional_chunk_keys = 512;
+    int positional_chunk_keys = 1024;
     int positional_max_splits = 32;
     // With batch_invariant: partial rows of the verify attention's workspace (2,052 bytes
     // each: 524,288 = 1 GiB per rank). A step whose splits need more runs in passes (slower

@@ -70,7 +70,7 @@ ABSL_FLAG(bool, verify_kernel, true, "use the optimised verify attention kernel"
 ABSL_FLAG(bool, batch_invariant, true,
           "batch-invariant engine steps (EngineOptions::cuda, the default; false: the "
           "batch-adaptive kernels)");
-ABSL_FLAG(int, positional_chunk_keys, 512,
+ABSL_FLAG(int, positional_chunk_keys, 1024,
           "batch-invariant steps: positional split rule (EngineOptions::cuda)");
 ABSL_FLAG(int, positional_max_splits, 32,
           "batch-invariant steps: positional split rule (EngineOptions::cuda)");

@@ -203,8 +203,9 @@ struct Scratch {
 };
 
 // The row classes of a shape: for each class, the heuristic's split-K-free choices at the
-// class's largest row count are timed there (CUDA events; random rows, the real weights as A),
-// fastest first, and the first whose every output bit equals the reference's on random rows
+// class's largest row count are timed at its smallest and largest (CUDA events; random rows,
+// the real weights as A; the sum ranks them: an algorithm whose tiles fit only the largest
+// count can be slow at the smallest), fastest first, and the first whose every output bit equals the reference's on random rows
 // (up to 128 of them, a ragged tile included) serves the class; a class without such a
 // candidate keeps the reference. Row-for-row equality with the reference algorithm, itself one
 // algorithm for every m, is what makes a row's result independent of m.
@@ -305,12 +306,16 @@ absl::Status ChooseRowClasses(FixedAlgos& f, const LtGemm& g, cudaStream_t strea
     cublasLtMatmulAlgo_t chosen = out->reference;
     if (have_scratch) {
       const int64_t t = std::min(hi, t_max);
+      const int64_t t_lo = std::min(lo, t);
       std::vector<cublasLtMatmulAlgo_t> cands = Candidates(f, g, std::max(t, lo), lo, hi, 8);
       choice.tested_candidates = static_cast<int>(cands.size());
       choice.rows_tested = t;
-      choice.ms_reference = time_of(out->reference, t);
+      auto cost = [&](const cublasLtMatmulAlgo_t& algo) {
+        return t_lo == t ? time_of(algo, t) : time_of(algo, t_lo) + time_of(algo, t);
+      };
+      choice.ms_reference = cost(out->reference);
       std::vector<std::pair<double, size_t>> by_time;
-      for (size_t i = 0; i < cands.size(); ++i) by_time.emplace_back(time_of(cands[i], t), i);
+      for (size_t i = 0; i < cands.size(); ++i) by_time.emplace_back(cost(cands[i]), i);
       std::sort(by_time.begin(), by_time.end());
       choice.ms_chosen = choice.ms_reference;
       for (const auto& [ms, i] : by_time) {

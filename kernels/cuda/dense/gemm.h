@@ -15,8 +15,9 @@
 // the same bits whatever m is (bench/gemm_invariance; cublasGemmEx picks another algorithm
 // from 9-128 rows on, docs/PERF.md). Speed comes back by *row classes* (m up to 16, 32, 64,
 // ..., 4096, beyond): at the shape's first call, the heuristic's split-K-free choices for each
-// class are timed at the class's largest row count (random rows, the real weights) and the
-// fastest whose every output bit equals the reference's on this device serves the class
+// class are timed at the class's smallest and largest row counts (random rows, the real
+// weights) and the fastest whose every output bit equals the reference's on this device serves
+// the class
 // (algorithms that differ only in tile shape, swizzle or stages accumulate each output in the
 // same order: on an H200 every candidate tried was bit-equal, docs/PERF.md); a class without
 // one keeps the reference. So a row's result is the reference's, hence independent of m, by a
@@ -65,7 +66,7 @@ struct GemmRowClassChoice {
   int tested_candidates = 0;  // heuristic choices run beside the reference
   int equal_candidates = 0;   // candidates found bit-identical (0 or 1: checked fastest first)
   int candidate = 0;          // the one chosen (1-based; 0: the reference)
-  double ms_reference = 0, ms_chosen = 0;
+  double ms_reference = 0, ms_chosen = 0;  // at the class's smallest + largest row count
 };
 std::vector<GemmRowClassChoice> FixedGemmChoices(void* cublas_handle);
 // GemmBf16 on packed operands (ldx = ldw = k, ldy = n).

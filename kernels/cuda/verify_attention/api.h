@@ -142,7 +142,7 @@ const char* VerifyKernelConfigName(VerifyKernelConfig config);
 // len = the smallest multiple of 64 that covers n in at most
 // min(ceil(n / chunk_keys), max_splits) splits. Depends on n (and the rule, one per engine)
 // alone.
-inline constexpr int kPositionalChunkKeys = 512;
+inline constexpr int kPositionalChunkKeys = 1024;
 inline constexpr int kPositionalMaxSplits = 32;
 struct PositionalSplitRule {
   int chunk_keys = kPositionalChunkKeys;  // > 0
