@@ -50,6 +50,11 @@ ABSL_FLAG(bool, shared_context, true,
           "with --positional: context splits shared by a request's nodes (the engine's "
           "default; false: per-node plans)");
 ABSL_FLAG(std::string, commit, "unknown", "source revision recorded in the JSON meta");
+ABSL_FLAG(int, split_group, -1,
+          "--positional: VerifyPlanOptions::positional_split_group (-1: chosen from the batch; "
+          "0: one split per work item; N: up to N context splits per work item)");
+ABSL_FLAG(int, chunk_keys, verifyd::kernels::cuda::kPositionalChunkKeys,
+          "--positional: the split rule's chunk (PositionalSplitRule::chunk_keys)");
 ABSL_FLAG(bool, forks, false,
           "every request of a shape is a fork of request 0: the same context slots, its own "
           "tail slots");
@@ -254,6 +259,8 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   opt.config = config;
   opt.positional = absl::GetFlag(FLAGS_positional);
   opt.positional_shared_context = absl::GetFlag(FLAGS_shared_context);
+  opt.positional_split_group = absl::GetFlag(FLAGS_split_group);
+  opt.positional_split.chunk_keys = absl::GetFlag(FLAGS_chunk_keys);
   opt.host_tree_mask = hmask.data();  // read by positional plans only
   if (absl::GetFlag(FLAGS_share_prefixes)) opt.host_kv_indices = perm.data();  // set 0's lists
   if (absl::GetFlag(FLAGS_min_split_tiles) >= 1) {
@@ -373,8 +380,8 @@ int main(int argc, char** argv) {
   }
   // Positional plans get the engine's batch-invariant workspace (more partials, index lists).
   auto ws = absl::GetFlag(FLAGS_positional)
-                ? vc::VerifyAttentionWorkspace::Allocate(1 << 20, 1 << 16, 131072, 1 << 16,
-                                                         int64_t{1} << 22)
+                ? vc::VerifyAttentionWorkspace::Allocate(1 << 20, 1 << 16, int64_t{1} << 19,
+                                                         1 << 16, int64_t{1} << 24)
                 : vc::VerifyAttentionWorkspace::AllocateDefault(absl::GetFlag(FLAGS_staged_keys));
   BENCH_OK(ws.status());
   const std::string kv_dtype = absl::GetFlag(FLAGS_kv_dtype);
