@@ -141,9 +141,14 @@ __global__ void __launch_bounds__(kCombineThreads)
 absl::Status LaunchCombine(const VerifyCombineArgs& args, int num_items, int num_sms,
                            bool dependent_launch, void* stream, bool fixed_layout) {
   VerifyCombineArgs c = args;
-  // Few rows to merge: 64-column chunks so they spread over the SMs; else whole rows.
+  // Few rows to merge: 64-column chunks so they spread over the SMs; else whole rows. The
+  // fixed layout (positional plans: a row's sum order must not follow the batch) is the
+  // whole-row one, 2 split groups, whatever the batch: the 64-column layout launched 8 CTAs
+  // of 16 mostly idle split groups per row, and for a batch of trees at 64 heads that grid
+  // (266k CTAs for 520 nodes) took longer than the attention itself (docs/PERF.md).
   const int64_t rows_to_merge = static_cast<int64_t>(num_items) * c.rows_per_cta;
-  c.cols_per_cta = fixed_layout || rows_to_merge < 4 * static_cast<int64_t>(num_sms) ? 64 : kVDim;
+  c.cols_per_cta =
+      !fixed_layout && rows_to_merge < 4 * static_cast<int64_t>(num_sms) ? 64 : kVDim;
   cudaLaunchConfig_t lc{};
   lc.gridDim = dim3(static_cast<unsigned>(num_items), static_cast<unsigned>(c.rows_per_cta),
                     static_cast<unsigned>(kVDim / c.cols_per_cta));
