@@ -245,7 +245,8 @@ int main(int argc, char** argv) {
   nlohmann::json choices = nlohmann::json::array();
   std::printf(
       "\nverifyd row classes (candidate 0 = the reference algorithm)\n"
-      "| n x k | up to m | rows tested | candidates | bit-equal | chosen | reference us | chosen us "
+      "| n x k | up to m | rows tested | candidates | bit-equal | chosen | reference us | chosen "
+      "us "
       "|\n|---|---|---|---|---|---|---|---|\n");
   for (const kc::GemmRowClassChoice& c : kc::FixedGemmChoices(fixed)) {
     std::printf("| %lldx%lld | %lld | %lld | %d | %d | %d | %.1f | %.1f |\n",
@@ -273,8 +274,9 @@ int main(int argc, char** argv) {
                  {"device", prop.name},
                  {"pin_m", absl::GetFlag(FLAGS_pin_m)},
                  {"iters", absl::GetFlag(FLAGS_iters)},
-                 {"counts", "row-0 outputs (of n) whose bits differ from the m = 1 call; *_us: "
-                            "median time per call"}};
+                 {"counts",
+                  "row-0 outputs (of n) whose bits differ from the m = 1 call; *_us: "
+                  "median time per call"}};
     j["results"] = results;
     j["row_classes"] = choices;
     std::ofstream(absl::GetFlag(FLAGS_json)) << j.dump(1) << "\n";

@@ -10,6 +10,8 @@
 //                 partial block).
 //   mla576        DeepSeek-V3's attention dimensions (kv_lora_rank 512, qk_rope_head_dim 64:
 //                 576-wide latent rows, four FP8 scale groups), YaRN, dense MLPs, 8 heads.
+//   kimi_fp8_moe  Kimi-K2's geometry: 576-wide latents, 16 heads, 16 routed experts top-4 with
+//                 Kimi-K2's one-group routing (not pinned), every decoder linear FP8.
 // For every checkpoint and TP 1, 2, 4:
 //   - the parsed config gives transformers' RoPE inv_freq and attention softmax scale;
 //   - prefill + greedy decoding with empty trees (driven by the reference tokens): every
@@ -212,7 +214,7 @@ TEST_P(ReferenceCheckpointTest, HiddenStatesAndLogprobsMatchTransformers) {
 
 const std::vector<std::string> kCheckpoints = {
     "dense",          "moe_yarn",        "moe_yarn_fp8", "moe_fp8_block128",
-    "moe_fp8_mlp128", "moe_fp8_attn128", "mla576"};
+    "moe_fp8_mlp128", "moe_fp8_attn128", "mla576",       "kimi_fp8_moe"};
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, ReferenceConfigTest, ::testing::ValuesIn(kCheckpoints),
                          [](const ::testing::TestParamInfo<std::string>& info) {

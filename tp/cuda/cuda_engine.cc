@@ -792,8 +792,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
     return bad("positional_max_splits: ", o.cuda.positional_max_splits, " must be in [1, 256]");
   }
   if (o.cuda.batch_invariant && o.cuda.verify_kernel != EngineOptions::Cuda::VerifyKernel::kAuto) {
-    return bad("verify_kernel: a forced verify-attention kernel needs batch_invariant = false "
-               "(batch-invariant steps run positional plans on the device's own kernel)");
+    return bad(
+        "verify_kernel: a forced verify-attention kernel needs batch_invariant = false "
+        "(batch-invariant steps run positional plans on the device's own kernel)");
   }
 
   const int ndev = CudaDeviceCount();

@@ -48,7 +48,7 @@ struct FixedAlgos {
   using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                          int64_t, int, int, int, int>;
   std::map<Key, ShapeAlgos> algos;
-  bool row_classes = true;               // false: the reference at every m
+  bool row_classes = true;              // false: the reference at every m
   std::vector<GemmRowClassChoice> log;  // FixedGemmChoices
   std::mutex mu;
 };
@@ -154,8 +154,8 @@ std::vector<cublasLtMatmulAlgo_t> Candidates(FixedAlgos& f, const LtGemm& g, int
                                        &f.workspace_bytes, sizeof(f.workspace_bytes));
   cublasLtMatmulHeuristicResult_t res[16];
   int found = 0;
-  const cublasStatus_t hs =
-      cublasLtMatmulAlgoGetHeuristic(f.lt, ref.op, ref.a, ref.b, ref.c, ref.c, pref, 16, res, &found);
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(f.lt, ref.op, ref.a, ref.b, ref.c, ref.c,
+                                                           pref, 16, res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (hs != CUBLAS_STATUS_SUCCESS) return out;
   for (int i = 0; i < found && static_cast<int>(out.size()) < max; ++i) {
@@ -205,14 +205,14 @@ struct Scratch {
 // The row classes of a shape: for each class, the heuristic's split-K-free choices at the
 // class's largest row count are timed at its smallest and largest (CUDA events; random rows,
 // the real weights as A; the sum ranks them: an algorithm whose tiles fit only the largest
-// count can be slow at the smallest), fastest first, and the first whose every output bit equals the reference's on random rows
-// (up to 128 of them, a ragged tile included) serves the class; a class without such a
-// candidate keeps the reference. Row-for-row equality with the reference algorithm, itself one
-// algorithm for every m, is what makes a row's result independent of m.
+// count can be slow at the smallest), fastest first, and the first whose every output bit equals
+// the reference's on random rows (up to 128 of them, a ragged tile included) serves the class; a
+// class without such a candidate keeps the reference. Row-for-row equality with the reference
+// algorithm, itself one algorithm for every m, is what makes a row's result independent of m.
 absl::Status ChooseRowClasses(FixedAlgos& f, const LtGemm& g, cudaStream_t stream,
                               ShapeAlgos* out) {
-  constexpr int64_t kBounds[] = {16,   32,   64,   128,  256,
-                                 512,  1024, 2048, 4096, std::numeric_limits<int64_t>::max()};
+  constexpr int64_t kBounds[] = {16,  32,   64,   128,  256,
+                                 512, 1024, 2048, 4096, std::numeric_limits<int64_t>::max()};
   constexpr int kClasses = sizeof(kBounds) / sizeof(kBounds[0]);
   constexpr size_t kScratchBytes = size_t{96} << 20;
   constexpr int64_t kCheckRows = 125;  // rows of the bit-equality check (a ragged tile)
@@ -269,12 +269,10 @@ absl::Status ChooseRowClasses(FixedAlgos& f, const LtGemm& g, cudaStream_t strea
     VERIFYD_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e1));
     want.resize(nc_check);
     got.resize(nc_check);
-    VERIFYD_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(sc0.p, hc.data(), nc_check, cudaMemcpyHostToDevice));
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpy(sc0.p, hc.data(), nc_check, cudaMemcpyHostToDevice));
     VERIFYD_RETURN_IF_ERROR(LaunchLt(f, g, t_check, sb.p, sc0.p, out->reference, stream));
     VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-    VERIFYD_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(want.data(), sc0.p, nc_check, cudaMemcpyDeviceToHost));
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpy(want.data(), sc0.p, nc_check, cudaMemcpyDeviceToHost));
   }
   auto equal_to_reference = [&](const cublasLtMatmulAlgo_t& algo) {
     return cudaMemcpy(sc1.p, hc.data(), nc_check, cudaMemcpyHostToDevice) == cudaSuccess &&
@@ -363,8 +361,8 @@ absl::Status RunFixed(FixedAlgos& f, void* cublas_handle, const LtGemm& g) {
       // The reference: the heuristic at 64 rows, split-K off, running at every row count.
       constexpr int64_t kReferenceRows = 64;
       const int64_t max_rows = std::max<int64_t>(f.max_rows, 1);
-      std::vector<cublasLtMatmulAlgo_t> ref = Candidates(
-          f, g, std::min(kReferenceRows, max_rows), 1, max_rows, 1);
+      std::vector<cublasLtMatmulAlgo_t> ref =
+          Candidates(f, g, std::min(kReferenceRows, max_rows), 1, max_rows, 1);
       if (ref.empty()) {
         return absl::UnimplementedError(absl::StrCat(
             "batch-invariant gemm: no cuBLASLt algorithm without split-K serves every row count "

@@ -223,12 +223,12 @@ struct VerifyAttentionPlan {
   int num_heads = 0;
   int batch = 0;
   int total_rows = 0;
-  int max_splits = 1;                        // largest number of splits of any request
-  int64_t partial_rows = 0;                  // workspace partial rows used (largest pass)
-  std::vector<VerifyWorkItem> work;          // one per CTA of the attention kernel
-  std::vector<VerifyCombineItem> combine;    // one per split row tile
-  std::vector<VerifyPass> passes;            // empty: one pass over everything
-  bool positional = false;                   // positional plan: fixed combine layout too
+  int max_splits = 1;                      // largest number of splits of any request
+  int64_t partial_rows = 0;                // workspace partial rows used (largest pass)
+  std::vector<VerifyWorkItem> work;        // one per CTA of the attention kernel
+  std::vector<VerifyCombineItem> combine;  // one per split row tile
+  std::vector<VerifyPass> passes;          // empty: one pass over everything
+  bool positional = false;                 // positional plan: fixed combine layout too (whole rows)
   std::vector<VerifyIndexTask> index_tasks;  // positional: index lists to build
   int64_t index_entries = 0;                 // positional: index entries used (largest pass)
   // Shared prefixes: the packs of requests that read one prefix together, and the key reads

@@ -147,8 +147,7 @@ absl::Status LaunchCombine(const VerifyCombineArgs& args, int num_items, int num
   // of 16 mostly idle split groups per row, and for a batch of trees at 64 heads that grid
   // (266k CTAs for 520 nodes) took longer than the attention itself (docs/PERF.md).
   const int64_t rows_to_merge = static_cast<int64_t>(num_items) * c.rows_per_cta;
-  c.cols_per_cta =
-      !fixed_layout && rows_to_merge < 4 * static_cast<int64_t>(num_sms) ? 64 : kVDim;
+  c.cols_per_cta = !fixed_layout && rows_to_merge < 4 * static_cast<int64_t>(num_sms) ? 64 : kVDim;
   cudaLaunchConfig_t lc{};
   lc.gridDim = dim3(static_cast<unsigned>(num_items), static_cast<unsigned>(c.rows_per_cta),
                     static_cast<unsigned>(kVDim / c.cols_per_cta));

@@ -342,8 +342,7 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
       // The work items of one pass (a plan larger than the workspace's partial rows runs in
       // passes, one launch each), grouped down to about kPositionalGroupWaves per SM.
       const int64_t passes =
-          ws.max_partial_rows > 0 ? std::max<int64_t>(1, CeilDiv(partial, ws.max_partial_rows))
-                                  : 1;
+          ws.max_partial_rows > 0 ? std::max<int64_t>(1, CeilDiv(partial, ws.max_partial_rows)) : 1;
       split_group = static_cast<int>(std::max<int64_t>(
           1, items / passes / (static_cast<int64_t>(kPositionalGroupWaves) * device.num_sms)));
     }

@@ -247,9 +247,20 @@ struct SplitGroupsOf<V, std::void_t<decltype(V::kSplitGroups)>>
 
 template <class V>
 constexpr VariantInfo InfoOf(int index) {
-  return {index,     V::kConfig,    V::kName,          V::kArch, V::kRows,
-          V::kKeys,  V::kStages,    V::kSmemBytes,     V::kAuto, &V::RunsOn,
-          V::kKvFp8, V::kCtasPerSm, StagedOf<V>::value, SplitGroupsOf<V>::value};
+  return {index,
+          V::kConfig,
+          V::kName,
+          V::kArch,
+          V::kRows,
+          V::kKeys,
+          V::kStages,
+          V::kSmemBytes,
+          V::kAuto,
+          &V::RunsOn,
+          V::kKvFp8,
+          V::kCtasPerSm,
+          StagedOf<V>::value,
+          SplitGroupsOf<V>::value};
 }
 template <class... V>
 constexpr std::array<VariantInfo, sizeof...(V)> MakeVariantTable(VariantList<V...>) {
