@@ -559,6 +559,85 @@ TEST(GpuDense, GemmsMatchReference) {
   cublasDestroy(h);
 }
 
+// Batch-invariant GEMMs (gemm.h EnableFixedGemmAlgorithms, the engine's default): the first
+// rows of a call are bit-identical whatever the call's row count (1 to 2,080: every row class,
+// each served by its own algorithm), dense and batched (the absorbed-MLA layout), with the
+// output buffers poisoned (NaN) before every call; and the results stay within the reference.
+TEST(GpuDense, BatchInvariantGemmRowsDoNotDependOnTheRowCount) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(29);
+  cublasHandle_t h;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  constexpr int64_t kMaxRows = 2080;
+  constexpr size_t kWs = size_t{32} << 20;
+  Dev<char> ws(kWs);
+  ASSERT_TRUE(EnableFixedGemmAlgorithms(h, ws.p, kWs, kMaxRows).ok());
+  constexpr int64_t kProbe = 3;  // rows compared
+  const std::vector<int64_t> row_counts = {1, 3, 17, 64, 65, 200, 257, 700, 1025, kMaxRows};
+  // Dense: y[m, n] = x[m, k] . w[n, k]^T, fp32 out.
+  const int64_t n = 1536, k = 1024;
+  std::vector<float> x = RandomBf16Values(rng, kMaxRows * k), w = RandomBf16Values(rng, n * k);
+  Dev<bf16> dx(ToBf16(x)), dw(ToBf16(w));
+  Dev<float> dy(kMaxRows * n);
+  std::vector<float> first;
+  for (const int64_t m : row_counts) {
+    ASSERT_EQ(cudaMemset(dy.p, 0xff, kMaxRows * n * sizeof(float)), cudaSuccess);  // NaN
+    ASSERT_TRUE(GemmBf16Packed(h, m, dx.p, k, dw.p, n, dy.p).ok()) << m;
+    std::vector<float> y = dy.Get();
+    const int64_t rows = std::min(m, kProbe);
+    if (first.empty()) {
+      std::vector<float> ref(n);
+      ref::Linear(x.data(), 1, k, k, w.data(), n, ref.data(), n);
+      EXPECT_LT(RelL2(std::vector<float>(y.begin(), y.begin() + n), ref), 1e-5);
+      first.assign(y.begin(), y.begin() + kProbe * n);
+    }
+    EXPECT_EQ(std::memcmp(y.data(), first.data(), rows * n * sizeof(float)), 0)
+        << "dense rows changed bits at m = " << m;
+    for (int64_t i = m * n; i < std::min<int64_t>(kMaxRows, m + 1) * n; ++i) {
+      ASSERT_TRUE(std::isnan(y[i])) << "wrote past row " << m;
+    }
+  }
+  // Batched (W_UK absorption's layout: heads interleaved in the rows), bf16 out.
+  const int heads = 8;
+  const int64_t nope = 128, kvl = 512, qk = 192;
+  std::vector<float> q = RandomBf16Values(rng, kMaxRows * heads * qk),
+                     kvb = RandomBf16Values(rng, heads * nope * kvl, 0.1f);
+  Dev<bf16> dq(ToBf16(q)), dkvb(ToBf16(kvb)), dout(kMaxRows * heads * kvl);
+  std::vector<bf16> bfirst;
+  for (const int64_t m : row_counts) {
+    ASSERT_EQ(cudaMemset(dout.p, 0xff, kMaxRows * heads * kvl * sizeof(bf16)), cudaSuccess);
+    BatchedGemmParams bp;
+    bp.batch = heads;
+    bp.m = m;
+    bp.n = kvl;
+    bp.k = nope;
+    bp.x = dq.p;
+    bp.ldx = heads * qk;
+    bp.stride_x = qk;
+    bp.w = dkvb.p;
+    bp.ldw = kvl;
+    bp.stride_w = nope * kvl;
+    bp.w_transposed = false;
+    bp.y = dout.p;
+    bp.ldy = heads * kvl;
+    bp.stride_y = kvl;
+    ASSERT_TRUE(GemmBf16Batched(h, bp).ok()) << m;
+    std::vector<bf16> y = dout.Get();
+    const int64_t rows = std::min(m, kProbe);
+    if (bfirst.empty()) bfirst.assign(y.begin(), y.begin() + kProbe * heads * kvl);
+    EXPECT_EQ(std::memcmp(y.data(), bfirst.data(), rows * heads * kvl * sizeof(bf16)), 0)
+        << "batched rows changed bits at m = " << m;
+  }
+  // Every row class was given an algorithm bit-equal to the reference (or kept it).
+  const std::vector<GemmRowClassChoice> choices = FixedGemmChoices(h);
+  EXPECT_GE(choices.size(), 2u * 8);
+  for (const GemmRowClassChoice& c : choices) {
+    EXPECT_TRUE(c.candidate == 0 || c.equal_candidates == 1) << c.n << "x" << c.k << " " << c.max_m;
+  }
+  DisableFixedGemmAlgorithms(h);
+  cublasDestroy(h);
+}
+
 TEST(GpuDense, LaunchersRejectBadShapes) {
   // Host-side validation only: runs without a GPU too.
   RmsNormParams p;
