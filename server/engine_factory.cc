@@ -106,9 +106,14 @@ absl::StatusOr<std::unique_ptr<tp::Engine>> CreateCuda(const EngineSpec& spec) {
   return engine;
 }
 
-bool CudaUsable() {
+// Why --backend auto would not use the CUDA engine (OK: it would).
+absl::Status CudaUsable() {
   auto module = LoadCudaEngineModule();
-  return module.ok() && (*module)->devices_available();
+  if (!module.ok()) return module.status();
+  if (!(*module)->devices_available()) {
+    return absl::UnavailableError("no CUDA device is visible");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -124,7 +129,15 @@ absl::StatusOr<std::unique_ptr<tp::Engine>> CreateEngine(const EngineSpec& spec)
     return absl::InvalidArgumentError("--testing_fault: needs --backend cpu");
   }
   if (spec.backend == "cuda") return CreateCuda(spec);
-  if (spec.backend == "auto") return CudaUsable() ? CreateCuda(spec) : CreateCpu(spec);
+  if (spec.backend == "auto") {
+    const absl::Status cuda = CudaUsable();
+    if (cuda.ok()) return CreateCuda(spec);
+    spdlog::warn(
+        "--backend auto: serving on the CPU reference backend (not for real model "
+        "sizes): the CUDA engine is not usable: {}",
+        std::string(cuda.message()));
+    return CreateCpu(spec);
+  }
   if (spec.backend == "cpu") return CreateCpu(spec);
   if (spec.backend == "toy") {
     testing::ToyEngineOptions o;

@@ -34,6 +34,10 @@ else()
 endif()
 
 if(TARGET verifyd AND TARGET verifyctl)
+  # `cmake --install` into a temporary prefix: the installed tree, and the installed verifyd
+  # finds its CUDA engine module (the binaries must be built first: CTest runs after the build).
+  verifyd_ops_script_test(ops_install_layout
+    bash ${VERIFYD_OPS_DIR}/check_install.sh ${CMAKE_BINARY_DIR} ${VERIFYD_WITH_CUDA})
   # verifyd (tiny, CPU) + a real Prometheus scraping it on loopback; ~20 s.
   verifyd_ops_script_test(ops_live_prometheus
     ${VERIFYD_OPS_PYTHON} ${VERIFYD_OPS_DIR}/live_integration.py
