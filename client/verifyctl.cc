@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -24,10 +25,14 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/parse.h"
+#include "absl/flags/internal/usage.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -384,7 +389,23 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "verifyctl <info|health|open|verify|close|truncate|fork|demo|load> [flags]: client of "
       "verifyd");
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  // --help lists verifyctl's flags (not only those of a file named like the program), no build
+  // directories in file names, and exits 0 (an unknown flag still exits 1: Abseil's parser).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view f) { return absl::StrContains(f, "client/"); };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.normalize_filename = [](absl::string_view f) {
+    const size_t at = f.rfind("client/");
+    return std::string(at == absl::string_view::npos ? f : f.substr(at));
+  };
+  absl::SetFlagsUsageConfig(usage);
+  std::vector<char*> args = absl::flags_internal::ParseCommandLineImpl(
+      argc, argv, absl::flags_internal::ArgvListAction::kRemoveParsedArgs,
+      absl::flags_internal::UsageFlagsAction::kIgnoreUsage,
+      absl::flags_internal::OnUndefinedFlag::kAbortIfUndefined);
+  if (absl::flags_internal::HandleUsageFlags(std::cout, absl::ProgramUsageMessage()) >= 0) {
+    return 0;
+  }
   if (args.size() != 2) return Usage("expected exactly one subcommand");
   const std::string cmd = args[1];
   auto channel = SecureChannel();

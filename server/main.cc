@@ -4,13 +4,18 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/parse.h"
+#include "absl/flags/internal/usage.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -106,8 +111,30 @@ void RequestStop(StopState* s, int code, const std::string& reason) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("verifyd: speculative-decoding tree verification service");
-  absl::ParseCommandLine(argc, argv);
+  // --help lists every verifyd flag (Abseil's default lists only flags of source files named
+  // like the program: "No flags matched"), file names without the build machine's directories;
+  // help exits 0.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "server/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.normalize_filename = [](absl::string_view file) {
+    const size_t at = file.rfind("server/");
+    return std::string(at == absl::string_view::npos ? file : file.substr(at));
+  };
+  absl::SetFlagsUsageConfig(usage);
+  absl::SetProgramUsageMessage(
+      "speculative-decoding tree verification service\n"
+      "  verifyd --model=PRESET|CHECKPOINT_DIR [--backend=auto|cuda|cpu] [--tp=N] [flags]\n"
+      "(README: \"Run the server\"; every flag below, with its default)");
+  absl::flags_internal::ParseCommandLineImpl(
+      argc, argv, absl::flags_internal::ArgvListAction::kRemoveParsedArgs,
+      absl::flags_internal::UsageFlagsAction::kIgnoreUsage,
+      absl::flags_internal::OnUndefinedFlag::kAbortIfUndefined);
+  if (absl::flags_internal::HandleUsageFlags(std::cout, absl::ProgramUsageMessage()) >= 0) {
+    return 0;
+  }
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%fZ level=%l %v", spdlog::pattern_time_type::utc);
   const std::string level = absl::GetFlag(FLAGS_log_level);
   const auto parsed = spdlog::level::from_str(level);

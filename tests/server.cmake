@@ -17,7 +17,8 @@ verifyd_add_test(server_lossless_test LABEL cpu
 verifyd_add_test(server_main_test LABEL cpu
   SOURCES server_main_test.cc LIBS verifyd_server_testing verifyd_test_process)
 target_compile_definitions(server_main_test PRIVATE
-  VERIFYD_BINARY="$<TARGET_FILE:verifyd>" VERIFYCTL_BINARY="$<TARGET_FILE:verifyctl>")
+  VERIFYD_BINARY="$<TARGET_FILE:verifyd>" VERIFYCTL_BINARY="$<TARGET_FILE:verifyctl>"
+  VERIFYD_SOURCE_ROOT="${CMAKE_SOURCE_DIR}")
 add_dependencies(server_main_test verifyd verifyctl)
 if(TARGET PkgConfig::SYSTEMD)
   target_compile_definitions(server_main_test PRIVATE VERIFYD_WITH_SYSTEMD=1)

@@ -147,6 +147,22 @@ TEST(VerifydMain, CudaBackendWithoutCudaFailsClearly) {
   EXPECT_THAT(text, HasSubstr("--backend cuda"));
 }
 
+// --help lists every verifyd flag (not Abseil's "No flags matched"), with source file names
+// but no build-machine directories, and exits 0.
+TEST(VerifydMain, HelpListsEveryFlagAndExitsZero) {
+  const std::string log = TempPath("help.log");
+  const pid_t pid = Spawn({VERIFYD_BINARY, "--help"}, log);
+  EXPECT_EQ(WaitExit(pid, absl::Seconds(20)), 0);
+  const std::string text = ReadFile(log);
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("No flags matched")));
+  for (const char* flag : {"--model", "--backend", "--batch_invariant", "--kv_dtype", "--tp",
+                           "--listen", "--metrics_listen"}) {
+    EXPECT_THAT(text, HasSubstr(flag));
+  }
+  EXPECT_THAT(text, HasSubstr("Flags from server/main.cc"));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr(std::string(VERIFYD_SOURCE_ROOT) + "/")));
+}
+
 TEST(VerifydMain, BadFlagValueFailsNamingTheFlag) {
   const std::string log = TempPath("badflag.log");
   const pid_t pid = Spawn({VERIFYD_BINARY, "--backend=quantum", "--metrics_listen="}, log);
