@@ -3,7 +3,7 @@
 //   verifyctl open --prompt 1,2,3 [--prefix_session S]
 //   verifyctl verify --session S --tokens 5,6,7 --parents -1,0,-1
 //   verifyctl close --session S
-//   verifyctl truncate --session S --len L      (roll back to the first L committed tokens)
+//   verifyctl truncate --session S --committed_len L   (roll back to the first L committed tokens)
 //   verifyctl fork --session S                  (a new session sharing S's KV)
 //   verifyctl demo [--drafter oracle|ngram] [--rounds R] [--depth D] [--branches B]
 //   verifyctl load [--drafter oracle|ngram] --sessions N --rounds R
@@ -48,7 +48,9 @@ ABSL_FLAG(int64_t, random_prompt, 0,
           "open: instead of --prompt, this many random tokens (from --seed), e.g. to measure a "
           "long prefill");
 ABSL_FLAG(std::string, session, "", "verify/close/truncate/fork: session id");
-ABSL_FLAG(int64_t, len, 0, "truncate: committed length to roll back to (>= 1)");
+ABSL_FLAG(int64_t, committed_len, 0,
+          "truncate: committed length to roll back to (>= 1; TruncateSession.committed_len)");
+ABSL_FLAG(int64_t, len, 0, "truncate: deprecated spelling of --committed_len");
 ABSL_FLAG(std::string, prefix_session, "",
           "open: start from this session's committed tokens (shared KV), then --prompt");
 ABSL_FLAG(std::string, request_id, "", "verify: request id (a retry with it is not re-applied)");
@@ -236,7 +238,9 @@ int CmdClose(VerifyClient& c) {
 }
 
 int CmdTruncate(VerifyClient& c) {
-  auto r = c.Truncate(absl::GetFlag(FLAGS_session), absl::GetFlag(FLAGS_len));
+  const int64_t len = absl::GetFlag(FLAGS_committed_len) != 0 ? absl::GetFlag(FLAGS_committed_len)
+                                                               : absl::GetFlag(FLAGS_len);
+  auto r = c.Truncate(absl::GetFlag(FLAGS_session), len);
   if (!r.ok()) return Fail(r.status());
   std::printf("next_token: %d\ncommitted_len: %lld\n", r->next_token, (long long)r->committed_len);
   return 0;

@@ -28,8 +28,9 @@
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC listen address (host:port)");
-ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9400",
-          "Prometheus /metrics listen address; empty disables");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9400",
+          "Prometheus /metrics listen address (loopback by default: a scraper on another host "
+          "needs e.g. 0.0.0.0:9400, as the deploy files set); empty disables");
 ABSL_FLAG(std::string, model, "tiny", "model preset name or checkpoint directory");
 ABSL_FLAG(uint64_t, seed, 0, "weight seed for presets");
 ABSL_FLAG(int64_t, preset_layers, 0,
