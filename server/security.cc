@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -231,6 +232,12 @@ void HealthServer::Shutdown() {
   server_->Shutdown(std::chrono::system_clock::now());
   server_->Wait();
   server_.reset();
+}
+
+std::string ForLog(absl::string_view text) {
+  if (text.size() <= kMaxLoggedBytes) return absl::CEscape(text);
+  return absl::StrCat(absl::CEscape(text.substr(0, kMaxLoggedBytes)), "...(", text.size(),
+                      " bytes)");
 }
 
 }  // namespace verifyd::server

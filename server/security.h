@@ -21,6 +21,7 @@
 // construction and safe from any thread; HealthServer methods are safe from any thread.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <utility>
@@ -29,6 +30,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/security/auth_metadata_processor.h"
 #include "grpcpp/security/server_credentials.h"
@@ -116,5 +118,12 @@ class HealthServer {
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
   int port_ = 0;
 };
+
+// Client-supplied text (session ids, error messages that quote them) as it goes into a log
+// line: control characters, quotes and backslashes escaped (a newline in an id cannot forge a
+// line), and at most kMaxLoggedBytes of it, then "...(N bytes)" (a 4 MiB id does not write
+// 4 MiB a call).
+inline constexpr size_t kMaxLoggedBytes = 256;
+std::string ForLog(absl::string_view text);
 
 }  // namespace verifyd::server

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/common.h"
 #include "kernels/status.h"
+#include "server/security.h"
 #include "spdlog/spdlog.h"
 
 namespace verifyd::server {
@@ -173,13 +174,14 @@ grpc::Status VerifyServiceImpl::Finish(const char* method, uint64_t request_id,
   metrics_->CountRequest(method, code);
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   if (st.ok()) {
-    spdlog::debug("rpc={} req={} code={} ms={:.3f} {}", method, request_id, code, ms, detail);
+    spdlog::debug("rpc={} req={} code={} ms={:.3f} {}", method, request_id, code, ms,
+                  ForLog(detail));
   } else if (g.error_code() == grpc::INTERNAL || g.error_code() == grpc::UNKNOWN) {
     spdlog::error("rpc={} req={} code={} ms={:.3f} error=\"{}\" {}", method, request_id, code, ms,
-                  std::string(st.message()), detail);
+                  ForLog(st.message()), ForLog(detail));
   } else {
     spdlog::info("rpc={} req={} code={} ms={:.3f} error=\"{}\" {}", method, request_id, code, ms,
-                 std::string(st.message()), detail);
+                 ForLog(st.message()), ForLog(detail));
   }
   return g;
 }

@@ -88,6 +88,21 @@ class SecurityTest : public ::testing::Test {
   std::string token_file_;
 };
 
+// Client-supplied text in log lines: a newline (or any control byte) cannot forge a line and a
+// huge id is cut to kMaxLoggedBytes with its size.
+TEST(LogEscapingTest, ClientTextCannotForgeOrFloodLogLines) {
+  EXPECT_EQ(ForLog("session=ab"), "session=ab");
+  const std::string forged = ForLog("x\n2026-12-03T00:00:00Z level=critical forged\r\"q\"");
+  EXPECT_EQ(forged.find('\n'), std::string::npos);
+  EXPECT_EQ(forged.find('\r'), std::string::npos);
+  EXPECT_NE(forged.find("\\n2026"), std::string::npos);
+  const std::string huge(4 << 20, 'z');
+  const std::string cut = ForLog(huge);
+  EXPECT_LT(cut.size(), kMaxLoggedBytes + 64);
+  EXPECT_NE(cut.find("(4194304 bytes)"), std::string::npos);
+  EXPECT_EQ(ForLog(std::string("\0\x01", 2)), "\\000\\001");
+}
+
 TEST(SecurityOptionsTest, RefusesTokenWithoutTls) {
   rel::TempDir dir;
   ASSERT_TRUE(rel::WriteFile(dir.File("t"), "0123456789abcdef0\n").ok());
