@@ -151,8 +151,9 @@ Metrics::Metrics(int tp_size, const std::string& version, const std::string& bac
                    .Help("RPCs handled, by method and gRPC status code")
                    .Register(reg);
   // Every (method, code) series exists at zero from the first scrape, so rate() and alerts
-  // see the first error (5 methods x 17 codes, a fixed set).
-  for (const char* method : {"GetInfo", "OpenSession", "Verify", "VerifyStream", "CloseSession"}) {
+  // see the first error (the 7 methods x 17 codes, a fixed set).
+  for (const char* method : {"GetInfo", "OpenSession", "Verify", "VerifyStream", "CloseSession",
+                             "TruncateSession", "ForkSession"}) {
     for (const char* code :
          {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
           "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",

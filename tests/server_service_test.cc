@@ -694,6 +694,9 @@ TEST(ServerService, MetricsEndpointServesEveryMetric) {
   EXPECT_EQ(value("verifyd_requests_total{code=\"NOT_FOUND\",method=\"Verify\"}"), 1);
   EXPECT_EQ(value("verifyd_requests_total{code=\"OK\",method=\"OpenSession\"}"), 1);
   EXPECT_EQ(value("verifyd_requests_total{code=\"UNAVAILABLE\",method=\"VerifyStream\"}"), 0);
+  // Every RPC's series exist at zero before its first call.
+  EXPECT_EQ(value("verifyd_requests_total{code=\"OK\",method=\"TruncateSession\"}"), 0);
+  EXPECT_EQ(value("verifyd_requests_total{code=\"NOT_FOUND\",method=\"ForkSession\"}"), 0);
   EXPECT_EQ(value("verifyd_build_info{backend=\"toy\",version=\"0.1.0\"}"), 1);
   EXPECT_EQ(value("verifyd_verify_latency_seconds_count{stage=\"total\"}"), 1);
   EXPECT_EQ(value("verifyd_verify_latency_seconds_count{stage=\"queue\"}"), 1);
