@@ -239,7 +239,7 @@ int CmdClose(VerifyClient& c) {
 
 int CmdTruncate(VerifyClient& c) {
   const int64_t len = absl::GetFlag(FLAGS_committed_len) != 0 ? absl::GetFlag(FLAGS_committed_len)
-                                                               : absl::GetFlag(FLAGS_len);
+                                                              : absl::GetFlag(FLAGS_len);
   auto r = c.Truncate(absl::GetFlag(FLAGS_session), len);
   if (!r.ok()) return Fail(r.status());
   std::printf("next_token: %d\ncommitted_len: %lld\n", r->next_token, (long long)r->committed_len);
