@@ -89,6 +89,9 @@ ABSL_FLAG(std::string, health_listen, "",
 ABSL_FLAG(int, max_call_deadline_s, 120,
           "deadline given to calls without one (and to each VerifyStream message)");
 ABSL_FLAG(int, max_concurrent_streams, 128, "HTTP/2 streams per client connection");
+ABSL_FLAG(int, max_threads, 1024,
+          "threads the gRPC server may hold for running calls and open VerifyStreams, all "
+          "connections together; beyond it new calls get RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, testing_fault, "",
           "tests only (cpu backend): fail:<rank>@<step> or slow:<ms> fault injection");
 
@@ -211,6 +214,7 @@ int main(int argc, char** argv) {
   options.health_listen = absl::GetFlag(FLAGS_health_listen);
   options.max_call_deadline = absl::Seconds(absl::GetFlag(FLAGS_max_call_deadline_s));
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.max_threads = absl::GetFlag(FLAGS_max_threads);
   options.on_engine_failure = [&stop] { RequestStop(&stop, 1, "engine failed"); };
   auto server = verifyd::server::Server::BuildAndStart(options, *std::move(engine));
   if (!server.ok()) {

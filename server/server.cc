@@ -10,6 +10,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/impl/server_builder_option.h"
 #include "grpcpp/impl/server_builder_plugin.h"
+#include "grpcpp/resource_quota.h"
 #include "prometheus/exposer.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
@@ -131,6 +132,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
+  grpc::ResourceQuota quota("verifyd");
+  quota.SetMaxThreads(options.max_threads);
+  builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
                              static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_time)));
   builder.AddChannelArgument(

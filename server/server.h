@@ -62,6 +62,10 @@ struct ServerOptions {
   // HTTP/2 streams per connection (bounds one client's concurrency and the cost of a
   // rapid-reset flood; see docs/RELIABILITY.md).
   int max_concurrent_streams = 128;
+  // Threads the gRPC sync server may create, all connections together (each call and each open
+  // VerifyStream holds one while it runs): beyond it a new call gets RESOURCE_EXHAUSTED instead
+  // of a thread (thousands of idle streams used to hold thousands of threads).
+  int max_threads = 1024;
   // Keepalive: the server pings a connection idle for keepalive_time and drops it when no
   // answer comes within keepalive_timeout (dead clients); a client pinging more often than
   // min_client_ping_interval (without data) gets GOAWAY after 2 strikes.

@@ -226,6 +226,56 @@ TEST(RelLimits, MaxConcurrentStreamsBoundsOneConnection) {
   EXPECT_EQ(ok.load(), 5);
 }
 
+// The server-wide thread bound: idle VerifyStreams from many connections each hold a server
+// thread; beyond --max_threads a new call gets RESOURCE_EXHAUSTED (not one more thread), and
+// once the streams close the server serves again.
+TEST(RelLimits, IdleStreamsBeyondTheThreadBoundAreResourceExhausted) {
+  ServerOptions so;
+  so.max_threads = 12;
+  Fixture f = Start({}, so);
+  constexpr int kStreams = 40;
+  struct Open {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<verify::v1::VerifyService::Stub> stub;
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<verify::v1::VerifyRequest, verify::v1::VerifyResponse>>
+        stream;
+  };
+  std::vector<std::unique_ptr<Open>> open;
+  for (int i = 0; i < kStreams; ++i) {
+    auto o = std::make_unique<Open>();
+    grpc::ChannelArguments args;
+    args.SetInt("verifyd.test.connection", i);  // a connection of its own
+    o->channel = grpc::CreateCustomChannel(f.t.target, grpc::InsecureChannelCredentials(), args);
+    o->stub = verify::v1::VerifyService::NewStub(o->channel);
+    o->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    o->stream = o->stub->VerifyStream(&o->ctx);
+    open.push_back(std::move(o));
+  }
+  absl::SleepFor(absl::Seconds(1));
+  // The streams the server turned away have ended: their status is RESOURCE_EXHAUSTED.
+  int exhausted = 0, other = 0;
+  for (auto& o : open) {
+    o->stream->WritesDone();
+  }
+  for (auto& o : open) {
+    verify::v1::VerifyResponse r;
+    while (o->stream->Read(&r)) {
+    }
+    const grpc::Status st = o->stream->Finish();
+    if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++exhausted;
+    } else if (!st.ok()) {
+      ++other;
+    }
+  }
+  EXPECT_GT(exhausted, 0) << "no stream was turned away with " << kStreams << " open";
+  EXPECT_EQ(other, 0);
+  // Every stream is closed now: a normal call works.
+  auto s = f.t.client->Open({1, 2, 3});
+  EXPECT_TRUE(s.ok()) << s.status();
+}
+
 TEST(RelLimits, ClientPingingTooOftenIsSentAway) {
   ServerOptions so;
   so.min_client_ping_interval = absl::Seconds(10);
