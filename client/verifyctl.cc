@@ -394,7 +394,8 @@ int main(int argc, char** argv) {
       "verifyctl <info|health|open|verify|close|truncate|fork|demo|load> [flags]: client of "
       "verifyd");
   // --help lists verifyctl's flags (not only those of a file named like the program), no build
-  // directories in file names, and exits 0 (an unknown flag still exits 1: Abseil's parser).
+  // directories in file names, and exits 0 (Abseil's internal parse entry point: its public one
+  // exits 1 after help; an unknown flag still exits 1).
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view f) { return absl::StrContains(f, "client/"); };
   usage.contains_helpshort_flags = usage.contains_help_flags;

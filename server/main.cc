@@ -117,7 +117,7 @@ void RequestStop(StopState* s, int code, const std::string& reason) {
 int main(int argc, char** argv) {
   // --help lists every verifyd flag (Abseil's default lists only flags of source files named
   // like the program: "No flags matched"), file names without the build machine's directories;
-  // help exits 0.
+  // help exits 0 (Abseil's internal parse entry point: its public one exits 1 after help).
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
     return absl::EndsWith(file, "server/main.cc");

@@ -347,14 +347,13 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
           1, items / passes / (static_cast<int64_t>(kPositionalGroupWaves) * device.num_sms)));
     }
   }
-  std::vector<int> visible, splits;
-  std::vector<int64_t> lens;
   for (int b = 0; b < B; ++b) {
     const int n_b = hq[b + 1] - hq[b];
     const int ctx = (hkv[b + 1] - hkv[b]) - n_b;
-    visible.assign(all_visible.begin() + hq[b], all_visible.begin() + hq[b + 1]);
-    splits.assign(all_splits.begin() + hq[b], all_splits.begin() + hq[b + 1]);
-    lens.assign(all_lens.begin() + hq[b], all_lens.begin() + hq[b + 1]);
+    // This request's nodes.
+    const int* visible = all_visible.data() + hq[b];
+    const int* splits = all_splits.data() + hq[b];
+    const int64_t* lens = all_lens.data() + hq[b];
     for (int t0 = 0; t0 < n_b;) {
       int t1 = t0 + 1;  // the unit: nodes [t0, t1)
       if (group) {

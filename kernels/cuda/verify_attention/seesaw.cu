@@ -546,6 +546,21 @@ __device__ __forceinline__ void SeesawFp8Producer(const VerifyKernelArgs& args, 
   CpAsyncWait<0>();  // no copies in flight when the warp exits
 }
 
+// Both math warpgroups: this warpgroup's row-sum partials (quad-reduced) into s_l[wg][row],
+// then a barrier, after which s_l[0][r] + s_l[1][r] is the row's sum (a split's end and the
+// final epilogue).
+__device__ __forceinline__ void SeesawExchangeRowSums(const float (&l_run)[2], float* s_l, int wg,
+                                                      int row0, int q4) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (q4 == 0) s_l[wg * 64 + row0 + 8 * h] = l;
+  }
+  NamedBarSync(kBarEpilogue, kMathThreads);
+}
+
 // The end of one split of a work item that holds several (VerifyWorkItem::split_keys): both
 // math warpgroups add their row sums (through s_l, as the final epilogue), write the split's
 // normalised rows (fp32) and, WG0, its log2 sum to partial row `prow` + r, straight from
@@ -561,14 +576,7 @@ __device__ __forceinline__ void SeesawFlushSplit(const VerifyKernelArgs& args, f
                                                  float (&m_run)[2], float (&l_run)[2], float* s_l,
                                                  int wg, int row0, int q4, int rows_here,
                                                  int64_t prow) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (q4 == 0) s_l[wg * 64 + row0 + 8 * h] = l;
-  }
-  NamedBarSync(kBarEpilogue, kMathThreads);
+  SeesawExchangeRowSums(l_run, s_l, wg, row0, q4);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = row0 + 8 * h;
@@ -928,27 +936,24 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
         if (lane == 0) MbarArrive(bars.empty_bc(1));
       }
     }
-    if (!kFp8 && split_pairs > 0 && (p + 1) % split_pairs == 0 && p + 1 < num_pairs) {
-      const int64_t prow = LoadFresh(&args.work[blockIdx.x].partial_row) +
-                           static_cast<int64_t>((p + 1) / split_pairs - 1) * Tr::kRows;
-      SeesawFlushSplit(args, o, m_run, l_run, s_l, wg, row0, q4, rows_here, prow);
+    if constexpr (!kFp8) {
+      if (split_pairs > 0 && (p + 1) % split_pairs == 0 && p + 1 < num_pairs) {
+        const int64_t prow = LoadFresh(&args.work[blockIdx.x].partial_row) +
+                             static_cast<int64_t>((p + 1) / split_pairs - 1) * Tr::kRows;
+        SeesawFlushSplit(args, o, m_run, l_run, s_l, wg, row0, q4, rows_here, prow);
+      }
     }
   }
 
   // ---- epilogue: add the two warpgroups' row sums, normalise, write ----
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (q4 == 0) s_l[wg * 64 + row0 + 8 * h] = l;
-  }
-  NamedBarSync(kBarEpilogue, kMathThreads);
+  SeesawExchangeRowSums(l_run, s_l, wg, row0, q4);
   // The output coordinates are re-read here rather than kept live across the loop (at 240
   // registers that would cost a spill).
   int partial_row = LoadFresh(&args.work[blockIdx.x].partial_row);
   const bool direct = partial_row < 0;
-  if (split_pairs > 0 && !direct) partial_row += ((num_pairs - 1) / split_pairs) * Tr::kRows;
+  if constexpr (!kFp8) {
+    if (split_pairs > 0 && !direct) partial_row += ((num_pairs - 1) / split_pairs) * Tr::kRows;
+  }
   const int64_t out_row0 =
       static_cast<int64_t>(LoadFresh(&args.work[blockIdx.x].q_row0)) * H + wi.fold_begin;
   // The rows are staged in shared memory (the KV buffers: every wgmma that read them has
