@@ -21,14 +21,19 @@ Histogram::BucketBoundaries CountBuckets(int max) {
 
 }  // namespace
 
-Metrics::Metrics(int tp_size, const std::string& version, const std::string& backend)
+Metrics::Metrics(int tp_size, const std::string& version, const std::string& backend,
+                 const std::string& model_name)
     : registry_(std::make_shared<prometheus::Registry>()) {
   auto& reg = *registry_;
+  // The constant label of every family (none without a model name).
+  prometheus::Labels model;
+  if (!model_name.empty()) model["model_name"] = model_name;
   auto& latency = prometheus::BuildHistogram()
                       .Name("verifyd_verify_latency_seconds")
                       .Help(
                           "Verify request latency in seconds by stage: queue (waiting for an "
                           "engine step), engine (the step that ran it), total (handler)")
+                      .Labels(model)
                       .Register(reg);
   latency_queue_ = &latency.Add({{"stage", "queue"}}, LatencyBuckets());
   latency_engine_ = &latency.Add({{"stage", "engine"}}, LatencyBuckets());
@@ -37,11 +42,13 @@ Metrics::Metrics(int tp_size, const std::string& version, const std::string& bac
   engine_step_ = &prometheus::BuildHistogram()
                       .Name("verifyd_engine_step_seconds")
                       .Help("Wall time of one engine step (one batched forward) in seconds")
+                      .Labels(model)
                       .Register(reg)
                       .Add({}, LatencyBuckets());
   auto& rank = prometheus::BuildHistogram()
                    .Name("verifyd_engine_rank_step_seconds")
                    .Help("Forward time of one tensor-parallel rank in one engine step, seconds")
+                   .Labels(model)
                    .Register(reg);
   for (int r = 0; r < tp_size; ++r) {
     rank_step_.push_back(&rank.Add({{"rank", std::to_string(r)}}, LatencyBuckets()));
@@ -53,6 +60,7 @@ Metrics::Metrics(int tp_size, const std::string& version, const std::string& bac
                           "OpenSession prefill latency in seconds by stage: queue (waiting for "
                           "its first engine step), engine (the steps that ran its chunks), "
                           "total (handler)")
+                      .Labels(model)
                       .Register(reg);
   prefill_queue_ = &prefill.Add({{"stage", "queue"}}, LatencyBuckets());
   prefill_engine_ = &prefill.Add({{"stage", "engine"}}, LatencyBuckets());
@@ -60,6 +68,7 @@ Metrics::Metrics(int tp_size, const std::string& version, const std::string& bac
   prompt_tokens_ = &prometheus::BuildCounter()
                         .Name("verifyd_prompt_tokens_total")
                         .Help("Prompt tokens prefilled by OpenSession")
+                        .Labels(model)
                         .Register(reg)
                         .Add({});
   drafts_ = &prometheus::BuildCounter()
@@ -67,33 +76,39 @@ Metrics::Metrics(int tp_size, const std::string& version, const std::string& bac
                  .Help(
                      "Draft trees with at least one node verified (mean acceptance length = "
                      "1 + verifyd_accepted_tokens_total / verifyd_drafts_total)")
+                 .Labels(model)
                  .Register(reg)
                  .Add({});
   auto& rounds = prometheus::BuildCounter()
                      .Name("verifyd_rounds_total")
                      .Help("Verify items applied, by the session's decoding mode")
+                     .Labels(model)
                      .Register(reg);
   rounds_greedy_ = &rounds.Add({{"mode", "greedy"}});
   rounds_sampled_ = &rounds.Add({{"mode", "sampled"}});
   auto& sessions = prometheus::BuildCounter()
                        .Name("verifyd_sessions_opened_total")
                        .Help("Sessions opened (prefilled) by OpenSession, by decoding mode")
+                       .Labels(model)
                        .Register(reg);
   sessions_greedy_ = &sessions.Add({{"mode", "greedy"}});
   sessions_sampled_ = &sessions.Add({{"mode", "sampled"}});
   draft_tokens_ = &prometheus::BuildCounter()
                        .Name("verifyd_draft_tokens_total")
                        .Help("Draft tree nodes received in Verify")
+                       .Labels(model)
                        .Register(reg)
                        .Add({});
   accepted_tokens_ = &prometheus::BuildCounter()
                           .Name("verifyd_accepted_tokens_total")
                           .Help("Draft tokens accepted by the target")
+                          .Labels(model)
                           .Register(reg)
                           .Add({});
   emitted_tokens_ = &prometheus::BuildCounter()
                          .Name("verifyd_emitted_tokens_total")
                          .Help("Tokens emitted by Verify (accepted + one bonus per tree)")
+                         .Labels(model)
                          .Register(reg)
                          .Add({});
   auto& by_depth = prometheus::BuildCounter()
@@ -102,10 +117,12 @@ Metrics::Metrics(int tp_size, const std::string& version, const std::string& bac
                            "Accepted draft tokens by tree depth (1 = child of the pending "
                            "token); divide by verifyd_draft_depth_reached_total for the "
                            "acceptance rate per depth")
+                       .Labels(model)
                        .Register(reg);
   auto& reached = prometheus::BuildCounter()
                       .Name("verifyd_draft_depth_reached_total")
                       .Help("Draft trees that had at least one node at this depth")
+                      .Labels(model)
                       .Register(reg);
   for (int d = 1; d <= kMaxDepthLabel; ++d) {
     accepted_by_depth_.push_back(&by_depth.Add({{"depth", std::to_string(d)}}));
@@ -114,41 +131,49 @@ Metrics::Metrics(int tp_size, const std::string& version, const std::string& bac
   accept_length_ = &prometheus::BuildHistogram()
                         .Name("verifyd_accept_length")
                         .Help("Accepted draft tokens per Verify item (round)")
+                        .Labels(model)
                         .Register(reg)
                         .Add({}, CountBuckets(64));
   batch_size_ = &prometheus::BuildHistogram()
                      .Name("verifyd_batch_size")
                      .Help("Requests (sessions) per engine step")
+                     .Labels(model)
                      .Register(reg)
                      .Add({}, CountBuckets(256));
   active_sessions_ = &prometheus::BuildGauge()
                           .Name("verifyd_active_sessions")
                           .Help("Open sessions")
+                          .Labels(model)
                           .Register(reg)
                           .Add({});
   kv_used_ = &prometheus::BuildGauge()
                   .Name("verifyd_kv_slots_used")
                   .Help("KV pool slots (tokens) in use")
+                  .Labels(model)
                   .Register(reg)
                   .Add({});
   kv_total_ = &prometheus::BuildGauge()
                    .Name("verifyd_kv_slots_capacity")
                    .Help("KV pool capacity in slots (tokens)")
+                   .Labels(model)
                    .Register(reg)
                    .Add({});
   queue_depth_ = &prometheus::BuildGauge()
                       .Name("verifyd_queue_depth")
                       .Help("Requests waiting in the scheduler queue")
+                      .Labels(model)
                       .Register(reg)
                       .Add({});
   tokens_per_second_ = &prometheus::BuildGauge()
                             .Name("verifyd_tokens_per_second")
                             .Help("Emitted tokens per second over the last 10 seconds")
+                            .Labels(model)
                             .Register(reg)
                             .Add({});
   requests_ = &prometheus::BuildCounter()
                    .Name("verifyd_requests_total")
                    .Help("RPCs handled, by method and gRPC status code")
+                   .Labels(model)
                    .Register(reg);
   // Every (method, code) series exists at zero from the first scrape, so rate() and alerts
   // see the first error (the 7 methods x 17 codes, a fixed set).
@@ -165,6 +190,7 @@ Metrics::Metrics(int tp_size, const std::string& version, const std::string& bac
   prometheus::BuildGauge()
       .Name("verifyd_build_info")
       .Help("Build information; always 1")
+      .Labels(model)
       .Register(reg)
       .Add({{"version", version}, {"backend", backend}})
       .Set(1);

@@ -1,6 +1,8 @@
 // Prometheus metrics of verifyd (names and label sets are part of the operations contract:
 // deploy/ dashboards and alerts use them). No per-session labels: every label has a small
-// fixed value set (stage, rank < tp, depth 1..64, method, gRPC code name).
+// fixed value set (stage, rank < tp, depth 1..64, method, gRPC code name). Every verifyd_
+// series carries the served model's name as `model_name` (vLLM's label name) when one is
+// given.
 //
 // Thread-safety: prometheus-cpp metric objects are thread-safe; the tokens/s window has its
 // own mutex. Metrics outlives the exposer that reads its registry.
@@ -28,7 +30,10 @@ inline constexpr int kMaxDepthLabel = 64;  // depth labels 1..64 (deeper trees c
 
 class Metrics {
  public:
-  Metrics(int tp_size, const std::string& version, const std::string& backend);
+  // `model_name`: the served model's name, a constant `model_name` label on every verifyd_
+  // series ("" = no such label).
+  Metrics(int tp_size, const std::string& version, const std::string& backend,
+          const std::string& model_name = "");
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 

@@ -25,3 +25,5 @@ if(TARGET PkgConfig::SYSTEMD)
 endif()
 verifyd_add_test(client_demo_test LABEL cpu
   SOURCES client_demo_test.cc LIBS verifyd_server_testing)
+verifyd_add_test(server_metrics_test LABEL cpu
+  SOURCES server_metrics_test.cc LIBS verifyd_server_lib)
