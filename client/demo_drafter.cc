@@ -7,8 +7,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/bench.h"
 
 namespace verifyd::client {
+double MeanAcceptanceLength(int64_t accepted, int64_t drafts) {
+  return drafts > 0 ? 1.0 + static_cast<double>(accepted) / drafts : 0.0;
+}
+
 namespace {
 
 int32_t RandomToken(int64_t vocab, std::mt19937_64& rng) {
@@ -157,7 +162,7 @@ absl::StatusOr<DemoReport> RunDemo(VerifyClient& client, const DemoOptions& o) {
   rep.collected.push_back(main->next_token);
   std::vector<int32_t> history = prompt;
   history.push_back(main->next_token);
-  int64_t accepted_total = 0;
+  int64_t accepted_total = 0, drafts = 0;
   for (int round = 0; status.ok() && round < o.rounds; ++round) {
     auto guess = drafter.Guess(rep.collected, history, rng);
     if (!guess.ok()) {
@@ -174,6 +179,7 @@ absl::StatusOr<DemoReport> RunDemo(VerifyClient& client, const DemoOptions& o) {
     }
     rep.verify_seconds += dt;
     rep.rounds++;
+    drafts += !tree.tokens.empty();
     accepted_total += static_cast<int64_t>(r->accepted_tokens.size());
     rep.tokens += static_cast<int64_t>(r->accepted_tokens.size()) + 1;
     for (int32_t t : r->accepted_tokens) rep.collected.push_back(t);
@@ -199,7 +205,7 @@ absl::StatusOr<DemoReport> RunDemo(VerifyClient& client, const DemoOptions& o) {
   }
   (void)client.Close(main->session_id);
   if (!status.ok()) return status;
-  rep.mean_accepted = rep.rounds ? static_cast<double>(accepted_total) / rep.rounds : 0;
+  rep.mean_acceptance_length = MeanAcceptanceLength(accepted_total, drafts);
   rep.tokens_per_round = rep.rounds ? static_cast<double>(rep.tokens) / rep.rounds : 0;
   rep.tokens_per_second = rep.verify_seconds > 0 ? rep.tokens / rep.verify_seconds : 0;
   return rep;
@@ -214,7 +220,7 @@ absl::StatusOr<LoadReport> RunLoad(VerifyClient& client, const DemoOptions& o, i
   std::mutex mu;
   LoadReport rep;
   std::vector<double> latencies_ms;
-  int64_t accepted_total = 0;
+  int64_t accepted_total = 0, drafts = 0;
   auto record_error = [&](const absl::Status& st) {
     std::lock_guard<std::mutex> lock(mu);
     rep.errors++;
@@ -260,6 +266,7 @@ absl::StatusOr<LoadReport> RunLoad(VerifyClient& client, const DemoOptions& o, i
         history.push_back(r->bonus_token);
         std::lock_guard<std::mutex> lock(mu);
         rep.calls++;
+        drafts += !tree.tokens.empty();
         latencies_ms.push_back(ms);
         accepted_total += static_cast<int64_t>(r->accepted_tokens.size());
         rep.tokens += static_cast<int64_t>(r->accepted_tokens.size()) + 1;
@@ -285,17 +292,12 @@ absl::StatusOr<LoadReport> RunLoad(VerifyClient& client, const DemoOptions& o, i
   rep.wall_s = absl::ToDoubleSeconds(absl::Now() - start);
   rep.tokens_per_second = rep.wall_s > 0 ? rep.tokens / rep.wall_s : 0;
   rep.calls_per_second = rep.wall_s > 0 ? rep.calls / rep.wall_s : 0;
-  rep.mean_accepted = rep.calls ? static_cast<double>(accepted_total) / rep.calls : 0;
-  std::sort(latencies_ms.begin(), latencies_ms.end());
-  auto pct = [&](double p) {
-    if (latencies_ms.empty()) return 0.0;
-    size_t i = static_cast<size_t>(p * (latencies_ms.size() - 1) + 0.5);
-    return latencies_ms[std::min(i, latencies_ms.size() - 1)];
-  };
-  rep.p50_ms = pct(0.5);
-  rep.p90_ms = pct(0.9);
-  rep.p99_ms = pct(0.99);
-  rep.max_ms = latencies_ms.empty() ? 0 : latencies_ms.back();
+  rep.mean_acceptance_length = MeanAcceptanceLength(accepted_total, drafts);
+  const LatencySummary lat = Summarize(latencies_ms);
+  rep.p50_ms = lat.p50;
+  rep.p90_ms = lat.p90;
+  rep.p99_ms = lat.p99;
+  rep.max_ms = lat.max;
   return rep;
 }
 

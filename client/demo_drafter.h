@@ -53,8 +53,10 @@ struct DemoOptions {
 
 struct DemoReport {
   int rounds = 0;
-  int64_t tokens = 0;        // tokens emitted by Verify rounds (accepted + bonus)
-  double mean_accepted = 0;  // accepted draft tokens per round
+  int64_t tokens = 0;  // tokens emitted by Verify rounds (accepted + bonus)
+  // vLLM's mean acceptance length: 1 + accepted draft tokens / drafts (rounds whose tree had
+  // at least one node); 0 without drafts.
+  double mean_acceptance_length = 0;
   double tokens_per_round = 0;
   double verify_seconds = 0;       // time spent in the main session's Verify calls
   double tokens_per_second = 0;    // tokens / verify_seconds (shadow calls excluded)
@@ -70,7 +72,7 @@ struct LoadReport {
   double wall_s = 0;
   double tokens_per_second = 0;
   double calls_per_second = 0;
-  double mean_accepted = 0;
+  double mean_acceptance_length = 0;  // as DemoReport's
   double p50_ms = 0, p90_ms = 0, p99_ms = 0, max_ms = 0;
   // Oracle drafter only: the shadow sessions' plain decode calls (not counted in calls,
   // tokens or latencies above, but load on the server), and the sessions whose collected
@@ -84,6 +86,9 @@ struct LoadReport {
 // at `max_nodes`. Parents are topological (-1 = the pending token).
 DraftTree BuildDraftTree(const std::vector<int32_t>& guess, int depth, int branches,
                          int64_t vocab_size, int max_nodes, std::mt19937_64& rng);
+
+// vLLM's mean acceptance length: 1 + accepted / drafts (0 when drafts == 0).
+double MeanAcceptanceLength(int64_t accepted, int64_t drafts);
 
 // Prompt-lookup n-gram guess from `history` (the tokens so far, pending token last).
 std::vector<int32_t> NgramGuess(const std::vector<int32_t>& history, int depth);

@@ -7,27 +7,36 @@
 //   verifyctl fork --session S                  (a new session sharing S's KV)
 //   verifyctl demo [--drafter oracle|ngram] [--rounds R] [--depth D] [--branches B]
 //   verifyctl load [--drafter oracle|ngram] --sessions N --rounds R
+//   verifyctl bench [--drafter oracle|random] [--concurrency C] [--request_rate R]
+//                   (--num_rounds N | --duration_s S) [--json FILE]
+// Acceptance (demo, load, bench) is vLLM's mean acceptance length: 1 + accepted draft tokens /
+// drafts (rounds whose tree had at least one node).
 // Session options (open, demo, load): --temperature T [--top_p P] [--top_k K] [--seed S]
 // (sampled verification), --top_logprobs N, --hidden_layers 0,5,9 [--include_prompt]
 // [--hidden_dtype bf16|fp32].
 // TLS: --tls_ca (server CA), + --tls_cert/--tls_key (mutual TLS), + --auth_token_file.
-// Exit status: 0 on success, 1 on an RPC error (printed as CODE: message), 2 on bad usage.
+// Exit status: 0 on success, 1 on an RPC error (printed as CODE: message), 2 on bad usage
+// (unknown subcommand or flag, a bad flag value: one line on stderr).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/internal/parse.h"
 #include "absl/flags/internal/usage.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
@@ -38,6 +47,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/bench.h"
 #include "client/demo_drafter.h"
 #include "client/verify_client.h"
 
@@ -58,13 +68,29 @@ ABSL_FLAG(std::string, tokens, "", "verify: comma-separated draft tokens");
 ABSL_FLAG(std::string, parents, "", "verify: comma-separated parents (-1 = the pending token)");
 ABSL_FLAG(std::string, drafter, "oracle",
           "demo/load: oracle (true continuation from a shadow greedy session, mixed with "
-          "random branches) or ngram (prompt lookup over the tokens so far + random branches)");
+          "random branches) or ngram (prompt lookup over the tokens so far + random branches); "
+          "bench: oracle (the true continuation, decoded before the timed part) or random "
+          "(seeded random trees)");
 ABSL_FLAG(int, rounds, 16, "demo/load: Verify rounds per session");
 ABSL_FLAG(int, sessions, 1, "demo/load: concurrent sessions");
-ABSL_FLAG(int, depth, 6, "demo/load: draft chain depth");
-ABSL_FLAG(int, branches, 2, "demo/load: alternatives per depth (1 = a plain chain)");
-ABSL_FLAG(double, accuracy, 0.8, "demo/load (oracle): chance each chain token is the true one");
-ABSL_FLAG(int, prompt_len, 16, "demo/load: random prompt length");
+ABSL_FLAG(int, depth, 6, "demo/load/bench: draft chain depth (bench: 0 = plain decode steps)");
+ABSL_FLAG(int, branches, 2, "demo/load/bench: alternatives per depth (1 = a plain chain)");
+ABSL_FLAG(double, accuracy, 0.8,
+          "demo/load/bench (oracle): chance each chain token is the true one");
+ABSL_FLAG(int, prompt_len, 16, "demo/load/bench: random prompt length");
+ABSL_FLAG(int, concurrency, 8,
+          "bench: sessions, one Verify in flight each (closed loop: all sending back to back)");
+ABSL_FLAG(double, request_rate, 0,
+          "bench: open loop, Verify rounds per second arriving as a Poisson process (0 or inf: "
+          "closed loop)");
+ABSL_FLAG(double, duration_s, 0, "bench: length of the timed part in seconds");
+ABSL_FLAG(int64_t, num_rounds, 0,
+          "bench: Verify rounds in the timed part, all sessions together (default 200 when "
+          "--duration_s is not given either)");
+ABSL_FLAG(int64_t, oracle_tokens, 0,
+          "bench (oracle): tokens decoded ahead per session before the timed part (0: enough "
+          "for --num_rounds; 512 with --duration_s); later rounds draft randomly");
+ABSL_FLAG(std::string, json, "", "bench: also write the results as JSON to this file");
 ABSL_FLAG(uint64_t, seed, 1,
           "open/demo/load: sampling seed of the sessions (with --temperature > 0); demo/load: "
           "also the seed of the random prompts and drafts");
@@ -105,7 +131,7 @@ int Fail(const absl::Status& st) {
 }
 
 int Usage(const std::string& msg) {
-  std::fprintf(stderr, "verifyctl: %s\n(run with --help for the flags)\n", msg.c_str());
+  std::fprintf(stderr, "verifyctl: %s (verifyctl --help lists the flags)\n", msg.c_str());
   return 2;
 }
 
@@ -183,7 +209,7 @@ void PrintHidden(const verify::v1::HiddenStates& h) {
 
 int CmdOpen(VerifyClient& c) {
   auto prompt = verifyd::client::ParseIntList(absl::GetFlag(FLAGS_prompt), "--prompt");
-  if (!prompt.ok()) return Fail(prompt.status());
+  if (!prompt.ok()) return Usage(std::string(prompt.status().message()));
   if (const int64_t n = absl::GetFlag(FLAGS_random_prompt); n > 0) {
     auto info = c.GetInfo();
     if (!info.ok()) return Fail(info.status());
@@ -208,9 +234,9 @@ int CmdOpen(VerifyClient& c) {
 int CmdVerify(VerifyClient& c) {
   verifyd::client::DraftTree tree;
   auto tokens = verifyd::client::ParseIntList(absl::GetFlag(FLAGS_tokens), "--tokens");
-  if (!tokens.ok()) return Fail(tokens.status());
+  if (!tokens.ok()) return Usage(std::string(tokens.status().message()));
   auto parents = verifyd::client::ParseIntList(absl::GetFlag(FLAGS_parents), "--parents");
-  if (!parents.ok()) return Fail(parents.status());
+  if (!parents.ok()) return Usage(std::string(parents.status().message()));
   tree.tokens = *tokens;
   tree.parents = *parents;
   verifyd::client::VerifyOptions options;
@@ -254,8 +280,26 @@ int CmdFork(VerifyClient& c) {
   return 0;
 }
 
+// The tree and prompt flags demo, load and bench share (InvalidArgument naming a bad one).
+absl::Status CheckDraftFlags() {
+  if (absl::GetFlag(FLAGS_depth) < 0) return absl::InvalidArgumentError("--depth: must be >= 0");
+  if (absl::GetFlag(FLAGS_branches) < 1) {
+    return absl::InvalidArgumentError("--branches: must be >= 1");
+  }
+  const double accuracy = absl::GetFlag(FLAGS_accuracy);
+  if (!(accuracy >= 0 && accuracy <= 1)) {
+    return absl::InvalidArgumentError("--accuracy: must be in [0, 1]");
+  }
+  if (absl::GetFlag(FLAGS_prompt_len) < 1) {
+    return absl::InvalidArgumentError("--prompt_len: must be >= 1");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DemoOptions> DemoOptionsFromFlags() {
   DemoOptions o;
+  if (auto st = CheckDraftFlags(); !st.ok()) return st;
+  if (absl::GetFlag(FLAGS_rounds) < 1) return absl::InvalidArgumentError("--rounds: must be >= 1");
   auto session = SessionOptionsFromFlags();
   if (!session.ok()) return session.status();
   o.session = *session;
@@ -287,9 +331,9 @@ int CmdDemo(VerifyClient& c) {
   auto report = verifyd::client::RunDemo(c, o);
   if (!report.ok()) return Fail(report.status());
   std::printf(
-      "demo: drafter=%s rounds=%d tokens=%lld mean_accepted_length=%.3f "
+      "demo: drafter=%s rounds=%d tokens=%lld mean_acceptance_length=%.3f "
       "tokens_per_round=%.3f tokens_per_second=%.1f verify_seconds=%.3f%s%s\n",
-      drafter.c_str(), report->rounds, (long long)report->tokens, report->mean_accepted,
+      drafter.c_str(), report->rounds, (long long)report->tokens, report->mean_acceptance_length,
       report->tokens_per_round, report->tokens_per_second, report->verify_seconds,
       o.oracle ? (report->lossless ? " lossless=yes" : " lossless=NO") : "",
       o.oracle && o.session.sampled() ? " (vs seeded plain decoding)" : "");
@@ -309,10 +353,10 @@ int CmdLoad(VerifyClient& c) {
   std::printf(
       "load: drafter=%s sessions=%d rounds=%d calls=%lld errors=%lld tokens=%lld "
       "wall_s=%.3f tokens_per_second=%.1f calls_per_second=%.1f "
-      "mean_accepted_length=%.3f latency_ms p50=%.2f p90=%.2f p99=%.2f max=%.2f\n",
+      "mean_acceptance_length=%.3f latency_ms p50=%.2f p90=%.2f p99=%.2f max=%.2f\n",
       drafter.c_str(), n, o.rounds, (long long)report->calls, (long long)report->errors,
       (long long)report->tokens, report->wall_s, report->tokens_per_second,
-      report->calls_per_second, report->mean_accepted, report->p50_ms, report->p90_ms,
+      report->calls_per_second, report->mean_acceptance_length, report->p50_ms, report->p90_ms,
       report->p99_ms, report->max_ms);
   if (o.oracle) {
     std::printf(
@@ -325,6 +369,110 @@ int CmdLoad(VerifyClient& c) {
     std::printf("  errors %s: %lld\n", code.c_str(), (long long)count);
   }
   return report->errors == 0 && report->lossless_mismatches == 0 ? 0 : 1;
+}
+
+absl::StatusOr<verifyd::client::BenchOptions> BenchOptionsFromFlags() {
+  verifyd::client::BenchOptions o;
+  if (auto st = CheckDraftFlags(); !st.ok()) return st;
+  o.drafter = absl::GetFlag(FLAGS_drafter);
+  if (o.drafter != "oracle" && o.drafter != "random") {
+    return absl::InvalidArgumentError("--drafter: bench takes oracle or random");
+  }
+  o.concurrency = absl::GetFlag(FLAGS_concurrency);
+  if (o.concurrency < 1) return absl::InvalidArgumentError("--concurrency: must be >= 1");
+  o.request_rate = absl::GetFlag(FLAGS_request_rate);
+  if (!(o.request_rate >= 0)) {
+    return absl::InvalidArgumentError("--request_rate: must be >= 0 (0 or inf: closed loop)");
+  }
+  o.duration_s = absl::GetFlag(FLAGS_duration_s);
+  o.num_rounds = absl::GetFlag(FLAGS_num_rounds);
+  if (!(o.duration_s >= 0) || std::isinf(o.duration_s)) {
+    return absl::InvalidArgumentError("--duration_s: must be a number of seconds > 0");
+  }
+  if (o.num_rounds < 0) return absl::InvalidArgumentError("--num_rounds: must be > 0");
+  if (o.duration_s > 0 && o.num_rounds > 0) {
+    return absl::InvalidArgumentError("--duration_s and --num_rounds: give one, not both");
+  }
+  if (o.duration_s == 0 && o.num_rounds == 0) o.num_rounds = 200;
+  o.oracle_tokens = absl::GetFlag(FLAGS_oracle_tokens);
+  if (o.oracle_tokens < 0) return absl::InvalidArgumentError("--oracle_tokens: must be >= 0");
+  o.depth = absl::GetFlag(FLAGS_depth);
+  o.branches = absl::GetFlag(FLAGS_branches);
+  o.accuracy = absl::GetFlag(FLAGS_accuracy);
+  o.prompt_len = absl::GetFlag(FLAGS_prompt_len);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  auto session = SessionOptionsFromFlags();
+  if (!session.ok()) return session.status();
+  o.session = *session;
+  return o;
+}
+
+int CmdBench(VerifyClient& c) {
+  auto options = BenchOptionsFromFlags();
+  if (!options.ok()) return Usage(std::string(options.status().message()));
+  const std::string json_path = absl::GetFlag(FLAGS_json);
+  std::ofstream json;
+  if (!json_path.empty()) {
+    json.open(json_path);
+    if (!json) return Usage(absl::StrCat("--json: cannot write ", json_path));
+  }
+  auto report = verifyd::client::RunBench(c, *options);
+  if (!report.ok()) return Fail(report.status());
+  std::fputs(verifyd::client::BenchTable(*options, *report).c_str(), stdout);
+  if (json.is_open()) {
+    json << verifyd::client::BenchJson(*options, *report, absl::GetFlag(FLAGS_target));
+    json.close();
+    if (!json) return Fail(absl::InternalError(absl::StrCat("--json: writing ", json_path)));
+  }
+  for (const auto& [code, count] : report->errors_by_code) {
+    std::fprintf(stderr, "bench: %lld Verify rounds failed with %s\n", (long long)count,
+                 code.c_str());
+  }
+  return report->errors == 0 ? 0 : 1;
+}
+
+// Every command-line flag is one of verifyctl's with a value of its type (checked before
+// Abseil parses them, which would exit 1): nullopt, or the usage error.
+std::optional<std::string> CheckFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;  // the subcommand
+    arg.remove_prefix(arg[1] == '-' ? 2 : 1);
+    const size_t eq = arg.find('=');
+    const std::string name(arg.substr(0, eq));
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no") && eq == absl::string_view::npos) {
+      flag = absl::FindCommandLineFlag(name.substr(2));  // --noflag for a bool
+      if (flag != nullptr && !flag->IsOfType<bool>()) flag = nullptr;
+      if (flag != nullptr) continue;
+    }
+    // Abseil's own flags (help, flagfile, ...) are not in the registry: it parses them.
+    static const char* kAbseil[] = {"help",     "helpfull",  "helpshort",  "helppackage",
+                                    "helpon",   "helpmatch", "version",    "only_check_args",
+                                    "flagfile", "fromenv",   "tryfromenv", "undefok"};
+    if (flag == nullptr &&
+        std::find(std::begin(kAbseil), std::end(kAbseil), name) != std::end(kAbseil)) {
+      continue;
+    }
+    if (flag == nullptr) return absl::StrCat("unknown flag --", name);
+    std::string value;
+    if (eq != absl::string_view::npos) {
+      value = std::string(arg.substr(eq + 1));
+    } else if (flag->IsOfType<bool>()) {
+      continue;
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return absl::StrCat("--", name, ": missing value");
+    }
+    // ParseFrom sets the flag; Abseil's parse below sets it again to the same value.
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::StrCat("--", name, ": bad value '", value, "': ", error);
+    }
+  }
+  return std::nullopt;
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string& flag) {
@@ -391,8 +539,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> SecureChannel() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "verifyctl <info|health|open|verify|close|truncate|fork|demo|load> [flags]: client of "
-      "verifyd");
+      "verifyctl <info|health|open|verify|close|truncate|fork|demo|load|bench> [flags]: "
+      "client of verifyd");
   // --help lists verifyctl's flags (not only those of a file named like the program), no build
   // directories in file names, and exits 0 (Abseil's internal parse entry point: its public one
   // exits 1 after help; an unknown flag still exits 1).
@@ -404,6 +552,7 @@ int main(int argc, char** argv) {
     return std::string(at == absl::string_view::npos ? f : f.substr(at));
   };
   absl::SetFlagsUsageConfig(usage);
+  if (auto error = CheckFlags(argc, argv)) return Usage(*error);
   std::vector<char*> args = absl::flags_internal::ParseCommandLineImpl(
       argc, argv, absl::flags_internal::ArgvListAction::kRemoveParsedArgs,
       absl::flags_internal::UsageFlagsAction::kIgnoreUsage,
@@ -411,8 +560,17 @@ int main(int argc, char** argv) {
   if (absl::flags_internal::HandleUsageFlags(std::cout, absl::ProgramUsageMessage()) >= 0) {
     return 0;
   }
-  if (args.size() != 2) return Usage("expected exactly one subcommand");
+  if (args.size() != 2) {
+    return Usage(args.size() < 2 ? "no subcommand"
+                                 : absl::StrCat("one subcommand expected, got '", args[1], "', '",
+                                                args[2], "'"));
+  }
   const std::string cmd = args[1];
+  static const char* kCommands[] = {"info",     "health", "open", "verify", "close",
+                                    "truncate", "fork",   "demo", "load",   "bench"};
+  if (std::find(std::begin(kCommands), std::end(kCommands), cmd) == std::end(kCommands)) {
+    return Usage(absl::StrCat("unknown subcommand '", cmd, "'"));
+  }
   auto channel = SecureChannel();
   if (!channel.ok()) return Usage(std::string(channel.status().message()));
   const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
@@ -427,5 +585,5 @@ int main(int argc, char** argv) {
   if (cmd == "fork") return CmdFork(client);
   if (cmd == "demo") return CmdDemo(client);
   if (cmd == "load") return CmdLoad(client);
-  return Usage(absl::StrCat("unknown subcommand '", cmd, "'"));
+  return CmdBench(client);
 }

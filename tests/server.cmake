@@ -27,3 +27,9 @@ verifyd_add_test(client_demo_test LABEL cpu
   SOURCES client_demo_test.cc LIBS verifyd_server_testing)
 verifyd_add_test(server_metrics_test LABEL cpu
   SOURCES server_metrics_test.cc LIBS verifyd_server_lib)
+verifyd_add_test(client_verifyctl_test LABEL cpu
+  SOURCES client_verifyctl_test.cc LIBS verifyd_server_testing verifyd_test_process)
+target_compile_definitions(client_verifyctl_test PRIVATE
+  VERIFYD_BINARY="$<TARGET_FILE:verifyd>" VERIFYCTL_BINARY="$<TARGET_FILE:verifyctl>"
+  VERIFYD_SOURCE_ROOT="${CMAKE_SOURCE_DIR}")
+add_dependencies(client_verifyctl_test verifyd verifyctl)
