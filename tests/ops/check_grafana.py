@@ -9,13 +9,19 @@
   - every metric name an expression uses is one verifyd exports: the families documented in
     docs/METRICS.md (which the live integration test compares with a real /metrics), or, with
     --metrics-text FILE, the families in that exposition; plus Prometheus's own `up`;
-  - the panels the operations issue asks for are there (tokens/s, latency percentiles,
-    acceptance per depth, accept length, batch size, queue, KV usage, per-rank step time).
+  - the panels operators need are there (tokens/s, Verify and prefill latency percentiles,
+    mean acceptance length, acceptance per depth, batch size, queue, KV usage, per-rank step
+    time);
+  - acceptance is shown with one definition only, vLLM's mean acceptance length
+    (1 + accepted / drafts): no panel divides by the per-round histogram's count;
+  - a model filter (ad hoc filter on the `model_name` label) is there, and aggregations that
+    keep `instance` keep `model_name` too.
 Exit 77 (CTest skip) when promtool is missing.
 """
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +33,8 @@ import opslib  # noqa: E402
 REQUIRED_METRICS = {
     "tokens/s": "verifyd_emitted_tokens_total",
     "Verify latency percentiles": "verifyd_verify_latency_seconds_bucket",
-    "accept length": "verifyd_accept_length_sum",
+    "mean acceptance length": "verifyd_drafts_total",
+    "prefill latency": "verifyd_prefill_latency_seconds_bucket",
     "acceptance per depth": "verifyd_accepted_tokens_by_depth_total",
     "batch size": "verifyd_batch_size_sum",
     "queue": "verifyd_queue_depth",
@@ -91,8 +98,23 @@ def main():
     walk(dash.get("panels", []))
     check(len(ids) == len(set(ids)), "panel ids are not unique")
     check(len(titles) == len(set(titles)), "panel titles are not unique")
-    var_names = {v["name"] for v in dash.get("templating", {}).get("list", [])}
-    check({"datasource", "job", "instance"} <= var_names, f"variables missing, have {var_names}")
+    var_list = dash.get("templating", {}).get("list", [])
+    var_names = {v["name"] for v in var_list}
+    check({"datasource", "job", "instance", "model"} <= var_names, f"variables missing, have {var_names}")
+    model = [v for v in var_list if v["name"] == "model"]
+    check(model and model[0].get("type") == "adhoc" and
+          any(f.get("key") == "model_name" for f in model[0].get("filters", [])),
+          "the 'model' variable must be an ad hoc filter on model_name")
+
+    # One acceptance definition: 1 + accepted / drafts, never the histogram's mean.
+    raw = [t.get("expr", "") for p in dash.get("panels", []) for t in p.get("targets", [])]
+    for e in raw:
+        check("verifyd_accept_length" not in e,
+              f"'{e}': acceptance must be vLLM's 1 + accepted / drafts, not verifyd_accept_length")
+        for m in re.finditer(r"\bby \(([^)]*)\)", e):
+            keys = {k.strip() for k in m.group(1).split(",")}
+            check("instance" not in keys or "model_name" in keys,
+                  f"'{e}': 'by ({m.group(1)})' drops model_name")
 
     # PromQL parses.
     for where, err in promtool_parse(exprs):
