@@ -9,12 +9,13 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/build.sh" "$@"
 build=${VERIFYD_BUILD_DIR:-$root/build}
 ctest --test-dir "$build" -L cpu --output-on-failure -j "${VERIFYD_TEST_JOBS:-2}"
-# The Python client (client/python): installed from this tree into a virtual environment in
-# the build directory (its stubs are generated from proto/ as it is built), then its pytest
-# suite runs against the verifyd just built.
+# The Python client (client/python): installed from this tree, with what its examples need,
+# into a virtual environment in the build directory; then its pytest suite runs against the
+# verifyd just built (tests/test_stubs.py checks the shipped stubs against proto/ with protoc).
 venv="$build/python-client-venv"
 "$venv/bin/python" -c '' 2>/dev/null || "${VERIFYD_PYTHON:-python3}" -m venv --clear "$venv"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "$root/client/python[numpy]" pytest
+"$venv/bin/python" -m pip install -q --disable-pip-version-check \
+  "$root/client/python[examples,test]"
 VERIFYD_BIN="$build/server/verifyd" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
   "$root/client/python/tests"
 # (grep -c reads all of ctest's listing: grep -q would stop early and, under pipefail, the

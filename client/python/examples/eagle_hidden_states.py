@@ -82,7 +82,7 @@ def main() -> int:
                 return 3
             features = decode(prompt_hs)  # one row per committed token
             assert np.array_equal(features, verifyd.hidden_states_to_numpy(prompt_hs))
-            accepted = 0
+            acceptance = verifyd.AcceptanceStats()
             for _ in range(args.rounds):
                 assert features.shape[0] == s.committed_len
                 tokens, parents = head.draft(features[-1], s.next_token)
@@ -95,12 +95,12 @@ def main() -> int:
                     s.truncate(before)
                     continue
                 features = np.concatenate([features, decode(hs)])
-                accepted += len(r.accepted_tokens)
+                acceptance.record_result((tokens, parents), r)
                 print(
                     f"committed {hs.num_tokens} token(s) -> features {features.shape}, "
                     f"accepted {list(r.accepted_tokens)}, bonus {r.bonus_token}"
                 )
-            print(f"{args.rounds} rounds, {accepted} draft tokens accepted (stand-in drafter)")
+            print(f"{args.rounds} rounds (stand-in drafter): {acceptance.summary()}")
     return 0
 
 

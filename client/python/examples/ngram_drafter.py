@@ -2,7 +2,8 @@
 
 Each round drafts a tree from the session's own history (the tokens that followed earlier
 occurrences of its last few tokens), verifies it, and keeps the accepted tokens plus the
-bonus token. At the end it reports the acceptance and checks losslessness: the speculative
+bonus token. At the end it reports vLLM's mean acceptance length (1 + accepted draft tokens /
+drafts, a draft being a round whose tree had a node) and checks losslessness: the speculative
 output equals plain greedy decoding (empty trees) token for token.
 
     python examples/ngram_drafter.py --target 127.0.0.1:50051 --tokens 200
@@ -31,23 +32,22 @@ def main() -> int:
         info = client.get_info()
         print(f"target: {info.model.name} ({info.backend}, tp {info.tp_size})")
 
-        rounds = drafted = accepted = 0
+        acceptance = verifyd.AcceptanceStats()
         start = time.perf_counter()
         with client.session(prompt) as s:
             while len(s.history) - len(prompt) < args.tokens:
                 tokens, parents = drafter.draft(s.history)
                 r = s.verify((tokens, parents))
-                rounds += 1
-                drafted += len(tokens)
-                accepted += len(r.accepted_tokens)
+                acceptance.record_result((tokens, parents), r)
             elapsed = time.perf_counter() - start
             speculative = s.history[len(prompt) :][: args.tokens]
             # Servers whose proto has VerifyResult.stats count the same on their side.
             stats = getattr(r, "stats", None)
             if stats is not None and stats.rounds:
                 print(
-                    f"server stats: rounds={stats.rounds} drafts={stats.draft_tokens} "
-                    f"accepted={stats.accepted_tokens} by depth={list(stats.accepted_by_depth)}"
+                    f"server stats: rounds={stats.rounds} draft_tokens={stats.draft_tokens} "
+                    f"accepted_tokens={stats.accepted_tokens} "
+                    f"accepted by depth={list(stats.accepted_by_depth)}"
                 )
 
         # The same number of tokens by plain greedy decoding.
@@ -56,12 +56,10 @@ def main() -> int:
                 plain.verify()
             greedy = plain.history[len(prompt) :][: args.tokens]
 
-    print(
-        f"rounds={rounds} drafted={drafted} accepted={accepted} "
-        f"acceptance={accepted / max(drafted, 1):.2f} "
-        f"mean accepted length={1 + accepted / rounds:.2f} tokens/round "
-        f"({args.tokens / elapsed:.0f} tokens/s)"
-    )
+    # vLLM's mean acceptance length: 1 + accepted draft tokens / drafts (rounds with a
+    # non-empty tree); plain decode steps (nothing matched) are not drafts.
+    print(acceptance.summary())
+    print(f"{args.tokens / elapsed:.0f} tokens/s")
     if speculative != greedy:
         print("MISMATCH: speculative output differs from greedy decoding")
         return 1

@@ -115,13 +115,17 @@ def test_hidden_states_decoding(dtype: str) -> None:
         verifyd.hidden_states_shape(hs)
 
 
-def test_health_wire_format() -> None:
-    assert _common.encode_health_request("") == b""
-    assert _common.encode_health_request("verify.v1.VerifyService")[:2] == b"\x0a\x17"
-    assert _common.decode_health_response(b"\x08\x01") == "SERVING"
-    assert _common.decode_health_response(b"\x08\x02") == "NOT_SERVING"
-    assert _common.decode_health_response(b"") == "UNKNOWN"
-    assert _common.decode_health_response(b"\x12\x01x\x08\x01") == "SERVING"  # skips unknown
+def test_health_messages_are_grpc_health_v1_on_the_wire() -> None:
+    from verifyd._proto import health_pb2
+
+    assert _common.health_request("").SerializeToString() == b""
+    assert _common.health_request("verify.v1.VerifyService").SerializeToString()[:2] == b"\x0a\x17"
+    parse = health_pb2.HealthCheckResponse.FromString
+    assert _common.health_status(parse(b"\x08\x01")) == "SERVING"
+    assert _common.health_status(parse(b"\x08\x02")) == "NOT_SERVING"
+    assert _common.health_status(parse(b"")) == "UNKNOWN"
+    assert _common.health_status(parse(b"\x12\x01x\x08\x01")) == "SERVING"  # skips unknown
+    assert _common.health_status(parse(b"\x08\x09")) == "UNKNOWN"  # a status added later
 
 
 def test_session_state_bookkeeping() -> None:
@@ -153,3 +157,45 @@ def test_errors_carry_code_details_and_attempts() -> None:
     assert isinstance(e, verifyd.ResourceExhausted)
     assert e.code == grpc.StatusCode.RESOURCE_EXHAUSTED and e.details == "queue full"
     assert "Verify" in str(e) and "3 attempts" in str(e)
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("torch is not installed: hidden_states_to_torch is untested in this run")
+    return torch
+
+
+def test_hidden_states_to_torch_keeps_bf16_bits() -> None:
+    torch = _torch()
+    # 2 tokens x 2 layers x 3: ordinary values, -0, inf, a NaN with a payload, a subnormal
+    bits = [0x3F80, 0xC2F7, 0x8000, 0x7F80, 0x7FC1, 0x0001, 0x4049, 0xBF00, 0x1234, 0, 1, 2]
+    data = struct.pack(f"<{len(bits)}H", *bits)
+    hs = SimpleNamespace(layers=[1, 3], hidden_size=3, num_tokens=2, dtype=0, data=data)
+    t = verifyd.hidden_states_to_torch(hs)
+    assert t.dtype == torch.bfloat16 and tuple(t.shape) == (2, 2, 3)
+    assert t.reshape(-1).view(torch.int16).tolist() == list(struct.unpack("<12h", data))
+    assert t[0, 0, 0].item() == 1.0 and t[1, 0, 0].item() == 3.140625
+    assert verifyd.hidden_states_to_torch(hs, device="cpu").device.type == "cpu"
+    if torch.cuda.is_available():
+        on_gpu = verifyd.hidden_states_to_torch(hs, device="cuda")
+        assert on_gpu.device.type == "cuda" and torch.equal(
+            on_gpu.cpu().view(torch.int16), t.view(torch.int16)
+        )
+    empty = SimpleNamespace(layers=[1, 3], hidden_size=3, num_tokens=0, dtype=0, data=b"")
+    assert tuple(verifyd.hidden_states_to_torch(empty).shape) == (0, 2, 3)
+
+
+def test_hidden_states_to_torch_fp32() -> None:
+    torch = _torch()
+    values = [0.5, -1.25, 2.0**100, 7.0]
+    hs = SimpleNamespace(
+        layers=[0], hidden_size=2, num_tokens=2, dtype=1, data=struct.pack("<4f", *values)
+    )
+    t = verifyd.hidden_states_to_torch(hs)
+    assert t.dtype == torch.float32 and tuple(t.shape) == (2, 1, 2)
+    assert t.reshape(-1).tolist() == values
+    hs.data = hs.data[:-4]
+    with pytest.raises(ValueError):
+        verifyd.hidden_states_to_torch(hs)

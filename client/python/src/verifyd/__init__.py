@@ -30,6 +30,7 @@ from ._common import (
 )
 from ._proto import verify_pb2 as pb
 from ._proto import verify_pb2_grpc as pb_grpc
+from .acceptance import AcceptanceStats
 from .aio import AsyncClient, AsyncSession, AsyncVerifyStream
 from .client import Client, Session, VerifyStream
 from .errors import (
@@ -59,12 +60,18 @@ from .hidden import (
     hidden_states_shape,
     hidden_states_to_lists,
     hidden_states_to_numpy,
+    hidden_states_to_torch,
 )
 from .ngram import NgramDrafter
 
-__version__ = "0.1.0"
+try:
+    from ._version import __version__  # written by setup.py from verifyd's CMakeLists.txt
+except ImportError:  # a source checkout used without building the package
+    __version__ = "0+unknown"
+
 
 __all__ = [
+    "AcceptanceStats",
     "Aborted",
     "AlreadyExists",
     "AsyncClient",
@@ -100,6 +107,7 @@ __all__ = [
     "hidden_states_shape",
     "hidden_states_to_lists",
     "hidden_states_to_numpy",
+    "hidden_states_to_torch",
     "item",
     "pb",
     "pb_grpc",

@@ -1,10 +1,10 @@
 """What the sync and the asyncio clients share: channel options and credentials, the retry
-policy, request builders (with guarded optional fields), session state and the health
-check's wire format."""
+policy, request builders (with guarded optional fields), session state and the health check."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import random
 import time
@@ -28,6 +28,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from .errors import UnsupportedField
+from ._proto import health_pb2
 from ._proto import verify_pb2 as pb
 
 PemSource = Union[bytes, str, "os.PathLike[str]"]
@@ -45,7 +46,13 @@ DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
 """Largest message the client sends or receives by default (hidden states can be large;
 the server's own limit is its --max_message_bytes)."""
 
-# The methods of VerifyService, by their Python names.
+log = logging.getLogger("verifyd")
+"""The client's logger: retries (WARNING), calls that fail after retries (ERROR) or with a
+server or connection fault (WARNING; other failures, which the caller gets as exceptions,
+at DEBUG) and VerifyStream reconnects (INFO). It never prints; with no handler configured
+nothing is shown."""
+log.addHandler(logging.NullHandler())
+
 SERVICE = "verify.v1.VerifyService"
 HEALTH_CHECK_METHOD = "/grpc.health.v1.Health/Check"
 
@@ -158,6 +165,46 @@ class RetryEvent:
 
 OnRetry = Callable[[RetryEvent], None]
 
+# Codes that say the server or the connection is in trouble rather than the request.
+_FAULT_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+
+
+def log_retry(event: RetryEvent, max_attempts: int) -> None:
+    """Logs a retry, before its pause (WARNING)."""
+    log.warning(
+        "%s failed with %s (%s) on attempt %d of %d; retrying in %.3f s",
+        event.method,
+        event.code.name,
+        event.details,
+        event.attempt,
+        max_attempts,
+        event.backoff_s,
+    )
+
+
+def log_failure(method: str, code: grpc.StatusCode, details: str, attempts: int) -> None:
+    """Logs a call that is about to raise: ERROR after retries, WARNING for a server or
+    connection fault, DEBUG otherwise (NOT_FOUND, INVALID_ARGUMENT, ABORTED, ...: the
+    request's own outcome, which the caller handles)."""
+    if attempts > 1:
+        level = logging.ERROR
+    elif code in _FAULT_CODES:
+        level = logging.WARNING
+    else:
+        level = logging.DEBUG
+    log.log(
+        level, "%s failed with %s (%s) after %d attempt(s)", method, code.name, details, attempts
+    )
+
 
 # ---------------------------------------------------------------------------------------------
 # Channels
@@ -233,7 +280,7 @@ class ChannelConfig:
 
 def has_field(message_type: Any, name: str) -> bool:
     """Whether the installed stubs' message type has field ``name`` (fields added to
-    verify.proto appear after the package is rebuilt)."""
+    verify.proto appear in the client released with them)."""
     return name in message_type.DESCRIPTOR.fields_by_name
 
 
@@ -241,8 +288,8 @@ def _set_field(msg: Message, name: str, value: Any) -> None:
     desc = msg.DESCRIPTOR.fields_by_name.get(name)
     if desc is None:
         raise UnsupportedField(
-            f"{msg.DESCRIPTOR.name}.{name} is not in the verify.proto this client was built "
-            f"from; rebuild verifyd-client from a newer verifyd source tree"
+            f"{msg.DESCRIPTOR.name}.{name} is not in the verify.proto of this client's stubs; "
+            f"install verifyd-client from a newer verifyd source tree"
         )
     if value is None:
         return
@@ -460,55 +507,29 @@ def known_prefix(prefix: Any) -> Tuple[Optional[str], List[int]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# grpc.health.v1 wire format (two tiny messages; no health stubs needed)
-
-HEALTH_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+# grpc.health.v1 Check, with the wire-identical messages of proto/verifyd_client/health.proto
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
+def health_check(channel: Any) -> Any:
+    """The grpc.health.v1 Health.Check method of ``channel`` (sync or grpc.aio), taking a
+    service name and answering its status name (see :func:`health_status`)."""
+    return channel.unary_unary(
+        HEALTH_CHECK_METHOD,
+        request_serializer=lambda service: health_request(service).SerializeToString(),
+        response_deserializer=lambda data: health_status(
+            health_pb2.HealthCheckResponse.FromString(data)
+        ),
+    )
 
 
-def encode_health_request(service: str) -> bytes:
-    data = service.encode()
-    return (b"\x0a" + _varint(len(data)) + data) if data else b""
+def health_request(service: str) -> Any:
+    return health_pb2.HealthCheckRequest(service=service)
 
 
-def _read_varint(buf: bytes, i: int) -> Tuple[int, int]:
-    shift = value = 0
-    while True:
-        b = buf[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, i
-        shift += 7
-
-
-def decode_health_response(buf: bytes) -> str:
-    i, status = 0, 0
-    while i < len(buf):
-        key, i = _read_varint(buf, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            v, i = _read_varint(buf, i)
-            if field == 1:
-                status = v
-        elif wire == 2:
-            n, i = _read_varint(buf, i)
-            i += n
-        elif wire == 5:
-            i += 4
-        elif wire == 1:
-            i += 8
-        else:
-            break
-    return HEALTH_STATUS.get(status, "UNKNOWN")
+def health_status(response: Any) -> str:
+    """The status name of a HealthCheckResponse: "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN"
+    or "UNKNOWN" (also for a number this client does not know)."""
+    try:
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+    except ValueError:
+        return "UNKNOWN"

@@ -91,11 +91,7 @@ class AsyncClient:
             )
         self.channel: grpc.aio.Channel = channel
         self._stub = pb_grpc.VerifyServiceStub(channel)
-        self._health = channel.unary_unary(
-            c.HEALTH_CHECK_METHOD,
-            request_serializer=c.encode_health_request,
-            response_deserializer=c.decode_health_response,
-        )
+        self._health = c.health_check(channel)
 
     async def close(self) -> None:
         """Closes the channel (when the client created it)."""
@@ -142,9 +138,12 @@ class AsyncClient:
                     return on_retry_not_found()
                 delay = loop.pause_before_retry(code)
                 if delay is None:
+                    c.log_failure(name, code, details, loop.attempt)
                     raise from_rpc_error(e, method=name, attempts=loop.attempt) from e
+                event = RetryEvent(name, loop.attempt, code, details, delay)
+                c.log_retry(event, loop.policy.max_attempts)
                 if self.on_retry is not None:
-                    self.on_retry(RetryEvent(name, loop.attempt, code, details, delay))
+                    self.on_retry(event)
                 await asyncio.sleep(delay)
 
     def _retry_for(self, safe: bool, retry: Optional[RetryPolicy]) -> RetryPolicy:
@@ -438,6 +437,12 @@ class AsyncVerifyStream:
         self.streams_opened = 0
 
     def _open(self) -> None:
+        if self.streams_opened:
+            c.log.info(
+                "VerifyStream: reconnecting to %s (stream %d)",
+                self._client.target,
+                self.streams_opened + 1,
+            )
         self._call = self._client._stub.VerifyStream(
             timeout=self._timeout,
             metadata=self._client.metadata or None,
@@ -476,14 +481,17 @@ class AsyncVerifyStream:
                 details = await self._call.details() or ""
             self._drop()
             if attempt >= policy.max_attempts or code not in policy.retryable_codes:
+                c.log_failure("VerifyStream", code, details, attempt)
                 if err is not None:
                     raise from_rpc_error(err, method="VerifyStream", attempts=attempt) from err
                 raise from_rpc_error(
                     _Status(code, details), method="VerifyStream", attempts=attempt
                 )
             delay = policy.backoff_s(attempt, self._client._rng)
+            event = RetryEvent("VerifyStream", attempt, code, details, delay)
+            c.log_retry(event, policy.max_attempts)
             if self._client.on_retry is not None:
-                self._client.on_retry(RetryEvent("VerifyStream", attempt, code, details, delay))
+                self._client.on_retry(event)
             await asyncio.sleep(delay)
 
     async def verify(self, items: Sequence[ItemLike]) -> List[pb.VerifyResult]:

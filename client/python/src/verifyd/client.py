@@ -117,11 +117,7 @@ class Client:
             channel = grpc.intercept_channel(channel, *interceptors)
         self.channel: grpc.Channel = channel
         self._stub = pb_grpc.VerifyServiceStub(channel)
-        self._health = channel.unary_unary(
-            c.HEALTH_CHECK_METHOD,
-            request_serializer=c.encode_health_request,
-            response_deserializer=c.decode_health_response,
-        )
+        self._health = c.health_check(channel)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -172,9 +168,12 @@ class Client:
                     return on_retry_not_found()
                 delay = loop.pause_before_retry(code)
                 if delay is None:
+                    c.log_failure(name, code, details, loop.attempt)
                     raise from_rpc_error(e, method=name, attempts=loop.attempt) from e
+                event = RetryEvent(name, loop.attempt, code, details, delay)
+                c.log_retry(event, loop.policy.max_attempts)
                 if self.on_retry is not None:
-                    self.on_retry(RetryEvent(name, loop.attempt, code, details, delay))
+                    self.on_retry(event)
                 time.sleep(delay)
 
     def _retry_for(self, safe: bool, retry: Optional[RetryPolicy]) -> RetryPolicy:
@@ -543,6 +542,12 @@ class VerifyStream:
                     return
                 yield r
 
+        if self.streams_opened:
+            c.log.info(
+                "VerifyStream: reconnecting to %s (stream %d)",
+                self._client.target,
+                self.streams_opened + 1,
+            )
         self._queue = q
         self._call = self._client._stub.VerifyStream(
             requests(),
@@ -580,12 +585,15 @@ class VerifyStream:
                 self._drop()
                 code, details, err = e.code(), e.details() or "", e
             if attempt >= policy.max_attempts or code not in policy.retryable_codes:
+                c.log_failure("VerifyStream", code, details, attempt)
                 if err is not None:
                     raise from_rpc_error(err, method="VerifyStream", attempts=attempt) from err
                 raise Unavailable(details, method="VerifyStream", attempts=attempt)
             delay = policy.backoff_s(attempt, self._client._rng)
+            event = RetryEvent("VerifyStream", attempt, code, details, delay)
+            c.log_retry(event, policy.max_attempts)
             if self._client.on_retry is not None:
-                self._client.on_retry(RetryEvent("VerifyStream", attempt, code, details, delay))
+                self._client.on_retry(event)
             time.sleep(delay)
 
     def verify(self, items: Sequence[ItemLike]) -> List[pb.VerifyResult]:

@@ -145,8 +145,8 @@ class Unauthenticated(VerifydError):
 class UnsupportedField(TypeError):
     """A keyword argument names a field that the installed stubs' verify.proto lacks.
 
-    The stubs are generated from the proto when the package is built: reinstall the client
-    from a verifyd source tree whose proto has the field.
+    The stubs ship with the package (made from verifyd's proto by scripts/regen_stubs.sh):
+    install the client from a verifyd release or source tree whose proto has the field.
     """
 
 

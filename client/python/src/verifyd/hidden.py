@@ -12,14 +12,17 @@ the stubs were built from.
 
 from __future__ import annotations
 
+import array
 import struct
-from typing import Any, List, Tuple
+import sys
+from typing import Any, List, Optional, Tuple
 
 __all__ = [
     "hidden_states_dtype",
     "hidden_states_shape",
     "hidden_states_to_lists",
     "hidden_states_to_numpy",
+    "hidden_states_to_torch",
 ]
 
 # Enum numbers of verify.v1.HiddenDtype when the stubs do not define it.
@@ -68,6 +71,25 @@ def hidden_states_to_numpy(hs: Any) -> "Any":
     else:  # bf16: the upper half of a float32
         flat = (np.frombuffer(hs.data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
     return flat.reshape(shape)
+
+
+def hidden_states_to_torch(hs: Any, device: Optional[Any] = None) -> "Any":
+    """A torch tensor [num_tokens, num_layers, hidden_size] in the data's own dtype:
+    ``torch.bfloat16`` for bf16 (the bytes reinterpreted, no float32 round trip) and
+    ``torch.float32`` for fp32; on ``device`` when given (needs torch)."""
+    import torch
+
+    shape = hidden_states_shape(hs)
+    dtype = torch.float32 if hidden_states_dtype(hs) == "fp32" else torch.bfloat16
+    # One copy into a writable buffer (torch.frombuffer warns on read-only bytes).
+    buf = bytearray(hs.data)
+    if sys.byteorder != "little":  # the wire format is little-endian
+        words = array.array("H" if dtype == torch.bfloat16 else "I", buf)
+        words.byteswap()
+        buf = bytearray(words.tobytes())
+    flat = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
+    out = flat.reshape(shape)
+    return out if device is None else out.to(device)
 
 
 def hidden_states_to_lists(hs: Any) -> List[List[List[float]]]:

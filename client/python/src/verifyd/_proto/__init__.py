@@ -1,6 +1,7 @@
-"""Stubs generated from verify.proto when the package is built (never committed).
+"""Stubs of verify.proto (package verify.v1), shipped with the package.
 
-`verify_pb2` holds the messages of package verify.v1, `verify_pb2_grpc` the VerifyService
-stub. They are written here by the build (setup.py); a source checkout that was not built
-has none: install the package (`pip install ./client/python`).
+`verify_pb2` holds the messages, `verify_pb2_grpc` the VerifyService stub. They are made by
+scripts/regen_stubs.sh with a pinned generator (grpcio-tools 1.51.3), whose code imports with
+every protobuf and grpcio release the package allows; never edit them by hand. The test
+tests/test_stubs.py fails when they no longer match proto/verify/v1/verify.proto.
 """
