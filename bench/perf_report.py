@@ -22,7 +22,7 @@ Table kinds:
                     logprobs and hidden states.
   moe_layer         one MoE layer at Kimi-K2's dimensions (bench/moe_layer_bench --json), with
                     PyTorch's grouped GEMMs of the same run (bench/peers/torch_grouped_moe.py).
-  verify_attention_change, engine_change
+  verify_attention_change, engine_change, moe_layer_change
                     the same benchmark of two builds in one GPU run (before / after a change).
   kv_fp8_accuracy   bench/kv_fp8_accuracy (CPU): the FP8 latent KV format's attention error
                     for two scale layouts, and the CPU engine's greedy tokens with it.
@@ -290,6 +290,29 @@ def engine_change_table(spec):
     return "\n".join(out)
 
 
+def moe_layer_change_table(spec):
+    """moe_layer_bench of two builds or modes in one GPU call: total and routing time per
+    (mode, rows), after over before."""
+    before, after = load(spec["before"]), load(spec["after"])
+    k = lambda r: (r["mode"], r["rows"])
+    b_rows = {k(r): r for r in before["results"]}
+    out = ["| mode | rows | before ms | after ms | after / before | before route ms | "
+           "after route ms |", "|---|---|---|---|---|---|---|"]
+    ratios = []
+    for r in after["results"]:
+        b = b_rows.get(k(r))
+        if not b:
+            continue
+        ratios.append(r["total_ms"] / b["total_ms"])
+        out.append(f"| {r['mode']} | {r['rows']:,} | {b['total_ms']:.3f} | {r['total_ms']:.3f} | "
+                   f"{ratios[-1]:.3f} | {b['phase_ms']['route']:.3f} | "
+                   f"{r['phase_ms']['route']:.3f} |")
+    out += ["", change_line(ratios), "",
+            f"- **before**: `{spec['before']}` ({spec.get('before_label', '')})",
+            meta_line("after", after, spec["after"])]
+    return "\n".join(out)
+
+
 def engine_modes_table(spec):
     """engine_bench runs of one model in several modes (same GPU call): step and GEMM time per
     mode, and each mode's step time over the baseline mode's."""
@@ -473,7 +496,8 @@ KINDS = {"verify_attention": verify_attention_table, "engine": engine_table,
          "moe_layer": moe_layer_table, "engine_extras": engine_extras_table,
          "verify_attention_change": verify_attention_change_table,
          "engine_change": engine_change_table, "kv_fp8_accuracy": kv_fp8_accuracy_table,
-         "bf16_floor": bf16_floor_table, "fp8_numerics": fp8_numerics_table, "engine_modes": engine_modes_table}
+         "bf16_floor": bf16_floor_table, "fp8_numerics": fp8_numerics_table,
+         "engine_modes": engine_modes_table, "moe_layer_change": moe_layer_change_table}
 
 
 def render(name, spec):

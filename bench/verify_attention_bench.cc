@@ -55,6 +55,8 @@ ABSL_FLAG(int, split_group, -1,
           "0: one split per work item; N: up to N context splits per work item)");
 ABSL_FLAG(int, chunk_keys, verifyd::kernels::cuda::kPositionalChunkKeys,
           "--positional: the split rule's chunk (PositionalSplitRule::chunk_keys)");
+ABSL_FLAG(int, max_splits, verifyd::kernels::cuda::kPositionalMaxSplits,
+          "--positional: the split rule's largest split count (PositionalSplitRule::max_splits)");
 ABSL_FLAG(bool, forks, false,
           "every request of a shape is a fork of request 0: the same context slots, its own "
           "tail slots");
@@ -261,6 +263,7 @@ int RunShape(const Shape& s, vc::VerifyKernelConfig config,
   opt.positional_shared_context = absl::GetFlag(FLAGS_shared_context);
   opt.positional_split_group = absl::GetFlag(FLAGS_split_group);
   opt.positional_split.chunk_keys = absl::GetFlag(FLAGS_chunk_keys);
+  opt.positional_split.max_splits = absl::GetFlag(FLAGS_max_splits);
   opt.host_tree_mask = hmask.data();  // read by positional plans only
   if (absl::GetFlag(FLAGS_share_prefixes)) opt.host_kv_indices = perm.data();  // set 0's lists
   if (absl::GetFlag(FLAGS_min_split_tiles) >= 1) {
@@ -460,6 +463,10 @@ int main(int argc, char** argv) {
       {"mma_tflops", absl::GetFlag(FLAGS_mma_tflops)},
       {"gather_ceiling_gbps", gather_gbps},
       {"kv_dtype", kv_dtype},
+      {"positional", absl::GetFlag(FLAGS_positional)},
+      {"positional_chunk_keys", absl::GetFlag(FLAGS_chunk_keys)},
+      {"positional_max_splits", absl::GetFlag(FLAGS_max_splits)},
+      {"positional_split_group", absl::GetFlag(FLAGS_split_group)},
   };
   j["results"] = nlohmann::json::array();
   std::printf(

@@ -36,6 +36,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -747,19 +748,24 @@ TEST(GpuMoeKernels, RouteAndPermuteMatchReference) {
   }
 }
 
-// The router's fp32 logits kernel against a double-precision host dot product, for row counts
-// around its 16-row tiles and a hidden size that is not a multiple of 4 (scalar path); a
-// row's logits must not depend on how many rows share the launch (bit-identical).
+// The router's fp32 logits kernels against a double-precision host dot product, for row
+// counts around their 16-row tiles (37: the one-warp-per-expert kernel; 150: beyond
+// kMoeRouterKernelMaxRows, the tiled kernel with staged rows, 40 experts = one whole and one
+// partial 32-expert tile), a hidden size that is not a multiple of the 512-column chunk (900)
+// and one that is not a multiple of 4 (130: scalar path); a row's logits must not depend on
+// how many rows share the launch, hence on which kernel ran (bit-identical).
 TEST(GpuMoeKernels, RouterLogitsMatchHostAndDoNotDependOnRows) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(std::random_device{}());
   std::uniform_real_distribution<float> u(-1.f, 1.f);
-  for (const int64_t H : {int64_t{7168}, int64_t{130}}) {
-    const int E = 40, rows = 37;  // several 16-row tiles, one partial
+  for (const auto& [H, rows] : std::vector<std::pair<int64_t, int>>{
+           {7168, 37}, {7168, 150}, {900, 150}, {130, 37}, {130, 150}}) {
+    const int E = 40;
     std::vector<float> x(rows * H), w(E * H);
     for (float& v : x) v = u(rng);
     for (float& v : w) v = u(rng);
     DeviceBuffer<float> d_x(x.size()), d_w(w.size()), d_y(rows * E), d_y1(E);
+    CUDA_ASSERT(cudaMemset(d_y.p, 0xff, rows * E * 4));  // NaN: every logit must be written
     CUDA_ASSERT(cudaMemcpy(d_x.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
     CUDA_ASSERT(cudaMemcpy(d_w.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
     kernels::cuda::MoeRouterLogitsParams p;
@@ -790,11 +796,13 @@ TEST(GpuMoeKernels, RouterLogitsMatchHostAndDoNotDependOnRows) {
           want += double(x[r * H + k]) * w[e * H + k];
           mag += std::fabs(double(x[r * H + k]) * w[e * H + k]);
         }
-        ASSERT_NEAR(y[r * E + e], want, 1e-6 * mag) << "H=" << H << " row " << r << " e " << e;
+        ASSERT_NEAR(y[r * E + e], want, 1e-6 * mag)
+            << "H=" << H << " rows=" << rows << " row " << r << " e " << e;
       }
     }
     for (int e = 0; e < E; ++e) {
-      ASSERT_EQ(y1[e], y[20 * E + e]) << "H=" << H << " expert " << e << ": row 20 alone differs";
+      ASSERT_EQ(y1[e], y[20 * E + e])
+          << "H=" << H << " rows=" << rows << " expert " << e << ": row 20 alone differs";
     }
   }
 }

@@ -495,8 +495,14 @@ Walk Simulate(const VerifyAttentionPlan& plan, const TreeBatch& t, int heads) {
             key < k.ctx ? t.idx[k.src + key] : t.idx[k.src + k.ctx + vis.at(key - k.ctx)];
       }
     }
-    // partial row -> (output row, its split number)
-    std::vector<std::pair<int64_t, int>> partial(static_cast<size_t>(plan.partial_rows), {-1, -1});
+    // partial row -> (output row, its first split number, splits it holds: > 1 when a split
+    // group starting at key 0 folded its splits into split 0's rows)
+    struct Partial {
+      int64_t out = -1;
+      int split = -1;
+      int count = 0;
+    };
+    std::vector<Partial> partial(static_cast<size_t>(plan.partial_rows));
     for (int i = ps.work_begin; i < ps.work_begin + ps.work_count; ++i) {
       const VerifyWorkItem& w = plan.work[i];
       const int rows = std::min(bm, w.num_nodes * heads - w.fold_begin);
@@ -504,7 +510,8 @@ Walk Simulate(const VerifyAttentionPlan& plan, const TreeBatch& t, int heads) {
       EXPECT_GE(w.kv_len - w.num_nodes, w.kv_end) << "keys before the range's end are masked";
       EXPECT_EQ(w.kv_begin % 64, 0);
       // A split group (split_keys > 0) is its splits, one after another, split j written to
-      // partial rows partial_row + j * bm (what the kernel does).
+      // partial rows partial_row + j * bm, or, when the group starts at key 0, every split
+      // folded into partial rows partial_row (what the kernel does).
       std::vector<std::pair<int, int>> ranges;  // [begin, end) of each split of the item
       if (w.split_keys > 0) {
         EXPECT_EQ(w.split_keys % 128, 0);
@@ -521,7 +528,8 @@ Walk Simulate(const VerifyAttentionPlan& plan, const TreeBatch& t, int heads) {
         for (int key = ranges[j].first; key < ranges[j].second; ++key) {
           keys.push_back(w.kv_off >= 0 ? t.idx[w.kv_off + key] : lists.at(-w.kv_off - 1 + key));
         }
-        const int64_t prow = w.partial_row + static_cast<int64_t>(j) * bm;
+        const bool folds = w.split_keys > 0 && w.kv_begin == 0;
+        const int64_t prow = w.partial_row + static_cast<int64_t>(folds ? 0 : j) * bm;
         for (int r = 0; r < rows; ++r) {
           const int64_t out = static_cast<int64_t>(w.q_row0) * heads + w.fold_begin + r;
           auto& seq = walk.slots[out];
@@ -529,10 +537,15 @@ Walk Simulate(const VerifyAttentionPlan& plan, const TreeBatch& t, int heads) {
           walk.splits[out].push_back(ranges[j].second - ranges[j].first);
           if (w.partial_row < 0) {
             ++produced[out];
+          } else if (folds && j > 0) {
+            Partial& p = partial.at(prow + r);
+            EXPECT_EQ(p.out, out) << "partial row " << prow + r << " folded into another row";
+            EXPECT_EQ(p.split + p.count, static_cast<int>(walk.splits[out].size()) - 1);
+            ++p.count;
           } else {
-            auto& p = partial.at(prow + r);
-            EXPECT_EQ(p.first, -1) << "partial row " << prow + r << " written twice";
-            p = {out, static_cast<int>(walk.splits[out].size()) - 1};
+            Partial& p = partial.at(prow + r);
+            EXPECT_EQ(p.out, -1) << "partial row " << prow + r << " written twice";
+            p = {out, static_cast<int>(walk.splits[out].size()) - 1, 1};
           }
         }
       }
@@ -541,10 +554,13 @@ Walk Simulate(const VerifyAttentionPlan& plan, const TreeBatch& t, int heads) {
       const VerifyCombineItem& c = plan.combine[i];
       for (int r = 0; r < c.num_rows; ++r) {
         ++produced[c.out_row0 + r];
-        for (int sp = 0; sp < c.num_splits; ++sp) {
-          const auto& p = partial.at(c.partial_row0 + static_cast<int64_t>(sp) * bm + r);
-          EXPECT_EQ(p.first, c.out_row0 + r) << "combine item " << i << " split " << sp;
-          EXPECT_EQ(p.second, sp) << "combine item " << i << " split " << sp;
+        // The fold continues after the splits folded into split 0's rows.
+        for (int sp = 0; sp < c.num_splits; sp = sp == 0 ? std::max(1, c.folded_splits) : sp + 1) {
+          const Partial& p = partial.at(c.partial_row0 + static_cast<int64_t>(sp) * bm + r);
+          EXPECT_EQ(p.out, c.out_row0 + r) << "combine item " << i << " split " << sp;
+          EXPECT_EQ(p.split, sp) << "combine item " << i << " split " << sp;
+          EXPECT_EQ(p.count, sp == 0 ? std::max(1, c.folded_splits) : 1)
+              << "combine item " << i << " split " << sp;
         }
         EXPECT_EQ(static_cast<int>(walk.splits[c.out_row0 + r].size()), c.num_splits);
       }
@@ -676,6 +692,15 @@ TEST(VerifyAttentionPlan, PositionalSplitGroupsKeepEveryRowsSplits) {
         int groups = 0;
         for (const VerifyWorkItem& w : grouped->work) groups += w.split_keys > 0;
         EXPECT_GT(groups, 0) << g;
+        // The groups that start at key 0 fold: their combine items continue after them (all
+        // of a row's context splits with a group of 1,000).
+        int folded = 0;
+        for (const VerifyCombineItem& c : grouped->combine) {
+          folded += c.folded_splits > 1;
+          EXPECT_LE(c.folded_splits, std::min(g, c.num_splits));
+        }
+        for (const VerifyCombineItem& c : plain->combine) EXPECT_EQ(c.folded_splits, 0);
+        EXPECT_GT(folded, 0) << g;
         const Walk a = Simulate(*plain, t, heads), b = Simulate(*grouped, t, heads);
         EXPECT_EQ(a.slots, b.slots) << g;
         EXPECT_EQ(a.splits, b.splits) << g;

@@ -37,7 +37,9 @@ inline constexpr int kMoeMaxExperts = 2048;
 // the weight streams at full bandwidth (the pedantic-fp32 cuBLAS GEMM took 0.34 ms for one
 // row at Kimi-K2's 384 x 7168 on an H200, this kernel 0.02 ms). Each logit is one fixed
 // sequence of fmaf (lane-strided partial sums, a fixed xor tree), whatever the row count.
-// Beyond kMoeRouterKernelMaxRows rows the MoE layer uses cuBLAS (GemmF32, faster there).
+// Beyond kMoeRouterKernelMaxRows rows a tiled kernel (rows staged in shared memory, 4 experts
+// per warp) computes every logit with the same arithmetic, so a row's logits are the same bits
+// at any row count; batch-adaptive MoE layers use cuBLAS there (GemmF32) instead.
 inline constexpr int kMoeRouterKernelMaxRows = 64;
 struct MoeRouterLogitsParams {
   int rows = 0;

@@ -193,7 +193,10 @@ struct VerifyWorkItem {
   // > 0 (positional plans, kernels with VariantInfo::split_groups): the range holds several
   // consecutive splits of split_keys keys each (a multiple of 128); the kernel computes each
   // from a fresh softmax state exactly as a work item of its own would, and writes split j of
-  // the range to partial rows partial_row + j * rows_per_cta + i. 0: one range, one result.
+  // the range to partial rows partial_row + j * rows_per_cta + i, or, when the range starts
+  // at the rows' first key (kv_begin == 0), folds split j into split 0's rows as the combine
+  // would (fold.cuh; VerifyCombineItem::folded_splits): a big batch then writes one partial
+  // row per row tile instead of one per split. 0: one range, one result.
   int32_t split_keys;
   int32_t pad[3];
 };
@@ -204,7 +207,12 @@ struct VerifyCombineItem {
   int32_t num_rows;  // rows in this tile (<= rows per CTA)
   int32_t num_splits;
   int32_t partial_row0;  // split s of local row i: partial row partial_row0 + s*rows_per_cta + i
-  int32_t pad[4];
+  // Positional plans: splits [0, folded_splits) were already folded by the attention kernel
+  // into split 0's partial rows (a split group that starts at the row's first key,
+  // VerifyWorkItem::split_keys); the combine continues the left fold (fold.cuh) from split
+  // max(1, folded_splits). Other plans: 0.
+  int32_t folded_splits;
+  int32_t pad[3];
 };
 
 // One attention launch and its combine over a contiguous range of the work and combine lists

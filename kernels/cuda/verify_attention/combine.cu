@@ -1,12 +1,15 @@
 // The split combine of the verify attention: merges the fp32 partial outputs + log2-LSE of
 // the splits of each split row tile (VerifyCombineItem) into out / lse. Shared by every kernel
 // variant (they all write the same partial layout). Launched after the attention kernel with
-// programmatic dependent launch on sm_90+.
+// programmatic dependent launch on sm_90+. Two kernels: the batch-adaptive plans' (weights
+// from the global max, split groups summed in parallel) and the positional plans' left fold
+// (fold.cuh), which continues what the attention kernel folded already.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/verify_attention/combine.cuh"
+#include "kernels/cuda/verify_attention/fold.cuh"
 #include "kernels/cuda/verify_attention/plan.h"  // kMaxCombineSplits
 #include "kernels/cuda/verify_attention/ptx.cuh"
 
@@ -136,22 +139,61 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
 }
 
+// Positional plans: one CTA per (item, row), 128 threads of 4 columns each; the row's splits
+// folded left to right (fold.cuh) from split 0's partial row, which already holds splits
+// [0, folded_splits) when the attention kernel folded a split group. The loads do not depend
+// on the fold, so the unrolled loop keeps several in flight.
+constexpr int kFoldThreads = kVDim / 4;
+
+__global__ void __launch_bounds__(kFoldThreads)
+    VerifyFoldCombineKernel(const VerifyCombineArgs args) {
+  const VerifyCombineItem item = args.items[blockIdx.x];
+  const int r = blockIdx.y;
+  if (r >= item.num_rows) return;
+  const int64_t stride = args.rows_per_cta;
+  const int col = threadIdx.x * 4;
+  const float* lse_base = args.part_lse + item.partial_row0 + r;
+  const float* o_base = args.part_o + static_cast<int64_t>(item.partial_row0 + r) * kVDim + col;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  GridDepWait();
+#endif
+  float a = lse_base[0];
+  float4 f = *reinterpret_cast<const float4*>(o_base);
+#pragma unroll 4
+  for (int s = max(1, item.folded_splits); s < item.num_splits; ++s) {
+    const float b = lse_base[s * stride];
+    const float4 o = *reinterpret_cast<const float4*>(o_base + s * stride * kVDim);
+    const FoldWeights w = FoldWeightsOf(a, b);
+    f.x = FoldValue(w, f.x, o.x);
+    f.y = FoldValue(w, f.y, o.y);
+    f.z = FoldValue(w, f.z, o.z);
+    f.w = FoldValue(w, f.w, o.w);
+    a = w.lse;
+  }
+  const int64_t out_row = static_cast<int64_t>(item.out_row0) + r;
+  __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(args.out + out_row * kVDim + col);
+  dst[0] = __floats2bfloat162_rn(f.x, f.y);
+  dst[1] = __floats2bfloat162_rn(f.z, f.w);
+  if (threadIdx.x == 0 && args.lse != nullptr) {
+    args.lse[out_row] = a == -INFINITY ? -INFINITY : a * 0.69314718055994531f;
+  }
+}
+
 }  // namespace
 
 absl::Status LaunchCombine(const VerifyCombineArgs& args, int num_items, int num_sms,
-                           bool dependent_launch, void* stream, bool fixed_layout) {
+                           bool dependent_launch, void* stream, bool fold) {
   VerifyCombineArgs c = args;
-  // Few rows to merge: 64-column chunks so they spread over the SMs; else whole rows. The
-  // fixed layout (positional plans: a row's sum order must not follow the batch) is the
-  // whole-row one, 2 split groups, whatever the batch: the 64-column layout launched 8 CTAs
-  // of 16 mostly idle split groups per row, and for a batch of trees at 64 heads that grid
-  // (266k CTAs for 520 nodes) took longer than the attention itself (docs/PERF.md).
+  // Few rows to merge: 64-column chunks so they spread over the SMs; else whole rows. (A
+  // fixed layout of this kernel for positional plans, 2 split groups, was their combine
+  // before the fold; the 64-column layout had launched 8 CTAs of 16 mostly idle split groups
+  // per row: for a batch of trees at 64 heads, 266k CTAs for 520 nodes, docs/PERF.md.)
   const int64_t rows_to_merge = static_cast<int64_t>(num_items) * c.rows_per_cta;
-  c.cols_per_cta = !fixed_layout && rows_to_merge < 4 * static_cast<int64_t>(num_sms) ? 64 : kVDim;
+  c.cols_per_cta = rows_to_merge < 4 * static_cast<int64_t>(num_sms) ? 64 : kVDim;
   cudaLaunchConfig_t lc{};
   lc.gridDim = dim3(static_cast<unsigned>(num_items), static_cast<unsigned>(c.rows_per_cta),
-                    static_cast<unsigned>(kVDim / c.cols_per_cta));
-  lc.blockDim = dim3(kCombineThreads);
+                    fold ? 1u : static_cast<unsigned>(kVDim / c.cols_per_cta));
+  lc.blockDim = dim3(fold ? kFoldThreads : kCombineThreads);
   lc.dynamicSmemBytes = 0;
   lc.stream = static_cast<cudaStream_t>(stream);
   // Programmatic dependent launch (sm_90+): the combine grid is set up while the attention
@@ -161,7 +203,8 @@ absl::Status LaunchCombine(const VerifyCombineArgs& args, int num_items, int num
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   lc.attrs = attr;
   lc.numAttrs = dependent_launch ? 1 : 0;
-  VERIFYD_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&lc, VerifyCombineKernel, c));
+  VERIFYD_CUDA_RETURN_IF_ERROR(
+      cudaLaunchKernelEx(&lc, fold ? VerifyFoldCombineKernel : VerifyCombineKernel, c));
   return absl::OkStatus();
 }
 

@@ -21,10 +21,10 @@ struct VerifyCombineArgs {
 
 // Merges the splits of `num_items` row tiles on `stream`; one CTA per (item, row, column
 // chunk): 64-column chunks when few rows are merged (relative to num_sms), else whole rows.
-// dependent_launch: launch with programmatic stream serialization (sm_90+). fixed_layout:
-// always whole rows (2 split groups), so a row's merge order depends only on its number of
-// splits (the positional configuration).
+// dependent_launch: launch with programmatic stream serialization (sm_90+). fold (positional
+// plans): the left fold of fold.cuh, continuing from VerifyCombineItem::folded_splits, so a
+// row's merge depends only on its own splits; one CTA per (item, row).
 absl::Status LaunchCombine(const VerifyCombineArgs& args, int num_items, int num_sms,
-                           bool dependent_launch, void* stream, bool fixed_layout = false);
+                           bool dependent_launch, void* stream, bool fold = false);
 
 }  // namespace verifyd::kernels::cuda::detail

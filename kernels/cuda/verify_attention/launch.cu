@@ -220,10 +220,10 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
     c.out = a.out;
     c.lse = p.lse;
     c.rows_per_cta = plan.rows_per_cta;
-    // Positional plans merge in one fixed layout (whatever the batch), the others in the
-    // layout that suits the number of rows.
+    // Positional plans merge by the left fold (whatever the batch), the others in the layout
+    // that suits the number of rows.
     return detail::LaunchCombine(c, pass.combine_count, sms, /*dependent_launch=*/major >= 9,
-                                 p.stream, /*fixed_layout=*/plan.positional);
+                                 p.stream, /*fold=*/plan.positional);
   };
   if (plan.passes.empty()) {
     return run_pass({0, static_cast<int32_t>(plan.work.size()), 0,

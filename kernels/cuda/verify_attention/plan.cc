@@ -294,9 +294,11 @@ struct PositionalBuilder {
 // unit's nodes from the request's own slot list. Splits [i0, S_t) of node t reach its tail:
 // per node, through an index list built on the GPU (VerifyIndexTask). A node's split s (of
 // S_t) is in partial row base + s * BM + (its row within the tile), whoever wrote it, and one
-// combine item per node (per head tile) merges its S_t splits. A row's keys, split boundaries
-// (PositionalSplitKeys, or PositionalSharedSplitKeys) and merge order depend on the row
-// alone: a CTA's other rows never enter its arithmetic. Partial rows and index entries are
+// combine item per node (per head tile) merges its S_t splits by the left fold of fold.cuh,
+// continuing after the splits the first split group folded already (the group starting at
+// key 0; folded_splits). A row's keys, split boundaries (PositionalSplitKeys, or
+// PositionalSharedSplitKeys) and merge order (splits 0, 1, ... left to right) depend on the
+// row alone: a CTA's other rows never enter its arithmetic. Partial rows and index entries are
 // handed out in passes that fit the workspace; a unit's work is never split across passes.
 // (The head tiles of one split are adjacent, so they stream the same keys together.)
 absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& params,
@@ -381,6 +383,8 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
       // (runs of up to split_group splits per item when the kernel takes split groups and the
       // split length is whole tile pairs).
       const int group_of = len % 128 == 0 ? split_group : 1;
+      // The first group starts at key 0: the kernel folds its splits (api.h, split_keys).
+      const int folded = std::min(i0, group_of) > 1 ? std::min(i0, group_of) : 0;
       for (int i = 0; i < i0; i += group_of) {
         const int i1 = std::min(i0, i + group_of);
         for (int k = 0; k < head_tiles; ++k) {
@@ -427,6 +431,7 @@ absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& 
             ci.num_rows = group ? H : std::min(BM, H - k * BM);
             ci.num_splits = splits[t];
             ci.partial_row0 = static_cast<int32_t>(base_of(k) + (group ? (t - t0) * H : 0));
+            ci.folded_splits = folded;
             plan.combine.push_back(ci);
           }
         }

@@ -41,6 +41,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/verify_attention/fold.cuh"
 #include "kernels/cuda/verify_attention/kernel_args.cuh"
 #include "kernels/cuda/verify_attention/ptx.cuh"
 #include "kernels/cuda/verify_attention/seesaw_layout.h"
@@ -561,42 +562,79 @@ __device__ __forceinline__ void SeesawExchangeRowSums(const float (&l_run)[2], f
   NamedBarSync(kBarEpilogue, kMathThreads);
 }
 
-// The end of one split of a work item that holds several (VerifyWorkItem::split_keys): both
-// math warpgroups add their row sums (through s_l, as the final epilogue), write the split's
-// normalised rows (fp32) and, WG0, its log2 sum to partial row `prow` + r, straight from
-// registers (the KV ring, which the final epilogue stages through, is still streaming), then
-// restart the softmax state, so the next split is computed from scratch exactly as a work item
-// of its own would be: m_run = -inf makes the next pair's rescale factor 0 for every row that
-// sees a key of its first tile (every written row of a context split), which clears O and the
-// row sums there (a reset of O here would make ptxas spill the accumulators). Both warpgroups
-// hold this split's final m_run (WG0 read m1 after P1).
-// s_l reuse is ordered by the P-ready barriers of the pairs in between (as the final
-// epilogue's).
-__device__ __forceinline__ void SeesawFlushSplit(const VerifyKernelArgs& args, float (&o)[2][64],
-                                                 float (&m_run)[2], float (&l_run)[2], float* s_l,
-                                                 int wg, int row0, int q4, int rows_here,
-                                                 int64_t prow) {
-  SeesawExchangeRowSums(l_run, s_l, wg, row0, q4);
+// Split j of a work item that holds several (VerifyWorkItem::split_keys), after the row-sum
+// exchange: each thread writes its own fragment of the split's normalised rows (fp32) and,
+// WG0, the log2 sum to partial row `base` + j * 64 + r, straight from registers (the KV ring,
+// which the final epilogue stages through, is still streaming). Or, when the item folds
+// (its range starts at the rows' first key), split j > 0 is folded into split 0's rows
+// (fold.cuh, the combine's arithmetic): each thread reads back the fragment it wrote itself
+// (no other thread touches it), and every thread of a row carries the fold's LSE in
+// lse_fold[h] (all compute the same values).
+__device__ __forceinline__ void SeesawWriteSplit(const VerifyKernelArgs& args,
+                                                 const float (&o)[2][64], const float (&m_run)[2],
+                                                 float (&lse_fold)[2], const float* s_l, int wg,
+                                                 int row0, int q4, int rows_here, int64_t base,
+                                                 int j, bool fold) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = row0 + 8 * h;
     if (r < rows_here) {
       const float l_tot = s_l[r] + s_l[64 + r];  // the final epilogue's order
       const float inv = l_tot > 0.f ? 1.f / l_tot : 0.f;
-      float* orow = args.part_o + (prow + r) * kVDim;
+      const float lse = SplitLse(m_run[h], l_tot);
+      if (fold && j > 0) {
+        const FoldWeights w = FoldWeightsOf(lse_fold[h], lse);
+        float* frow = args.part_o + (base + r) * kVDim;
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int col0 = wg * 256 + hf * 128 + q4 * 2;
+        for (int hf = 0; hf < 2; ++hf) {
+          const int col0 = wg * 256 + hf * 128 + q4 * 2;
 #pragma unroll
-        for (int nb = 0; nb < 16; ++nb) {
-          *reinterpret_cast<float2*>(orow + col0 + nb * 8) =
-              make_float2(o[hf][nb * 4 + 2 * h] * inv, o[hf][nb * 4 + 2 * h + 1] * inv);
+          for (int nb = 0; nb < 16; ++nb) {
+            float2* f = reinterpret_cast<float2*>(frow + col0 + nb * 8);
+            const float2 a = *f;
+            *f = make_float2(FoldValue(w, a.x, o[hf][nb * 4 + 2 * h] * inv),
+                             FoldValue(w, a.y, o[hf][nb * 4 + 2 * h + 1] * inv));
+          }
         }
-      }
-      if (wg == 0 && q4 == 0) {
-        args.part_lse[prow + r] = l_tot > 0.f ? m_run[h] + log2f(l_tot) : -INFINITY;
+        lse_fold[h] = w.lse;
+        if (wg == 0 && q4 == 0) args.part_lse[base + r] = w.lse;
+      } else {
+        const int64_t prow = base + static_cast<int64_t>(fold ? 0 : j) * Tr::kRows;
+        float* orow = args.part_o + (prow + r) * kVDim;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int col0 = wg * 256 + hf * 128 + q4 * 2;
+#pragma unroll
+          for (int nb = 0; nb < 16; ++nb) {
+            *reinterpret_cast<float2*>(orow + col0 + nb * 8) =
+                make_float2(o[hf][nb * 4 + 2 * h] * inv, o[hf][nb * 4 + 2 * h + 1] * inv);
+          }
+        }
+        lse_fold[h] = lse;
+        if (wg == 0 && q4 == 0) args.part_lse[prow + r] = lse;
       }
     }
+  }
+}
+
+// The end of split j of a work item that holds several (not its last): both math warpgroups
+// add their row sums (through s_l, as the final epilogue), write or fold the split
+// (SeesawWriteSplit), then restart the softmax state, so the next split is computed from
+// scratch exactly as a work item of its own would be: m_run = -inf makes the next pair's
+// rescale factor 0 for every row that sees a key of its first tile (every written row of a
+// context split), which clears O and the row sums there (a reset of O here would make ptxas
+// spill the accumulators). Both warpgroups hold this split's final m_run (WG0 read m1 after
+// P1). s_l reuse is ordered by the P-ready barriers of the pairs in between (as the final
+// epilogue's).
+__device__ __forceinline__ void SeesawFlushSplit(const VerifyKernelArgs& args, float (&o)[2][64],
+                                                 float (&m_run)[2], float (&l_run)[2],
+                                                 float (&lse_fold)[2], float* s_l, int wg, int row0,
+                                                 int q4, int rows_here, int64_t base, int j,
+                                                 bool fold) {
+  SeesawExchangeRowSums(l_run, s_l, wg, row0, q4);
+  SeesawWriteSplit(args, o, m_run, lse_fold, s_l, wg, row0, q4, rows_here, base, j, fold);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
     m_run[h] = -INFINITY;
     l_run[h] = 0.f;
   }
@@ -764,6 +802,7 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
     for (int i = 0; i < 64; ++i) o[hf][i] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY};     // running max (log2 domain), same in both WGs
   float l_run[2] = {0.f, 0.f};                 // this warpgroup's partial row sums
+  float lse_fold[2] = {0.f, 0.f};              // a folding split group: the fold's log2 LSE so far
   const uint32_t sV_own = wg * 4 * Tr::kAtom;  // first V atom of this warpgroup's columns
 
   // FP8: the landed scales, [buffer][row][4] (SeesawFp8Smem::scale_land).
@@ -938,15 +977,25 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
     }
     if constexpr (!kFp8) {
       if (split_pairs > 0 && (p + 1) % split_pairs == 0 && p + 1 < num_pairs) {
-        const int64_t prow = LoadFresh(&args.work[blockIdx.x].partial_row) +
-                             static_cast<int64_t>((p + 1) / split_pairs - 1) * Tr::kRows;
-        SeesawFlushSplit(args, o, m_run, l_run, s_l, wg, row0, q4, rows_here, prow);
+        SeesawFlushSplit(args, o, m_run, l_run, lse_fold, s_l, wg, row0, q4, rows_here,
+                         LoadFresh(&args.work[blockIdx.x].partial_row), (p + 1) / split_pairs - 1,
+                         LoadFresh(&args.work[blockIdx.x].kv_begin) == 0);
       }
     }
   }
 
   // ---- epilogue: add the two warpgroups' row sums, normalise, write ----
   SeesawExchangeRowSums(l_run, s_l, wg, row0, q4);
+  if constexpr (!kFp8) {
+    // A folding split group: its last split folds from registers too (split 0's rows were
+    // written by these threads' generic stores; no bulk copy mixes in).
+    if (split_pairs > 0 && LoadFresh(&args.work[blockIdx.x].kv_begin) == 0) {
+      SeesawWriteSplit(args, o, m_run, lse_fold, s_l, wg, row0, q4, rows_here,
+                       LoadFresh(&args.work[blockIdx.x].partial_row), (num_pairs - 1) / split_pairs,
+                       /*fold=*/true);
+      return;
+    }
+  }
   // The output coordinates are re-read here rather than kept live across the loop (at 240
   // registers that would cost a spill).
   int partial_row = LoadFresh(&args.work[blockIdx.x].partial_row);
@@ -991,7 +1040,7 @@ __global__ void __launch_bounds__(SeesawTraits::kThreads, 1)
       }
     }
     if (wg == 0 && q4 == 0) {
-      const float lse2 = l_tot > 0.f ? m_run[h] + log2f(l_tot) : -INFINITY;
+      const float lse2 = SplitLse(m_run[h], l_tot);
       if (direct) {
         if (args.lse != nullptr) args.lse[out_row0 + r] = lse2 * 0.69314718055994531f;
       } else {
