@@ -5,6 +5,7 @@
 #include <system_error>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -21,7 +22,7 @@ namespace {
 
 // The RankFaultHook for EngineSpec::testing_fault ("" = none).
 absl::StatusOr<tp::RankFaultHook> FaultHook(const std::string& spec) {
-  if (spec.empty()) return tp::RankFaultHook();
+  if (spec.empty() || absl::StartsWith(spec, "load:")) return tp::RankFaultHook();
   int rank = 0;
   int64_t value = 0;
   std::vector<std::string> parts = absl::StrSplit(spec, absl::ByAnyChar(":@"));
@@ -38,8 +39,8 @@ absl::StatusOr<tp::RankFaultHook> FaultHook(const std::string& spec) {
       return absl::OkStatus();
     });
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--testing_fault: '", spec, "' is not fail:<rank>@<step> or slow:<ms>"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--testing_fault: '", spec, "' is not fail:<rank>@<step>, slow:<ms> or load:<ms>"));
 }
 
 // --model naming a checkpoint directory (not a preset, no source / weights / config set): the
@@ -47,7 +48,8 @@ absl::StatusOr<tp::RankFaultHook> FaultHook(const std::string& spec) {
 // headers, validated against the model's tensors; no weight data is read), logged, and handed
 // to the engine as its source. A truncated file or a missing / mis-shaped tensor fails here,
 // before serving, naming the file and the tensor. Anything else is left to the engine.
-absl::StatusOr<tp::EngineOptions> WithCheckpointSource(const tp::EngineOptions& in) {
+absl::StatusOr<tp::EngineOptions> WithCheckpointSource(const tp::EngineOptions& in,
+                                                       const tp::LoadProgressCallback& progress) {
   tp::EngineOptions o = in;
   if (o.source || o.weights || o.config) return o;
   if (tp::PresetConfig(o.model, o.preset_layers).status().code() != absl::StatusCode::kNotFound) {
@@ -68,6 +70,7 @@ absl::StatusOr<tp::EngineOptions> WithCheckpointSource(const tp::EngineOptions& 
       o.model, (*src)->num_files(), (*src)->mapped_bytes(),
       static_cast<double>((*src)->mapped_bytes()) / (1 << 30), (*src)->TensorNames().size(),
       absl::ToDoubleSeconds(absl::Now() - t0));
+  if (progress) (*src)->SetProgressCallback(progress);
   o.source = *std::move(src);
   return o;
 }
@@ -75,7 +78,15 @@ absl::StatusOr<tp::EngineOptions> WithCheckpointSource(const tp::EngineOptions& 
 absl::StatusOr<std::unique_ptr<tp::Engine>> CreateCpu(const EngineSpec& spec) {
   auto hook = FaultHook(spec.testing_fault);
   if (!hook.ok()) return hook.status();
-  absl::StatusOr<tp::EngineOptions> o = WithCheckpointSource(spec.engine);
+  if (absl::StartsWith(spec.testing_fault, "load:")) {
+    int64_t ms = 0;
+    if (!absl::SimpleAtoi(spec.testing_fault.substr(5), &ms) || ms < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--testing_fault: '", spec.testing_fault,
+                                                     "' is not load:<ms> (a slow model load)"));
+    }
+    absl::SleepFor(absl::Milliseconds(ms));
+  }
+  absl::StatusOr<tp::EngineOptions> o = WithCheckpointSource(spec.engine, spec.on_load_progress);
   if (!o.ok()) return o.status();
   if (*hook) o->fault_hook = *std::move(hook);
   return tp::CreateCpuEngine(*o);
@@ -92,7 +103,7 @@ absl::StatusOr<std::unique_ptr<tp::Engine>> CreateCuda(const EngineSpec& spec) {
   if (!(*module)->devices_available()) {
     return absl::UnavailableError("--backend cuda: no CUDA device is visible");
   }
-  absl::StatusOr<tp::EngineOptions> o = WithCheckpointSource(spec.engine);
+  absl::StatusOr<tp::EngineOptions> o = WithCheckpointSource(spec.engine, spec.on_load_progress);
   if (!o.ok()) return o.status();
   absl::StatusOr<std::unique_ptr<tp::Engine>> engine =
       absl::UnknownError("the CUDA engine module returned nothing");

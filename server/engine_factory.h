@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "tp/checkpoint_reader.h"
 #include "tp/engine.h"
 #include "tp/engine_options.h"
 
@@ -26,7 +27,11 @@ struct EngineSpec {
   // engine.fault_hook:
   //   "fail:<rank>@<step>"  rank fails at engine step <step> (0-based): engine failed
   //   "slow:<ms>"           every step, rank 0 first sleeps <ms> ms (calls stay in flight)
+  //   "load:<ms>"           the model load takes <ms> ms longer (listeners up, not serving)
   std::string testing_fault;
+  // Called as a checkpoint's tensors are read (tp/checkpoint_reader.h LoadProgress: shards,
+  // bytes, time), one call at a time, from the loading threads; unused for presets.
+  tp::LoadProgressCallback on_load_progress;
 };
 
 // InvalidArgument for a bad spec (naming the flag), Unavailable for a backend not built or

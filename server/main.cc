@@ -1,37 +1,51 @@
-// verifyd: the verify service's executable. Parses flags, builds the engine, starts the
-// server, and waits for SIGTERM/SIGINT (drain: health NOT_SERVING, in-flight requests
-// finish, exit 0) or an engine failure (exit 1). Logs one line per event with spdlog.
+// verifyd: the verify service's executable. Parses flags (a usage error exits 2 with one
+// line), opens the listeners (gRPC answering UNAVAILABLE "model loading", health NOT_SERVING,
+// /metrics with the load gauges), loads the model (progress logged, sent to systemd and
+// exported), then serves and waits for SIGTERM/SIGINT (drain: health NOT_SERVING, in-flight
+// requests finish, exit 0) or an engine failure (exit 1). A load failure exits 2. Logs one
+// line per event with spdlog.
 #include <signal.h>
 
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <thread>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/internal/parse.h"
 #include "absl/flags/internal/usage.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "server/engine_factory.h"
 #include "server/server.h"
+#include "server/startup_metrics.h"
 #include "server/systemd_notify.h"
 #include "spdlog/spdlog.h"
+#include "tp/checkpoint_reader.h"
+#include "tp/presets.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC listen address (host:port)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9400",
           "Prometheus /metrics listen address (loopback by default: a scraper on another host "
           "needs e.g. 0.0.0.0:9400, as the deploy files set); empty disables");
-ABSL_FLAG(std::string, model, "tiny", "model preset name or checkpoint directory");
+ABSL_FLAG(std::string, model, "tiny",
+          absl::StrCat("a preset name (", absl::StrJoin(verifyd::tp::PresetNames(), ", "),
+                       ") or a checkpoint directory (config.json + safetensors)"));
 ABSL_FLAG(uint64_t, seed, 0, "weight seed for presets");
 ABSL_FLAG(int64_t, preset_layers, 0,
           "decoder layers of a preset model (0: the preset's own count; e.g. kimi-k2-attn with "
@@ -89,11 +103,19 @@ ABSL_FLAG(std::string, health_listen, "",
 ABSL_FLAG(int, max_call_deadline_s, 120,
           "deadline given to calls without one (and to each VerifyStream message)");
 ABSL_FLAG(int, max_concurrent_streams, 128, "HTTP/2 streams per client connection");
+ABSL_FLAG(int, max_metadata_bytes, 16 << 10,
+          "largest metadata (headers) of one call; a call over it gets RESOURCE_EXHAUSTED and "
+          "the connection's other calls go on (a header block over 1 MiB fails its whole "
+          "connection: gRPC's own limit)");
 ABSL_FLAG(int, max_threads, 1024,
           "threads the gRPC server may hold for running calls and open VerifyStreams, all "
           "connections together; beyond it new calls get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, stall_timeout_s, 60,
+          "an engine step running longer than this turns health NOT_SERVING (API and "
+          "--health_listen ports) until it finishes, with or without systemd; 0 disables");
 ABSL_FLAG(std::string, testing_fault, "",
-          "tests only (cpu backend): fail:<rank>@<step> or slow:<ms> fault injection");
+          "tests only (cpu backend): fail:<rank>@<step>, slow:<ms> (every step) or load:<ms> "
+          "(a slower model load) fault injection");
 
 namespace {
 
@@ -111,6 +133,92 @@ void RequestStop(StopState* s, int code, const std::string& reason) {
   s->exit_code = code;
   s->reason = reason;
 }
+
+// Usage errors, found before Abseil's parser (which exits 1 after printing them): an unknown
+// flag, a flag without its value, a value its flag cannot parse, a positional argument. The
+// one-line message, or "" when the command line is fine.
+std::string UsageError(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") return "";
+    if (arg.size() < 2 || arg[0] != '-') {
+      return absl::StrCat("unexpected argument '", arg, "': every option is a --flag");
+    }
+    absl::string_view body = arg.substr(arg[1] == '-' ? 2 : 1);
+    const size_t eq = body.find('=');
+    const bool has_value = eq != absl::string_view::npos;
+    const absl::string_view name = body.substr(0, eq);
+    // Abseil's own flags (help, flag files): left to its parser.
+    if (name == "help" || name == "helpfull" || name == "helpshort" || name == "helppackage" ||
+        name == "helpmatch" || name == "helpon" || name == "version" || name == "only_check_args" ||
+        name == "flagfile" || name == "fromenv" || name == "tryfromenv" || name == "undefok") {
+      continue;
+    }
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && !has_value && absl::StartsWith(name, "no")) {
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) continue;  // --noflag
+    }
+    if (flag == nullptr) return absl::StrCat("unknown flag --", name);
+    std::string value;
+    if (has_value) {
+      value = std::string(body.substr(eq + 1));
+    } else if (flag->IsOfType<bool>()) {
+      continue;
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return absl::StrCat("--", name, ": missing value");
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) return absl::StrCat("--", name, ": ", error);
+  }
+  return "";
+}
+
+// Model-load progress to the log (every shard, or every 5 s), systemd (STATUS= and
+// EXTEND_TIMEOUT_USEC=, so a load that progresses does not hit TimeoutStartSec) and the
+// startup gauges. Called from the engine's loading threads, one call at a time.
+class LoadReporter {
+ public:
+  LoadReporter(verifyd::SystemdNotifier* systemd, verifyd::server::StartupMetrics* metrics)
+      : systemd_(systemd), metrics_(metrics) {}
+
+  void operator()(const verifyd::tp::LoadProgress& p) {
+    const double gb = static_cast<double>(p.bytes_read) / 1e9;
+    const double total_gb = static_cast<double>(p.bytes_total) / 1e9;
+    const double s = p.elapsed_s;
+    const double rate = s > 0 ? gb / s : 0.0;
+    last_ = p;
+    metrics_->SetProgress(p.bytes_read, p.bytes_total, s);
+    const std::string status = absl::StrFormat("loading %d/%d shards, %.1f/%.1f GB, %.2f GB/s",
+                                               p.files_done, p.files_total, gb, total_gb, rate);
+    (void)systemd_->NotifyStatus(status);
+    (void)systemd_->ExtendTimeout(kExtendBy);
+    const absl::Time now = absl::Now();
+    if (p.files_done != last_files_done_ || now - last_log_ >= absl::Seconds(5)) {
+      last_files_done_ = p.files_done;
+      last_log_ = now;
+      spdlog::info("model load: {}/{} shards, {:.2f}/{:.2f} GB, {:.2f} GB/s, {:.1f} s",
+                   p.files_done, p.files_total, gb, total_gb, rate, s);
+    }
+  }
+
+  // The load is over after `elapsed`: the gauges keep the last byte counts.
+  void Done(absl::Duration elapsed) {
+    metrics_->SetProgress(last_.bytes_read, last_.bytes_total, absl::ToDoubleSeconds(elapsed));
+  }
+
+ private:
+  // Each report extends the start-up timeout by this much: a load that stops reporting
+  // progress for longer fails the unit's start (TimeoutStartSec counts again).
+  static constexpr absl::Duration kExtendBy = absl::Seconds(120);
+  verifyd::SystemdNotifier* systemd_;
+  verifyd::server::StartupMetrics* metrics_;
+  verifyd::tp::LoadProgress last_;
+  int last_files_done_ = -1;
+  absl::Time last_log_ = absl::InfinitePast();
+};
 
 }  // namespace
 
@@ -132,6 +240,10 @@ int main(int argc, char** argv) {
       "speculative-decoding tree verification service\n"
       "  verifyd --model=PRESET|CHECKPOINT_DIR [--backend=auto|cuda|cpu] [--tp=N] [flags]\n"
       "(README: \"Run the server\"; every flag below, with its default)");
+  if (const std::string error = UsageError(argc, argv); !error.empty()) {
+    std::fprintf(stderr, "verifyd: %s (verifyd --help lists every flag)\n", error.c_str());
+    return 2;
+  }
   absl::flags_internal::ParseCommandLineImpl(
       argc, argv, absl::flags_internal::ArgvListAction::kRemoveParsedArgs,
       absl::flags_internal::UsageFlagsAction::kIgnoreUsage,
@@ -187,15 +299,6 @@ int main(int argc, char** argv) {
   spec.engine.cuda.expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
   spec.engine.cuda.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   spec.testing_fault = absl::GetFlag(FLAGS_testing_fault);
-  spdlog::info("loading model={} backend={} tp={} kv_slots={} kv_dtype={}", spec.engine.model,
-               spec.backend, spec.engine.tp, spec.engine.kv_slots,
-               verifyd::tp::KvDtypeName(spec.engine.kv_dtype));
-  auto engine = verifyd::server::CreateEngine(spec);
-  if (!engine.ok()) {
-    spdlog::critical("engine: {}", engine.status().ToString());
-    return 2;
-  }
-
   StopState stop;
   verifyd::server::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
@@ -215,36 +318,92 @@ int main(int argc, char** argv) {
   options.max_call_deadline = absl::Seconds(absl::GetFlag(FLAGS_max_call_deadline_s));
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.max_threads = absl::GetFlag(FLAGS_max_threads);
+  options.max_metadata_bytes = absl::GetFlag(FLAGS_max_metadata_bytes);
   options.on_engine_failure = [&stop] { RequestStop(&stop, 1, "engine failed"); };
-  auto server = verifyd::server::Server::BuildAndStart(options, *std::move(engine));
+  const int stall_timeout_s = absl::GetFlag(FLAGS_stall_timeout_s);
+  if (stall_timeout_s < 0) {
+    std::fprintf(stderr, "verifyd: --stall_timeout_s: must be >= 0 (0 disables)\n");
+    return 2;
+  }
+  // Listeners first: probes, scrapes and clients get answers (NOT_SERVING, the load gauges,
+  // UNAVAILABLE "model loading") while the model loads.
+  auto server = verifyd::server::Server::Start(options);
   if (!server.ok()) {
     spdlog::critical("server: {}", server.status().ToString());
     return 2;
   }
-  // systemd (Type=notify): READY once serving; the watchdog pings only while the engine
-  // makes progress (no step running longer than WatchdogSec, engine not failed).
+  verifyd::server::Server* srv = server->get();
+
+  // systemd (Type=notify): STATUS and EXTEND_TIMEOUT_USEC while loading, READY once serving;
+  // the watchdog pings while the engine makes progress (a load counts as progress; no step
+  // running longer than WatchdogSec, engine not failed).
   verifyd::SystemdNotifier systemd;  // no-op outside systemd
-  if (auto st = systemd.NotifyReady(absl::StrCat("serving port=", (*server)->port())); !st.ok()) {
-    spdlog::warn("systemd: {}", st.ToString());
-  }
   if (systemd.watchdog_timeout() > absl::ZeroDuration()) {
     spdlog::info("systemd watchdog: interval {} ms",
                  absl::ToInt64Milliseconds(systemd.watchdog_timeout()));
   }
-  verifyd::server::Server* srv = server->get();
   if (auto st = systemd.StartWatchdogOnHealth(
           [srv, limit = systemd.watchdog_timeout()] { return srv->engine_progressing(limit); });
       !st.ok()) {
     spdlog::warn("systemd watchdog: {}", st.ToString());
   }
+  // --stall_timeout_s: health NOT_SERVING while a step runs longer (a monitor of its own: it
+  // sends no watchdog pings).
+  verifyd::SystemdNotifier stall_monitor;
+  if (stall_timeout_s > 0) {
+    const absl::Duration bound = absl::Seconds(stall_timeout_s);
+    verifyd::SystemdNotifier::WatchdogOptions wo;
+    wo.stall_after = bound;
+    wo.ping_interval = std::min(bound / 4, absl::Seconds(1));
+    wo.send_pings = false;
+    wo.on_stall_change = [srv](bool stalled) { srv->SetStalled(stalled); };
+    if (auto st = stall_monitor.StartWatchdogOnHealth(
+            [srv, bound] { return srv->engine_progressing(bound); }, std::move(wo));
+        !st.ok()) {
+      spdlog::warn("--stall_timeout_s: {}", st.ToString());
+    }
+  }
 
+  // A signal during the load stops verifyd at once (nothing is served yet, nothing to drain).
+  static std::atomic<bool> loading{true};
   std::thread signals([&stop, sigs] {
     int sig = 0;
     if (sigwait(&sigs, &sig) == 0) {
+      if (loading.load()) {
+        spdlog::info("stopping: {} during the model load; exit code=0",
+                     sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        spdlog::default_logger()->flush();
+        std::_Exit(0);
+      }
       RequestStop(&stop, 0, sig == SIGTERM ? "SIGTERM" : "SIGINT");
     }
   });
   signals.detach();  // stays blocked in sigwait if the engine fails first
+
+  spdlog::info("loading model={} backend={} tp={} kv_slots={} kv_dtype={}", spec.engine.model,
+               spec.backend, spec.engine.tp, spec.engine.kv_slots,
+               verifyd::tp::KvDtypeName(spec.engine.kv_dtype));
+  (void)systemd.NotifyStatus(absl::StrCat("loading model ", spec.engine.model));
+  const absl::Time load_start = absl::Now();
+  LoadReporter reporter(&systemd, srv->startup_metrics());
+  spec.on_load_progress = [&reporter](const verifyd::tp::LoadProgress& p) { reporter(p); };
+  auto engine = verifyd::server::CreateEngine(spec);
+  if (!engine.ok()) {
+    spdlog::critical("engine: {}", engine.status().ToString());
+    loading = false;
+    return 2;
+  }
+  reporter.Done(absl::Now() - load_start);
+  if (auto st = srv->AttachEngine(*std::move(engine)); !st.ok()) {
+    spdlog::critical("engine: {}", st.ToString());
+    loading = false;
+    return 2;
+  }
+  loading = false;
+  spdlog::info("model loaded in {:.2f} s", absl::ToDoubleSeconds(absl::Now() - load_start));
+  if (auto st = systemd.NotifyReady(absl::StrCat("serving port=", srv->port())); !st.ok()) {
+    spdlog::warn("systemd: {}", st.ToString());
+  }
 
   int code = 0;
   {
@@ -253,8 +412,20 @@ int main(int argc, char** argv) {
     code = stop.exit_code;
     spdlog::info("stopping: {}", stop.reason);
   }
+  if (code != 0 && srv->engine_failed()) {
+    // Nothing left to drain: every call is answered UNAVAILABLE (the gate refuses them). Keep
+    // answering for the linger, then exit without gRPC's shutdown, which would answer calls
+    // arriving during it CANCELLED; the closed connections read as UNAVAILABLE to clients.
+    (void)systemd.NotifyStopping("engine failed");
+    spdlog::info("engine failed: answering UNAVAILABLE for {} ms, then exit code={}",
+                 absl::ToInt64Milliseconds(options.failure_linger), code);
+    absl::SleepFor(options.failure_linger);
+    spdlog::default_logger()->flush();
+    std::_Exit(code);
+  }
   (void)systemd.NotifyStopping("draining");
-  (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)));
+  srv->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)));
+  stall_monitor.StopWatchdog();
   systemd.StopWatchdog();
   spdlog::info("exit code={}", code);
   return code;

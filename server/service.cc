@@ -391,18 +391,24 @@ grpc::Status VerifyServiceImpl::Verify(grpc::ServerContext* ctx, const v1::Verif
                 absl::StrCat("items=", req->items_size(), " nodes=", nodes));
 }
 
-grpc::Status VerifyServiceImpl::VerifyStream(
-    grpc::ServerContext* ctx,
-    grpc::ServerReaderWriter<v1::VerifyResponse, v1::VerifyRequest>* stream) {
+template <typename ReadFn, typename WriteFn>
+grpc::Status VerifyServiceImpl::StreamLoop(grpc::ServerContext* ctx, ReadFn read, WriteFn write) {
   const uint64_t stream_id = next_request_id_++;
   const absl::Time stream_start = absl::Now();
   v1::VerifyRequest req;
   int64_t messages = 0;
-  while (stream->Read(&req)) {
+  for (;;) {
+    const StreamRead got = read(&req);
+    if (got == StreamRead::kEnd) break;
     const uint64_t id = next_request_id_++;
     const absl::Time start = absl::Now();
     v1::VerifyResponse resp;
-    absl::Status st = DoVerify(req, &resp, id, ctx);
+    absl::Status st =
+        got == StreamRead::kMalformed
+            ? absl::InvalidArgumentError(absl::StrCat(
+                  "VerifyStream message ", messages,
+                  " (0-based) does not parse as a verify.v1.VerifyRequest; the stream ends here"))
+            : DoVerify(req, &resp, id, ctx);
     ++messages;
     // Each message counts as one VerifyStream request in the metrics.
     grpc::Status g = Finish("VerifyStream", id, st, start,
@@ -413,11 +419,46 @@ grpc::Status VerifyServiceImpl::VerifyStream(
                    absl::ToDoubleSeconds(absl::Now() - stream_start));
       return g;
     }
-    if (!stream->Write(resp)) break;  // client went away
+    if (!write(resp)) break;  // client went away
   }
   spdlog::debug("stream={} ended code=OK messages={} s={:.3f}", stream_id, messages,
                 absl::ToDoubleSeconds(absl::Now() - stream_start));
   return grpc::Status::OK;
+}
+
+grpc::Status VerifyServiceImpl::VerifyStream(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<v1::VerifyResponse, v1::VerifyRequest>* stream) {
+  return StreamLoop(
+      ctx,
+      [stream](v1::VerifyRequest* req) {
+        return stream->Read(req) ? StreamRead::kMessage : StreamRead::kEnd;
+      },
+      [stream](const v1::VerifyResponse& resp) { return stream->Write(resp); });
+}
+
+grpc::Status VerifyServiceImpl::VerifyStreamRaw(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
+  return StreamLoop(
+      ctx,
+      [stream](v1::VerifyRequest* req) {
+        grpc::ByteBuffer buf;
+        if (!stream->Read(&buf)) return StreamRead::kEnd;
+        req->Clear();
+        return grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::VerifyRequest>(&buf, req).ok()
+                   ? StreamRead::kMessage
+                   : StreamRead::kMalformed;
+      },
+      [stream](const v1::VerifyResponse& resp) {
+        grpc::ByteBuffer buf;
+        bool own = false;
+        if (!grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::VerifyResponse>(resp, &buf, &own)
+                 .ok()) {
+          return false;
+        }
+        return stream->Write(buf);
+      });
 }
 
 }  // namespace verifyd::server

@@ -54,6 +54,13 @@ class VerifyServiceImpl final : public verify::v1::VerifyService::Service {
   grpc::Status VerifyStream(grpc::ServerContext* ctx,
                             grpc::ServerReaderWriter<verify::v1::VerifyResponse,
                                                      verify::v1::VerifyRequest>* stream) override;
+  // VerifyStream over undecoded messages (what the server registers, server/startup_gate.h):
+  // a message that does not parse as a VerifyRequest ends the stream with INVALID_ARGUMENT
+  // naming its position, where the typed stream's Read() would report it as the client's
+  // half-close and end with OK.
+  grpc::Status VerifyStreamRaw(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream);
   grpc::Status CloseSession(grpc::ServerContext* ctx, const verify::v1::CloseSessionRequest* req,
                             verify::v1::CloseSessionResponse* resp) override;
   grpc::Status TruncateSession(grpc::ServerContext* ctx,
@@ -87,6 +94,12 @@ class VerifyServiceImpl final : public verify::v1::VerifyService::Service {
                       verify::v1::ForkSessionResponse* resp);
   // Cancelled from the scheduler becomes DeadlineExceeded once `deadline` has passed.
   static absl::Status MapCancelled(const absl::Status& st, absl::Time deadline);
+
+  // The VerifyStream loop: `read` fills the request and returns kMessage, kEnd (half-close or
+  // the client went) or kMalformed; `write` sends a response (false: the client went).
+  enum class StreamRead { kMessage, kEnd, kMalformed };
+  template <typename ReadFn, typename WriteFn>
+  grpc::Status StreamLoop(grpc::ServerContext* ctx, ReadFn read, WriteFn write);
 
   grpc::Status Finish(const char* method, uint64_t request_id, const absl::Status& st,
                       absl::Time start, const std::string& detail);

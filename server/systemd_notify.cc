@@ -110,7 +110,7 @@ absl::Status SystemdNotifier::Start(StallCheck check, WatchdogOptions options) {
     return absl::InvalidArgumentError(
         "StartWatchdog: stall_after and ping_interval must not be negative");
   }
-  const bool ping = watchdog_timeout_ > absl::ZeroDuration();
+  const bool ping = options.send_pings && watchdog_timeout_ > absl::ZeroDuration();
   if (!ping && options.on_stall_change &&
       (options.stall_after <= absl::ZeroDuration() ||
        options.ping_interval <= absl::ZeroDuration())) {

@@ -61,6 +61,10 @@ class SystemdNotifier {
     // systemd watchdog (then stall_after and ping_interval must be given, and no pings are
     // sent).
     std::function<void(bool stalled)> on_stall_change;
+    // False: a monitor only (on_stall_change with its own stall_after / ping_interval), never
+    // WATCHDOG=1, even under a systemd watchdog; e.g. a second notifier that turns health
+    // NOT_SERVING on a bound other than WatchdogSec without feeding systemd's watchdog.
+    bool send_pings = true;
   };
 
   SystemdNotifier();

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -111,6 +112,60 @@ TEST(RelFaults, RankFailureMakesHealthNotServingAndInFlightCallsUnavailable) {
   EXPECT_EQ(t->client->Health().value_or(HealthStatus::kUnknown), HealthStatus::kNotServing);
   EXPECT_EQ(t->client->Open({1}).status().code(), absl::StatusCode::kUnavailable);
   faults.Release();
+}
+
+// After a rank failure verifyd exits 1: calls that arrive meanwhile are UNAVAILABLE, as
+// docs/RELIABILITY.md promises, never CANCELLED (what gRPC's own shutdown answers calls that
+// arrive during it): verifyd answers UNAVAILABLE for a second, then exits without gRPC's
+// shutdown (the closed connections are UNAVAILABLE to the clients).
+TEST(RelFaults, CallsAfterAFailureAreUnavailableUntilVerifydExits) {
+  rel::TempDir dir;
+  const int port = rel::FreePort();
+  const std::string log = dir.File("verifyd.log");
+  const pid_t pid = rel::Spawn(
+      {VERIFYD_BINARY, "--backend=cpu", "--model=tiny", "--tp=2", "--kv_slots=4096",
+       absl::StrCat("--listen=127.0.0.1:", port), "--metrics_listen=", "--testing_fault=fail:1@40"},
+      log);
+  const std::string target = absl::StrCat("127.0.0.1:", port);
+  VerifyClient c(target, absl::Seconds(30));
+  ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << Log(log);
+  auto s = c.Open({1, 2, 3});
+  ASSERT_TRUE(s.ok()) << s.status();
+  // Clients start new calls back to back, each on its own channel, until verifyd is gone.
+  constexpr int kClients = 4;
+  std::atomic<bool> stop{false};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  std::map<absl::StatusCode, int> codes;  // once a call has seen the failure
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      VerifyClient own(target, absl::Seconds(10));
+      while (!stop) {
+        const absl::Status st =
+            i % 2 == 0 ? own.GetInfo().status() : own.Verify(s->session_id, DraftTree{}).status();
+        if (!st.ok()) failed = true;
+        if (!failed) continue;
+        std::lock_guard<std::mutex> lock(mu);
+        ++codes[st.code()];
+      }
+    });
+  }
+  const int code = rel::WaitExit(pid, absl::Seconds(60));
+  absl::SleepFor(absl::Milliseconds(300));  // calls against the closed port
+  stop = true;
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(code, 1) << Log(log);
+  std::string seen;
+  int total = 0;
+  for (const auto& [k, n] : codes) {
+    seen += absl::StrCat(absl::StatusCodeToString(k), "=", n, " ");
+    total += n;
+  }
+  EXPECT_GT(codes[absl::StatusCode::kUnavailable], 0) << seen;
+  // GetInfo calls already past the gate when the engine failed may still answer OK.
+  EXPECT_EQ(codes[absl::StatusCode::kUnavailable] + codes[absl::StatusCode::kOk], total) << seen;
+  EXPECT_THAT(Log(log), ::testing::HasSubstr("answering UNAVAILABLE for 1000 ms, then exit"));
 }
 
 TEST(RelFaults, VerifydExitsNonZeroWhenARankFails) {

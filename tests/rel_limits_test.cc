@@ -297,6 +297,31 @@ TEST(RelLimits, ClientPingingTooOftenIsSentAway) {
   EXPECT_TRUE(f.t.client->GetInfo().ok());
 }
 
+// One call with a 200 KB metadata header fails alone (RESOURCE_EXHAUSTED), not the
+// connection: a VerifyStream open on the same channel keeps working, and so does the channel.
+TEST(RelLimits, HugeMetadataFailsOnlyItsOwnCall) {
+  Fixture f = Start();
+  auto s = f.t.client->Open({1, 2, 3});
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto stream = f.t.client->OpenStream();
+  verify::v1::VerifyRequest req;
+  req.add_items()->set_session_id(s->session_id);
+  ASSERT_TRUE(stream->RoundTrip(req).ok());
+  // The same channel (the client's), one call with a huge header.
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("x-padding", std::string(200 * 1024, 'a'));
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  verify::v1::GetInfoRequest info_req;
+  verify::v1::GetInfoResponse info;
+  auto stub = verify::v1::VerifyService::NewStub(f.t.client->channel());
+  const grpc::Status big = stub->GetInfo(&ctx, info_req, &info);
+  EXPECT_EQ(big.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << big.error_message();
+  auto again = stream->RoundTrip(req);
+  EXPECT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_TRUE(f.t.client->GetInfo().ok());
+}
+
 TEST(RelLimits, ErrorMessagesLeakNoInternals) {
   Fixture f = Start();
   auto s = f.t.client->Open({1, 2});

@@ -27,6 +27,7 @@ using client::DraftTree;
 using client::HealthStatus;
 using client::VerifyClient;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::ToyEngine;
 using testing::ToyEngineOptions;
 
@@ -631,6 +632,129 @@ TEST(ServerService, VerifyStreamRoundTripsAndEndsWithTheErrorStatus) {
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->results(0).bonus_token(), truth[have]);
   EXPECT_TRUE(stream2->Finish().ok());
+}
+
+// A raw bidi call of VerifyStream: messages as bytes, so a test can send what does not parse.
+std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> RawStream(
+    const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext* ctx) {
+  return std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          channel.get(),
+          grpc::internal::RpcMethod("/verify.v1.VerifyService/VerifyStream",
+                                    grpc::internal::RpcMethod::BIDI_STREAMING),
+          ctx));
+}
+
+grpc::ByteBuffer Bytes(const std::string& s) {
+  grpc::Slice slice(s);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+std::string Serialized(const verify::v1::VerifyRequest& req) { return req.SerializeAsString(); }
+
+// A stream message that does not parse as a VerifyRequest ends the stream with
+// INVALID_ARGUMENT naming it (gRPC's typed Read() reports it like the client's half-close: the
+// stream used to end OK, silently dropping the valid messages after it). Messages before it
+// are answered; a new stream works.
+TEST(ServerService, MalformedVerifyStreamMessageIsInvalidArgument) {
+  Fixture f = Start();
+  auto s = f.t.client->Open({11, 12, 13});
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto channel = grpc::CreateChannel(f.t.target, grpc::InsecureChannelCredentials());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto stream = RawStream(channel, &ctx);
+  verify::v1::VerifyRequest good;
+  good.add_items()->set_session_id(s->session_id);
+  ASSERT_TRUE(stream->Write(Bytes(Serialized(good))));
+  grpc::ByteBuffer reply;
+  ASSERT_TRUE(stream->Read(&reply));
+  // Field 1 (items), length-delimited, with a length running past the message's end.
+  ASSERT_TRUE(stream->Write(Bytes(std::string("\x0a\x7f\x01", 3))));
+  (void)stream->Write(Bytes(Serialized(good)));
+  (void)stream->WritesDone();
+  while (stream->Read(&reply)) {
+  }
+  const grpc::Status st = stream->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("VerifyStream message 1 (0-based) does not parse"));
+  // The session took one round only (the valid message after the bad one was not run).
+  auto stream2 = f.t.client->OpenStream();
+  auto ok = stream2->RoundTrip(good);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->results(0).committed_len(), 5);
+  EXPECT_TRUE(stream2->Finish().ok());
+}
+
+// Server::Start opens every listener before there is an engine: health NOT_SERVING on the API
+// and health ports, every call (VerifyStream included) UNAVAILABLE "model loading", /metrics
+// with the load gauges only; AttachEngine then serves. A bad engine leaves it loading.
+TEST(ServerStartup, ListenersAnswerBeforeTheEngineIsAttached) {
+  ServerOptions so;
+  so.listen = "127.0.0.1:0";
+  so.metrics_listen = "127.0.0.1:0";
+  so.health_listen = "127.0.0.1:0";
+  auto server = Server::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  Server& srv = **server;
+  client::VerifyClient api(absl::StrCat("127.0.0.1:", srv.port()), absl::Seconds(5));
+  client::VerifyClient probe(absl::StrCat("127.0.0.1:", srv.health_port()), absl::Seconds(5));
+  EXPECT_EQ(api.Health().value_or(client::HealthStatus::kUnknown),
+            client::HealthStatus::kNotServing);
+  EXPECT_EQ(probe.Health().value_or(client::HealthStatus::kUnknown),
+            client::HealthStatus::kNotServing);
+  ExpectCode(api.GetInfo().status(), absl::StatusCode::kUnavailable, "model loading");
+  ExpectCode(api.Open({1, 2}).status(), absl::StatusCode::kUnavailable, "model loading");
+  ExpectCode(api.Verify("s", DraftTree{}).status(), absl::StatusCode::kUnavailable,
+             "model loading");
+  ExpectCode(api.Close("s"), absl::StatusCode::kUnavailable, "model loading");
+  verify::v1::VerifyRequest req;
+  req.add_items()->set_session_id("s");
+  ExpectCode(api.OpenStream()->RoundTrip(req).status(), absl::StatusCode::kUnavailable,
+             "model loading");
+  std::string page = testing::HttpGet(srv.metrics_port(), "/metrics").value_or("");
+  EXPECT_THAT(page, HasSubstr("verifyd_model_loaded 0"));
+  EXPECT_THAT(page, Not(HasSubstr("verifyd_active_sessions")));
+  EXPECT_FALSE(srv.engine_attached());
+  EXPECT_TRUE(srv.engine_progressing(absl::ZeroDuration()));  // loading is not a stall
+  EXPECT_EQ(srv.kv_slots_used(), 0);
+
+  ExpectCode(srv.AttachEngine(nullptr), absl::StatusCode::kInvalidArgument, "engine");
+  ExpectCode(api.GetInfo().status(), absl::StatusCode::kUnavailable, "model loading");
+
+  ASSERT_TRUE(srv.AttachEngine(std::make_unique<ToyEngine>(ToyEngineOptions{})).ok());
+  EXPECT_EQ(api.Health().value_or(client::HealthStatus::kUnknown), client::HealthStatus::kServing);
+  EXPECT_EQ(probe.Health().value_or(client::HealthStatus::kUnknown),
+            client::HealthStatus::kServing);
+  auto s = api.Open({1, 2});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(api.Verify(s->session_id, DraftTree{}).ok());
+  page = testing::HttpGet(srv.metrics_port(), "/metrics").value_or("");
+  EXPECT_THAT(page, HasSubstr("verifyd_model_loaded 1"));
+  EXPECT_THAT(page, HasSubstr("verifyd_active_sessions 1"));
+  ExpectCode(srv.AttachEngine(std::make_unique<ToyEngine>(ToyEngineOptions{})),
+             absl::StatusCode::kFailedPrecondition, "engine");
+  // A stall (judged by the caller) turns health NOT_SERVING, and back.
+  srv.SetStalled(true);
+  EXPECT_EQ(probe.Health().value_or(client::HealthStatus::kUnknown),
+            client::HealthStatus::kNotServing);
+  EXPECT_TRUE(api.Verify(s->session_id, DraftTree{}).ok());
+  srv.SetStalled(false);
+  EXPECT_EQ(probe.Health().value_or(client::HealthStatus::kUnknown),
+            client::HealthStatus::kServing);
+  srv.Shutdown(absl::Seconds(5));
+}
+
+// Shut down before an engine came: no thread to join, the listeners close.
+TEST(ServerStartup, ShutdownWhileLoading) {
+  ServerOptions so;
+  so.listen = "127.0.0.1:0";
+  so.metrics_listen = "";
+  auto server = Server::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  (*server)->Shutdown(absl::Seconds(1));
+  ExpectCode((*server)->AttachEngine(std::make_unique<ToyEngine>(ToyEngineOptions{})),
+             absl::StatusCode::kFailedPrecondition, "shut down");
 }
 
 TEST(ServerService, MetricsEndpointServesEveryMetric) {

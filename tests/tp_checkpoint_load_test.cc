@@ -231,6 +231,42 @@ TEST(CheckpointLoad, DirectorySourceAndHostWeightsGiveIdenticalLogits) {
   fs::remove_all(fs::path(dir).parent_path());
 }
 
+// Load progress: a TP 2 engine loading a 4-shard checkpoint through the source reports every
+// shard done, in order, with the bytes of the model's tensors, ending at all of them.
+TEST(CheckpointLoad, ProgressReportsEveryShardAndEveryModelByte) {
+  const std::string dir = TempDir("progress") + "/tiny-ckpt";
+  ASSERT_TRUE(WritePresetToDirectory("tiny", 5, dir, /*max_shard_bytes=*/200000).ok());
+  absl::StatusOr<std::unique_ptr<CheckpointWeightSource>> opened =
+      CheckpointWeightSource::Open(dir);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::vector<LoadProgress> reports;
+  (*opened)->SetProgressCallback([&](const LoadProgress& p) { reports.push_back(p); });
+  const LoadProgress before = (*opened)->progress();
+  EXPECT_EQ(before.files_total, (*opened)->num_files());
+  EXPECT_GE(before.files_total, 2);
+  EXPECT_EQ(before.bytes_read, 0u);
+  uint64_t model_bytes = 0;
+  for (const TensorSpec& spec : ModelTensorSpecs((*opened)->config())) {
+    model_bytes += static_cast<uint64_t>(Numel(spec.shape)) * 2;  // bf16
+  }
+  EXPECT_EQ(before.bytes_total, model_bytes);
+  std::shared_ptr<const WeightSource> source = *std::move(opened);
+  EngineOptions o = Options(2);
+  o.source = source;
+  absl::StatusOr<std::unique_ptr<CpuEngine>> e = CpuEngine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_GE(reports.size(), static_cast<size_t>(before.files_total - before.files_done));
+  for (size_t i = 1; i < reports.size(); ++i) {
+    EXPECT_GE(reports[i].files_done, reports[i - 1].files_done);
+    EXPECT_GT(reports[i].bytes_read, reports[i - 1].bytes_read);
+  }
+  const LoadProgress& last = reports.back();
+  EXPECT_EQ(last.files_done, last.files_total);
+  EXPECT_EQ(last.bytes_read, model_bytes);
+  EXPECT_GE(last.elapsed_s, 0.0);
+  fs::remove_all(fs::path(dir).parent_path());
+}
+
 // The tensor whose data ends last in a safetensors file (the one a truncation cuts).
 std::string LastTensor(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -10,10 +10,12 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -103,6 +105,24 @@ struct CheckpointWeightSource::Entry {
   int64_t scale = -1;                      // FP8: index of `<name>_scale_inv` in entries_
   int64_t block_rows = 0, block_cols = 0;  // FP8: rows / cols per scale
   absl::Status status;                     // why the tensor cannot be served (OK: servable)
+};
+
+struct CheckpointWeightSource::Progress {
+  using Clock = std::chrono::steady_clock;
+  LoadProgressCallback callback;
+  Clock::time_point start;
+  std::vector<uint8_t> model;              // per entry: a model tensor (or its scale)
+  std::vector<uint64_t> file_model_bytes;  // per file
+  std::mutex mu;                           // guards the members below
+  std::vector<uint8_t> counted;            // per entry: read at least once
+  std::vector<uint64_t> file_read_bytes;   // per file
+  LoadProgress now;
+  Clock::time_point last_report;
+  bool reported = false;
+
+  double Seconds(Clock::time_point t) const {
+    return std::chrono::duration<double>(t - start).count();
+  }
 };
 
 CheckpointWeightSource::CheckpointWeightSource() = default;
@@ -396,6 +416,80 @@ uint64_t CheckpointWeightSource::mapped_bytes() const {
   return n;
 }
 
+void CheckpointWeightSource::SetProgressCallback(LoadProgressCallback callback) {
+  auto p = std::make_unique<Progress>();
+  p->callback = std::move(callback);
+  p->start = Progress::Clock::now();
+  p->model.assign(entries_.size(), 0);
+  bool any = false;
+  for (const TensorSpec& spec : ModelTensorSpecs(config_)) {
+    auto it = by_name_.find(spec.name);
+    if (it == by_name_.end()) continue;
+    any = true;
+    p->model[it->second] = 1;
+    const Entry& e = entries_[it->second];
+    if (e.scale >= 0) p->model[static_cast<size_t>(e.scale)] = 1;
+  }
+  if (!any) p->model.assign(entries_.size(), 1);
+  p->file_model_bytes.assign(files_.size(), 0);
+  uint64_t total = 0;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (!p->model[i]) continue;
+    const uint64_t bytes = entries_[i].end - entries_[i].begin;
+    p->file_model_bytes[static_cast<size_t>(entries_[i].file)] += bytes;
+    total += bytes;
+  }
+  std::lock_guard<std::mutex> lock(p->mu);
+  p->counted.assign(entries_.size(), 0);
+  p->file_read_bytes.assign(files_.size(), 0);
+  p->now.files_total = static_cast<int>(files_.size());
+  p->now.files_done = static_cast<int>(
+      std::count(p->file_model_bytes.begin(), p->file_model_bytes.end(), uint64_t{0}));
+  p->now.bytes_total = total;
+  progress_ = std::move(p);
+}
+
+LoadProgress CheckpointWeightSource::progress() const {
+  if (!progress_) return LoadProgress();
+  std::lock_guard<std::mutex> lock(progress_->mu);
+  LoadProgress now = progress_->now;
+  now.elapsed_s = progress_->Seconds(Progress::Clock::now());
+  return now;
+}
+
+void CheckpointWeightSource::MarkRead(const Entry& e) const {
+  if (!progress_) return;
+  Progress& p = *progress_;
+  std::lock_guard<std::mutex> lock(p.mu);
+  bool shard_done = false;
+  bool counted_any = false;
+  auto count = [&](size_t i) {
+    if (p.counted[i]) return;
+    p.counted[i] = 1;
+    if (!p.model[i]) return;
+    counted_any = true;
+    const Entry& x = entries_[i];
+    const uint64_t bytes = x.end - x.begin;
+    const size_t f = static_cast<size_t>(x.file);
+    p.now.bytes_read += bytes;
+    p.file_read_bytes[f] += bytes;
+    if (p.file_read_bytes[f] == p.file_model_bytes[f]) {
+      ++p.now.files_done;
+      shard_done = true;
+    }
+  };
+  count(static_cast<size_t>(&e - entries_.data()));
+  if (e.scale >= 0) count(static_cast<size_t>(e.scale));
+  if (!counted_any) return;
+  const Progress::Clock::time_point now = Progress::Clock::now();
+  if (!shard_done && p.reported && now - p.last_report < std::chrono::seconds(1)) return;
+  p.reported = true;
+  p.last_report = now;
+  LoadProgress report = p.now;
+  report.elapsed_s = p.Seconds(now);
+  p.callback(report);
+}
+
 float CheckpointWeightSource::ScaleAt(const Entry& s, int64_t r, int64_t c) const {
   const MappedFile& f = *files_[s.file];
   const uint8_t* p = f.base + f.data_begin + s.begin + (r * s.view.cols + c) * s.elem;
@@ -449,6 +543,7 @@ absl::Status CheckpointWeightSource::ReadBlock(const std::string& name, int64_t 
   VERIFYD_ASSIGN_OR_RETURN(const Entry* e, Find(name));
   VERIFYD_RETURN_IF_ERROR(CheckBlock(absl::StrCat(files_[e->file]->path, ": tensor '", name, "'"),
                                      e->shape, row0, rows, col0, cols));
+  MarkRead(*e);
   if (rows == 0 || cols == 0) return absl::OkStatus();
   for (int64_t r = 0; r < rows; ++r) DecodeRow(*e, row0 + r, col0, cols, dst + r * cols);
   return absl::OkStatus();
@@ -460,6 +555,7 @@ absl::Status CheckpointWeightSource::ReadBlockBf16(const std::string& name, int6
   VERIFYD_ASSIGN_OR_RETURN(const Entry* e, Find(name));
   VERIFYD_RETURN_IF_ERROR(CheckBlock(absl::StrCat(files_[e->file]->path, ": tensor '", name, "'"),
                                      e->shape, row0, rows, col0, cols));
+  MarkRead(*e);
   if (rows == 0 || cols == 0) return absl::OkStatus();
   if (e->type == StoredType::kBF16) {  // the stored bits, unchanged
     const MappedFile& f = *files_[e->file];
@@ -491,6 +587,7 @@ absl::Status CheckpointWeightSource::ReadBlockFp8(const std::string& name, int64
     return absl::UnimplementedError(absl::StrCat(where, " is stored as ", e->dtype, ", not FP8"));
   }
   VERIFYD_RETURN_IF_ERROR(CheckBlock(where, e->shape, row0, rows, col0, cols));
+  MarkRead(*e);
   // rows may end in a partial block only at the tensor's last row (kv_a_proj_with_mqa's 576).
   const bool rows_ok = rows % 128 == 0 || row0 + rows == e->shape[0];
   if (e->block_rows != 128 || e->block_cols != 128 || row0 % 128 != 0 || !rows_ok ||

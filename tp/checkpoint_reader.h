@@ -52,11 +52,18 @@
 // A file truncated or rewritten while mapped makes reads of the lost pages fault (SIGBUS):
 // checkpoints must not change while a source is open.
 //
-// Thread-safety: immutable after Open; every const method may be called concurrently. The
-// mappings live as long as the object.
+// Load progress: SetProgressCallback() (before the engine reads) makes the reads report
+// LoadProgress: a tensor counts as read, with all its stored bytes (and its FP8 scale's), from
+// the first read of any block of it; a shard (file) is done once every model tensor in it has
+// been read (a file without model tensors, e.g. MTP layers only, is done from the start).
+//
+// Thread-safety: immutable after Open but for the progress counters (under their own mutex);
+// every const method may be called concurrently. SetProgressCallback() must not race with
+// reads. The mappings live as long as the object.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -69,6 +76,16 @@
 #include "tp/weight_source.h"
 
 namespace verifyd::tp {
+
+// How far a load through a CheckpointWeightSource has come (see SetProgressCallback).
+struct LoadProgress {
+  int files_done = 0;        // shards whose model tensors have all been read
+  int files_total = 0;       // shards (safetensors files) of the checkpoint
+  uint64_t bytes_read = 0;   // stored bytes of the model tensors read so far
+  uint64_t bytes_total = 0;  // stored bytes of the model's tensors (FP8 scales included)
+  double elapsed_s = 0;      // seconds since SetProgressCallback
+};
+using LoadProgressCallback = std::function<void(const LoadProgress&)>;
 
 struct CheckpointOpenOptions {
   // Use this config instead of parsing dir/config.json (tests; tools that read one file).
@@ -107,9 +124,20 @@ class CheckpointWeightSource final : public WeightSource {
   int num_files() const { return static_cast<int>(files_.size()); }
   uint64_t mapped_bytes() const;
 
+  // Reports load progress to `callback` from the reading threads, one call at a time: when a
+  // shard is done, and otherwise at most once a second while tensors are read. The model
+  // tensors are those of ModelTensorSpecs(config()) (every tensor when none of them is
+  // present). The clock starts here. Call before any read.
+  void SetProgressCallback(LoadProgressCallback callback);
+  LoadProgress progress() const;  // the counters now (zero without a callback)
+
  private:
   struct MappedFile;
   struct Entry;
+  struct Progress;
+
+  // Counts a first read of `e` (and of its FP8 scale) into the progress, and reports.
+  void MarkRead(const Entry& e) const;
 
   CheckpointWeightSource();
   absl::Status AddFile(const std::string& path);
@@ -124,6 +152,7 @@ class CheckpointWeightSource final : public WeightSource {
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::vector<Entry> entries_;
   std::unordered_map<std::string, size_t> by_name_;
+  std::unique_ptr<Progress> progress_;  // null: no progress reporting
 };
 
 }  // namespace verifyd::tp
