@@ -308,4 +308,31 @@ TEST(SystemdNotifier, StallCallbackRunsWithoutSystemd) {
 }
 
 }  // namespace
+// send_pings = false under a systemd watchdog: a monitor only (on_stall_change, its own
+// bound), never WATCHDOG=1, so it cannot keep systemd's watchdog fed while another notifier's
+// check says the engine is stuck.
+TEST(SystemdNotifier, MonitorWithoutPingsUnderSystemd) {
+  FakeSystemd sd;
+  sd.EnableWatchdog(300000, getpid());
+  SystemdNotifier n;
+  std::atomic<bool> healthy{true};
+  std::atomic<int> stalls{0};
+  SystemdNotifier::WatchdogOptions opt;
+  opt.send_pings = false;
+  // Neither pings nor a callback: nothing to do (OK, no thread, nothing sent).
+  EXPECT_TRUE(n.StartWatchdogOnHealth([&] { return healthy.load(); }, opt).ok());
+  EXPECT_TRUE(sd.Collect(100).empty());
+  opt.stall_after = absl::Milliseconds(50);
+  opt.ping_interval = absl::Milliseconds(20);
+  opt.on_stall_change = [&](bool stalled) { stalls += stalled ? 1 : 0; };
+  ASSERT_TRUE(n.StartWatchdogOnHealth([&] { return healthy.load(); }, opt).ok());
+  EXPECT_EQ(Count(sd.Collect(200), "WATCHDOG=1"), 0);
+  healthy = false;
+  const auto msgs = sd.Collect(200);
+  EXPECT_EQ(Count(msgs, "WATCHDOG=1"), 0);
+  EXPECT_EQ(stalls.load(), 1);
+  n.StopWatchdog();
+  EXPECT_EQ(n.pings_sent(), 0u);
+}
+
 }  // namespace verifyd
