@@ -46,6 +46,8 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9400",
 ABSL_FLAG(std::string, model, "tiny",
           absl::StrCat("a preset name (", absl::StrJoin(verifyd::tp::PresetNames(), ", "),
                        ") or a checkpoint directory (config.json + safetensors)"));
+ABSL_FLAG(std::string, served_model_name, "",
+          "the model_name label of every metric series (vLLM's label); empty: the --model value");
 ABSL_FLAG(uint64_t, seed, 0, "weight seed for presets");
 ABSL_FLAG(int64_t, preset_layers, 0,
           "decoder layers of a preset model (0: the preset's own count; e.g. kimi-k2-attn with "
@@ -302,6 +304,9 @@ int main(int argc, char** argv) {
   StopState stop;
   verifyd::server::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.served_model_name = absl::GetFlag(FLAGS_served_model_name).empty()
+                                  ? absl::GetFlag(FLAGS_model)
+                                  : absl::GetFlag(FLAGS_served_model_name);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.max_batch = absl::GetFlag(FLAGS_max_batch);
   options.max_queue = absl::GetFlag(FLAGS_max_queue);

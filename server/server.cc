@@ -92,7 +92,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   s->options_ = options;
   s->security_ = *std::move(security);
   s->gate_ = std::make_unique<GateService>(options.max_metadata_bytes);
-  s->startup_metrics_ = std::make_unique<StartupMetrics>();
+  s->startup_metrics_ = std::make_unique<StartupMetrics>(options.served_model_name);
 
   if (!options.metrics_listen.empty()) {
     try {
@@ -176,7 +176,8 @@ absl::Status Server::AttachEngine(std::unique_ptr<tp::Engine> engine) {
   limits.hidden_size = eng->config().hidden_size;
   limits.max_response_bytes = options.max_message_bytes;
 
-  metrics_ = std::make_unique<Metrics>(eng->tp_size(), options.version, eng->backend());
+  metrics_ = std::make_unique<Metrics>(eng->tp_size(), options.version, eng->backend(),
+                                       options.served_model_name);
   slots_ = std::make_unique<SlotAllocator>(eng->kv_slots());
   sessions_ =
       std::make_unique<SessionManager>(slots_.get(), options.max_sessions, options.session_ttl);

@@ -96,7 +96,10 @@ struct ServerOptions {
   absl::Duration keepalive_time = absl::Minutes(2);
   absl::Duration keepalive_timeout = absl::Seconds(20);
   absl::Duration min_client_ping_interval = absl::Seconds(10);
-  std::string version = "0.1.0";
+  std::string version = VERIFYD_VERSION;  // CMakeLists.txt project(VERSION)
+  // The model_name label of every metric series (vLLM's label): verifyd's --served_model_name,
+  // by default its --model value; "" leaves the series unlabelled (tests).
+  std::string served_model_name;
   std::function<void()> on_engine_failure;  // runs once, on the engine thread
   // After an engine failure, Shutdown() keeps answering new calls UNAVAILABLE for this long
   // before gRPC stops accepting them (calls arriving during gRPC's own shutdown would be

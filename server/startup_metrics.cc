@@ -6,21 +6,25 @@
 namespace verifyd::server {
 namespace {
 
-prometheus::Gauge* AddGauge(prometheus::Registry& reg, const char* name, const char* help) {
-  return &prometheus::BuildGauge().Name(name).Help(help).Register(reg).Add({});
+prometheus::Gauge* AddGauge(prometheus::Registry& reg, const std::string& model_name,
+                            const char* name, const char* help) {
+  auto builder = prometheus::BuildGauge().Name(name).Help(help);
+  if (!model_name.empty()) builder.Labels({{"model_name", model_name}});
+  return &builder.Register(reg).Add({});
 }
 
 }  // namespace
 
-StartupMetrics::StartupMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
+StartupMetrics::StartupMetrics(const std::string& model_name)
+    : registry_(std::make_shared<prometheus::Registry>()) {
   auto& reg = *registry_;
-  bytes_ = AddGauge(reg, "verifyd_model_load_bytes",
+  bytes_ = AddGauge(reg, model_name, "verifyd_model_load_bytes",
                     "Bytes of the checkpoint's model tensors read so far by the model load");
-  total_bytes_ = AddGauge(reg, "verifyd_model_load_total_bytes",
+  total_bytes_ = AddGauge(reg, model_name, "verifyd_model_load_total_bytes",
                           "Bytes of the checkpoint's model tensors (0 for a preset model)");
-  seconds_ = AddGauge(reg, "verifyd_model_load_seconds",
+  seconds_ = AddGauge(reg, model_name, "verifyd_model_load_seconds",
                       "Seconds since the model load began; frozen at its duration once loaded");
-  loaded_ = AddGauge(reg, "verifyd_model_loaded",
+  loaded_ = AddGauge(reg, model_name, "verifyd_model_loaded",
                      "1 once the model is loaded and verifyd serves, 0 while it loads");
 }
 

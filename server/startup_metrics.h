@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace prometheus {
 class Gauge;
@@ -21,7 +22,8 @@ namespace verifyd::server {
 
 class StartupMetrics {
  public:
-  StartupMetrics();
+  // model_name: the label of every series (ServerOptions::served_model_name); "" none.
+  explicit StartupMetrics(const std::string& model_name = "");
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
   void SetProgress(uint64_t bytes, uint64_t total_bytes, double seconds);

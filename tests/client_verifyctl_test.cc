@@ -30,16 +30,10 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using ::verifyd::test::ReadFile;
 
 std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(dir ? dir : "/tmp", "/verifyctl_test_", ::getpid(), "_", name);
+  return verifyd::test::TempPath("verifyctl_test", name);
 }
 
 // Runs verifyctl with `args`; (exit code, stdout, stderr).

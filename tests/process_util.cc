@@ -8,6 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
 namespace verifyd::test {
@@ -52,6 +60,42 @@ int WaitExit(pid_t pid, absl::Duration timeout) {
   }
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string TempPath(const std::string& prefix, const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(dir ? dir : "/tmp", "/", prefix, "_", ::getpid(), "_", name);
+}
+
+std::string WithoutModelName(absl::string_view series) {
+  std::string s(series);
+  const size_t at = s.find("model_name=\"");
+  if (at == std::string::npos) return s;
+  const size_t close = s.find('"', at + 12);
+  if (close == std::string::npos) return s;
+  size_t end = close + 1;
+  if (end < s.size() && s[end] == ',') ++end;
+  s.erase(at, end - at);
+  if (at > 0 && s[at - 1] == ',' && at < s.size() && s[at] == '}') s.erase(at - 1, 1);
+  const size_t empty = s.find("{}");
+  if (empty != std::string::npos) s.erase(empty, 2);
+  return s;
+}
+
+double MetricValue(const std::string& page, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(page, '\n')) {
+    std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
+    double v = 0;
+    if (f.size() == 2 && WithoutModelName(f[0]) == series && absl::SimpleAtod(f[1], &v)) return v;
+  }
   return -1;
 }
 

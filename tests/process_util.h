@@ -1,5 +1,6 @@
 // Child processes for tests that run the real verifyd / verifyctl binaries: a free loopback
-// port, spawning with output to a log file, and waiting with a timeout.
+// port, spawning with output to a log file, waiting with a timeout, their files (temporary
+// paths, whole-file reads) and their Prometheus pages.
 // Thread-safety: reentrant free functions.
 #pragma once
 
@@ -9,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace verifyd::test {
@@ -23,5 +25,19 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log_path,
 
 // Waits up to `timeout`; the exit code, or -1 on timeout (then SIGKILLed) or a signal.
 int WaitExit(pid_t pid, absl::Duration timeout);
+
+// The whole file ("" when unreadable).
+std::string ReadFile(const std::string& path);
+
+// $TEST_TMPDIR (or /tmp) / <prefix>_<pid>_<name>: per process, so parallel tests do not meet.
+std::string TempPath(const std::string& prefix, const std::string& name);
+
+// A series name without its model_name label (verifyd labels every series with the served
+// model name): `a{model_name="m",b="c"}` -> `a{b="c"}`, `a{model_name="m"}` -> `a`.
+std::string WithoutModelName(absl::string_view series);
+
+// The value of the sample `series value` in a Prometheus text page, the series' model_name
+// label ignored (`series` is written without it); -1 if absent.
+double MetricValue(const std::string& page, const std::string& series);
 
 }  // namespace verifyd::test

@@ -175,12 +175,7 @@ int64_t RssKib(pid_t pid) {
 }
 
 double Metric(const std::string& page, const std::string& name) {
-  for (absl::string_view line : absl::StrSplit(page, '\n')) {
-    std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
-    double v = 0;
-    if (f.size() == 2 && f[0] == name && absl::SimpleAtod(f[1], &v)) return v;
-  }
-  return -1;
+  return test::MetricValue(page, name);
 }
 
 }  // namespace verifyd::rel

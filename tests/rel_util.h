@@ -68,7 +68,8 @@ using ::verifyd::test::WaitExit;
 // VmRSS of `pid` (0 = this process) from /proc/<pid>/status, in KiB; -1 when unreadable.
 int64_t RssKib(pid_t pid = 0);
 
-// The value of an unlabelled metric line "name value" in a Prometheus text page; -1 if absent.
+// The value of the metric line "name value" in a Prometheus text page (its model_name label
+// ignored); -1 if absent.
 double Metric(const std::string& page, const std::string& name);
 
 }  // namespace verifyd::rel

@@ -40,16 +40,11 @@ using ::verifyd::test::FreePort;
 using ::verifyd::test::Spawn;
 using ::verifyd::test::WaitExit;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using ::verifyd::test::MetricValue;
+using ::verifyd::test::ReadFile;
 
 std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(dir ? dir : "/tmp", "/verifyd_main_test_", ::getpid(), "_", name);
+  return verifyd::test::TempPath("verifyd_main_test", name);
 }
 
 // Runs a command, returns (exit code, stdout+stderr).
@@ -71,16 +66,6 @@ bool WaitServing(verifyd::client::VerifyClient& c, absl::Duration timeout) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   return false;
-}
-
-// The value of an unlabelled sample "name value" in a Prometheus text page; -1 if absent.
-double MetricValue(const std::string& page, const std::string& name) {
-  std::istringstream in(page);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  }
-  return -1;
 }
 
 std::string Page(int port) {
@@ -119,11 +104,12 @@ TEST(VerifydMain, ListenersAnswerWhileTheModelLoads) {
   const int health_port = FreePort();
   const int metrics_port = FreePort();
   const std::string log = TempPath("loading.log");
-  const pid_t pid = Spawn({VERIFYD_BINARY, "--backend=cpu", "--kv_slots=4096",
-                           "--testing_fault=load:4000", absl::StrCat("--listen=127.0.0.1:", port),
-                           absl::StrCat("--health_listen=127.0.0.1:", health_port),
-                           absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)},
-                          log);
+  const pid_t pid =
+      Spawn({VERIFYD_BINARY, "--backend=cpu", "--kv_slots=4096", "--testing_fault=load:4000",
+             "--served_model_name=kimi-test", absl::StrCat("--listen=127.0.0.1:", port),
+             absl::StrCat("--health_listen=127.0.0.1:", health_port),
+             absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)},
+            log);
   ASSERT_GT(pid, 0);
   verifyd::client::VerifyClient api(absl::StrCat("127.0.0.1:", port), absl::Seconds(2));
   verifyd::client::VerifyClient probe(absl::StrCat("127.0.0.1:", health_port), absl::Seconds(2));
@@ -146,6 +132,7 @@ TEST(VerifydMain, ListenersAnswerWhileTheModelLoads) {
   EXPECT_EQ(open.status().code(), absl::StatusCode::kUnavailable) << open.status();
   const std::string loading_page = Page(metrics_port);
   EXPECT_EQ(MetricValue(loading_page, "verifyd_model_loaded"), 0) << loading_page;
+  EXPECT_THAT(loading_page, HasSubstr("verifyd_model_loaded{model_name=\"kimi-test\"} 0"));
   EXPECT_EQ(MetricValue(loading_page, "verifyd_active_sessions"), -1) << "engine metrics later";
   EXPECT_THAT(ReadFile(log), ::testing::Not(HasSubstr("serving listen=")));
 
@@ -157,6 +144,7 @@ TEST(VerifydMain, ListenersAnswerWhileTheModelLoads) {
   const std::string page = Page(metrics_port);
   EXPECT_EQ(MetricValue(page, "verifyd_model_loaded"), 1) << page;
   EXPECT_EQ(MetricValue(page, "verifyd_active_sessions"), 1) << page;
+  EXPECT_THAT(page, HasSubstr("verifyd_active_sessions{model_name=\"kimi-test\"} 1"));
   EXPECT_GE(MetricValue(page, "verifyd_model_load_seconds"), 4.0) << page;
   ASSERT_EQ(::kill(pid, SIGTERM), 0);
   EXPECT_EQ(WaitExit(pid, absl::Seconds(30)), 0) << ReadFile(log);
@@ -341,6 +329,9 @@ TEST(VerifydMain, CheckpointLoadReportsProgress) {
   EXPECT_GT(total, 100000) << page;
   EXPECT_EQ(MetricValue(page, "verifyd_model_load_bytes"), total) << page;
   EXPECT_EQ(MetricValue(page, "verifyd_model_loaded"), 1) << page;
+  // Every series is labelled with the served model name: by default the --model value.
+  EXPECT_THAT(page, HasSubstr(absl::StrCat("verifyd_model_loaded{model_name=\"", dir, "\"} 1")));
+  EXPECT_THAT(page, HasSubstr(absl::StrCat("verifyd_requests_total{model_name=\"", dir, "\",")));
   ASSERT_EQ(::kill(pid, SIGTERM), 0);
   EXPECT_EQ(WaitExit(pid, absl::Seconds(30)), 0) << ReadFile(log);
   ::close(fd);

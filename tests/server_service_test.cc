@@ -821,7 +821,9 @@ TEST(ServerService, MetricsEndpointServesEveryMetric) {
   // Every RPC's series exist at zero before its first call.
   EXPECT_EQ(value("verifyd_requests_total{code=\"OK\",method=\"TruncateSession\"}"), 0);
   EXPECT_EQ(value("verifyd_requests_total{code=\"NOT_FOUND\",method=\"ForkSession\"}"), 0);
-  EXPECT_EQ(value("verifyd_build_info{backend=\"toy\",version=\"0.1.0\"}"), 1);
+  EXPECT_EQ(
+      value(absl::StrCat("verifyd_build_info{backend=\"toy\",version=\"", VERIFYD_VERSION, "\"}")),
+      1);
   EXPECT_EQ(value("verifyd_verify_latency_seconds_count{stage=\"total\"}"), 1);
   EXPECT_EQ(value("verifyd_verify_latency_seconds_count{stage=\"queue\"}"), 1);
   EXPECT_EQ(value("verifyd_engine_rank_step_seconds_count{rank=\"1\"}"), 2);  // open + verify

@@ -2,8 +2,9 @@
 """Structural checks of deploy/container/Dockerfile (no Docker engine here to build it).
 
 Parses the Dockerfile (continuation lines joined, comments dropped) and asserts: a multi-stage
-build with named stages; a CUDA *devel* build stage and a CUDA *runtime* final stage; the final
-stage copies its binaries from the build stage; runs as a numeric non-root user; exposes the
+build with named stages; a CUDA *devel* build stage that installs with `cmake --install` and a
+CUDA *runtime* final stage; the final stage copies only the install tree and the build stage's
+list of runtime packages (which it installs with apt: no shared library copied between stages); runs as a numeric non-root user; exposes the
 gRPC and metrics ports; has exec-form ENTRYPOINT verifyd and a HEALTHCHECK; no inline comment
 inside a continued RUN (Docker joins the lines, so '#' would swallow the rest of the command);
 and every flag in CMD/HEALTHCHECK is one the deploy files use consistently. Then says plainly
@@ -73,6 +74,17 @@ def main():
     copies = [a for i, a, _ in final if i == "COPY"]
     check(any(f"--from={stages[0][1]}" in c for c in copies) if stages else False,
           "final stage must COPY --from the build stage")
+    # The install tree comes from `cmake --install`, the libraries from the distribution's
+    # packages (named by the build stage): no shared library is copied between the stages.
+    build = instrs[:last_from]
+    check(any(i == "RUN" and "cmake --install" in a for i, a, _ in build),
+          "the build stage must install with cmake --install")
+    for c in copies:
+        if f"--from={stages[0][1] if stages else ''}" in c:
+            check(re.search(r"/out/(install|runtime-packages)\b", c) is not None,
+                  f"final stage copies something else than the install tree or the package list: {c}")
+    check(any(i == "RUN" and "apt-get install" in a and "runtime-packages" in a for i, a, _ in final),
+          "final stage must apt-get install the build stage's runtime packages")
     users = [a for i, a, _ in final if i == "USER"]
     if check(users, "final stage has no USER (would run as root)"):
         uid = users[-1].split(":")[0]
