@@ -1,7 +1,9 @@
 // ModelConfig JSON: round trip, Hugging Face keys, rejection of unsupported features.
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tp/model_config.h"
 #include "tp/presets.h"
@@ -379,6 +381,47 @@ TEST(ModelConfig, RejectsBadValuesNamingTheKey) {
   EXPECT_NE(c.status().message().find("v_head_dim"), std::string::npos);
   EXPECT_EQ(ParseModelConfigJson("{not json").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseModelConfigJson("[1,2]").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The real-size presets are the published config.json files, key for key (every key of
+// ModelConfig, through its JSON form), and follow the config's layer override.
+TEST(ModelConfig, RealSizePresetsEqualThePublishedConfigs) {
+  const std::pair<const char*, json> cases[] = {{"kimi-k2", KimiK2Config()},
+                                                {"deepseek-v3", DeepSeekV3Config()}};
+  for (const auto& [name, published] : cases) {
+    absl::StatusOr<ModelConfig> preset = PresetConfig(name);
+    ASSERT_TRUE(preset.ok()) << preset.status();
+    absl::StatusOr<ModelConfig> parsed = ParseModelConfigJson(published.dump());
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    parsed->name = name;
+    EXPECT_EQ(ModelConfigToJson(*preset), ModelConfigToJson(*parsed)) << name;
+    EXPECT_EQ(preset->moe.scoring_func, parsed->moe.scoring_func) << name;
+    EXPECT_EQ(preset->moe.topk_method, parsed->moe.topk_method) << name;
+    EXPECT_EQ(PresetConfig(name, 4)->num_hidden_layers, 4) << name;
+  }
+  const std::vector<std::string> names = PresetNames();
+  EXPECT_NE(std::find(names.begin(), names.end(), "kimi-k2"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "deepseek-v3"), names.end());
+}
+
+// Host weights of a real-size preset are refused (ResourceExhausted naming the model and its
+// size) before any allocation, by GenerateRandomWeights and everything built on it.
+TEST(ModelConfig, RealSizePresetsRefuseHostGeneration) {
+  // Weights, not tensor-name bookkeeping: the kimi-k2 total is about 1.03T parameters.
+  EXPECT_GT(HostWeightBytes(*PresetConfig("kimi-k2")), int64_t{4000} * 1000 * 1000 * 1000);
+  EXPECT_GT(HostWeightBytes(*PresetConfig("deepseek-v3")), int64_t{2600} * 1000 * 1000 * 1000);
+  for (const char* name : {"kimi-k2", "deepseek-v3"}) {
+    absl::Status s = GenerateRandomWeights(*PresetConfig(name), 1).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << name;
+    EXPECT_NE(s.message().find(absl::StrCat("'", name, "'")), std::string::npos) << s;
+    EXPECT_NE(s.message().find(" GB of float32"), std::string::npos) << s;
+    EXPECT_EQ(MakePresetWeights(name, 1).status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_EQ(WritePresetToDirectory(name, 1, ::testing::TempDir() + "/refused").code(),
+              absl::StatusCode::kResourceExhausted);
+  }
+  // The limit is on bytes: small models pass.
+  EXPECT_TRUE(MakePresetWeights("tiny", 1).ok());
+  EXPECT_LT(HostWeightBytes(*PresetConfig("kimi-k2-attn")), kMaxGeneratedHostWeightBytes);
 }
 
 TEST(ModelConfig, HeadsMustDivideByTp) {

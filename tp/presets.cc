@@ -2,12 +2,52 @@
 #include "tp/presets.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kernels/weight_init.h"
 
 namespace verifyd::tp {
 
-std::vector<std::string> PresetNames() { return {"tiny", "small", "kimi-k2-attn", "tiny-moe"}; }
+std::vector<std::string> PresetNames() {
+  return {"tiny", "small", "kimi-k2-attn", "tiny-moe", "kimi-k2", "deepseek-v3"};
+}
+
+namespace {
+
+// What Kimi-K2 and DeepSeek-V3 share: the MLA shapes (hidden 7168, q_lora 1536, kv_lora 512,
+// rope 64, nope 128, v 128), 61 layers, the dense MLP (18432) and routed experts (2048) with
+// top-8 sigmoid noaux_tc routing and one shared expert, YaRN over 4096 original positions with
+// mscale = mscale_all_dim = 1, and FP8 e4m3 weights in 128 x 128 blocks.
+void SetDeepseekV3Architecture(ModelConfig* c) {
+  c->hidden_size = 7168;
+  c->num_hidden_layers = 61;
+  c->q_lora_rank = 1536;
+  c->kv_lora_rank = 512;
+  c->qk_rope_head_dim = 64;
+  c->qk_nope_head_dim = 128;
+  c->v_head_dim = 128;
+  c->intermediate_size = 18432;
+  c->rms_norm_eps = 1e-6;
+  c->tie_word_embeddings = false;
+  c->moe.num_experts_per_tok = 8;
+  c->moe.n_shared_experts = 1;
+  c->moe.moe_intermediate_size = 2048;
+  c->moe.moe_layer_freq = 1;
+  c->moe.scoring_func = "sigmoid";
+  c->moe.topk_method = "noaux_tc";
+  c->moe.norm_topk_prob = true;
+  c->rope_scaling.type = "yarn";
+  c->rope_scaling.original_max_position_embeddings = 4096;
+  c->rope_scaling.beta_slow = 1.0;
+  c->rope_scaling.mscale = 1.0;
+  c->rope_scaling.mscale_all_dim = 1.0;
+  c->quant.method = "fp8";
+  c->quant.fmt = "e4m3";
+  c->quant.block_rows = 128;
+  c->quant.block_cols = 128;
+}
+
+}  // namespace
 
 absl::StatusOr<ModelConfig> PresetConfig(const std::string& name, int64_t num_layers) {
   ModelConfig c;
@@ -79,6 +119,36 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& name, int64_t num_la
     c.rope_scaling.beta_slow = 1.0;
     c.rope_scaling.mscale = 1.0;
     c.rope_scaling.mscale_all_dim = 0.8;  // != mscale: cos / sin and softmax both scaled
+  } else if (name == "kimi-k2") {
+    // moonshotai/Kimi-K2-Instruct config.json.
+    SetDeepseekV3Architecture(&c);
+    c.vocab_size = 163840;
+    c.num_attention_heads = 64;
+    c.max_position_embeddings = 131072;
+    c.rope_theta = 50000.0;
+    c.moe.n_routed_experts = 384;
+    c.moe.first_k_dense_replace = 1;
+    c.moe.n_group = 1;
+    c.moe.topk_group = 1;
+    c.moe.routed_scaling_factor = 2.827;
+    c.rope_scaling.factor = 32.0;
+    c.rope_scaling.beta_fast = 1.0;
+    c.num_nextn_predict_layers = 0;
+  } else if (name == "deepseek-v3") {
+    // deepseek-ai/DeepSeek-V3 config.json (its MTP layer is listed, not run).
+    SetDeepseekV3Architecture(&c);
+    c.vocab_size = 129280;
+    c.num_attention_heads = 128;
+    c.max_position_embeddings = 163840;
+    c.rope_theta = 10000.0;
+    c.moe.n_routed_experts = 256;
+    c.moe.first_k_dense_replace = 3;
+    c.moe.n_group = 8;
+    c.moe.topk_group = 4;
+    c.moe.routed_scaling_factor = 2.5;
+    c.rope_scaling.factor = 40.0;
+    c.rope_scaling.beta_fast = 32.0;
+    c.num_nextn_predict_layers = 1;
   } else {
     return absl::NotFoundError(absl::StrCat("unknown preset '", name,
                                             "' (known: ", absl::StrJoin(PresetNames(), ", "), ")"));
@@ -90,8 +160,25 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& name, int64_t num_la
   return c;
 }
 
+int64_t HostWeightBytes(const ModelConfig& config) {
+  int64_t bytes = 0;
+  for (const TensorSpec& spec : ModelTensorSpecs(config)) {
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n *= d;
+    bytes += n * static_cast<int64_t>(sizeof(float));
+  }
+  return bytes;
+}
+
 absl::StatusOr<ModelWeights> GenerateRandomWeights(const ModelConfig& config, uint64_t seed) {
   if (absl::Status s = ValidateModelConfig(config); !s.ok()) return s;
+  if (const int64_t bytes = HostWeightBytes(config); bytes > kMaxGeneratedHostWeightBytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "model '%s': generating its weights on the host takes %.1f GB of float32 (%d layers), "
+        "above the %.1f GB limit of generated host weights (the CPU backend and preset "
+        "checkpoints need them; the cuda backend generates each rank's slices on the device)",
+        config.name, bytes / 1e9, config.num_hidden_layers, kMaxGeneratedHostWeightBytes / 1e9));
+  }
   ModelWeights w;
   w.config = config;
   for (const TensorSpec& spec : ModelTensorSpecs(config)) {

@@ -14,6 +14,22 @@
 //                 top-2 groups, top-4 experts, 1 shared expert, moe_intermediate 64,
 //                 routed_scaling_factor 2.5), YaRN factor 4 over 1024 original positions
 //                 (mscale 1, mscale_all_dim 0.8). CPU tests of MoE / YaRN without torch.
+//   kimi-k2       Kimi-K2 at its published size (config.json of moonshotai/Kimi-K2-Instruct):
+//                 61 layers (layer 0 dense, intermediate 18432), hidden 7168, 64 heads, q_lora
+//                 1536, kv_lora 512, rope 64, nope 128, v 128, 384 routed experts top-8 (n_group
+//                 1, topk_group 1), 1 shared expert, moe_intermediate 2048, routed_scaling
+//                 2.827, vocab 163840, rope_theta 50000, YaRN factor 32 over 4096 (beta_fast 1,
+//                 beta_slow 1, mscale 1, mscale_all_dim 1), max_position 131072, FP8 e4m3
+//                 weights in 128 x 128 blocks (quantization_config). About 1.03T parameters.
+//   deepseek-v3   DeepSeek-V3 at its published size (deepseek-ai/DeepSeek-V3 config.json): as
+//                 kimi-k2 but 128 heads, layers 0-2 dense, 256 routed experts (n_group 8,
+//                 topk_group 4), routed_scaling 2.5, vocab 129280, rope_theta 10000, YaRN factor
+//                 40 (beta_fast 32), max_position 163840, one MTP layer listed (not run).
+//                 About 671B parameters.
+// The real-size presets exist for sizing (tp/memory_plan.h) and for the GPU engine: their host
+// weights (several TB of float32) are never generated: GenerateRandomWeights refuses any model
+// above kMaxGeneratedHostWeightBytes (ResourceExhausted naming it and its size), and with it the
+// CPU backend and WritePresetToDirectory.
 //
 // Every value is WeightValue(WeightTensorKey(seed, WeightNameHash(name)), flat index,
 // spec.init_scale, spec.init_offset) (kernels/weight_init.h), i.e. bf16-exact; a GPU engine
@@ -36,7 +52,14 @@ std::vector<std::string> PresetNames();
 // The preset's config; num_layers > 0 overrides its layer count. NotFound for unknown names.
 absl::StatusOr<ModelConfig> PresetConfig(const std::string& name, int64_t num_layers = 0);
 
-// Generates every tensor of ModelTensorSpecs(config) from the seed (any valid config).
+// Largest model GenerateRandomWeights makes: float32 bytes of all of ModelTensorSpecs.
+inline constexpr int64_t kMaxGeneratedHostWeightBytes = int64_t{64} * 1000 * 1000 * 1000;
+
+// float32 bytes of every tensor of ModelTensorSpecs(config) (what generating it takes).
+int64_t HostWeightBytes(const ModelConfig& config);
+
+// Generates every tensor of ModelTensorSpecs(config) from the seed (any valid config up to
+// kMaxGeneratedHostWeightBytes; above it ResourceExhausted naming config.name and its size).
 absl::StatusOr<ModelWeights> GenerateRandomWeights(const ModelConfig& config, uint64_t seed);
 
 // PresetConfig + GenerateRandomWeights.
