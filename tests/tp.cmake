@@ -10,6 +10,8 @@ verifyd_add_test(tp_rank_group_test LABEL cpu SOURCES tp_rank_group_test.cc LIBS
 verifyd_add_test(tp_mla_test LABEL cpu SOURCES tp_mla_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})
 verifyd_add_test(tp_engine_test LABEL cpu SOURCES tp_engine_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})
 verifyd_add_test(tp_batch_plan_test LABEL cpu SOURCES tp_batch_plan_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})
+# The per-GPU memory plan: weight parts by hand, Kimi-K2 / DeepSeek-V3 at TP 8, KV tokens, errors.
+verifyd_add_test(tp_memory_plan_test LABEL cpu SOURCES tp_memory_plan_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})
 verifyd_add_test(tp_weight_source_test LABEL cpu SOURCES tp_weight_source_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})
 # Checkpoint loading through the streaming reader: the heap of a TP 4 load, same logits however
 # the weights come in, bad checkpoints failing Create naming file and tensor.
