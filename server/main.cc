@@ -37,6 +37,7 @@
 #include "server/systemd_notify.h"
 #include "spdlog/spdlog.h"
 #include "tp/checkpoint_reader.h"
+#include "tp/memory_plan.h"
 #include "tp/presets.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC listen address (host:port)");
@@ -115,6 +116,13 @@ ABSL_FLAG(int, max_threads, 1024,
 ABSL_FLAG(int, stall_timeout_s, 60,
           "an engine step running longer than this turns health NOT_SERVING (API and "
           "--health_listen ports) until it finishes, with or without systemd; 0 disables");
+ABSL_FLAG(bool, print_memory_plan, false,
+          "print the cuda backend's per-GPU memory plan of --model (a preset or a checkpoint's "
+          "config.json; no weights read) at --tp, --expert_parallel, --fp8_experts, --kv_dtype, "
+          "--max_batch and --kv_slots: weights by part, workspaces, KV bytes a token and the KV "
+          "tokens that fit; exit 0, or 2 with the error when --kv_slots does not fit");
+ABSL_FLAG(double, device_memory_gb, 141,
+          "--print_memory_plan: device memory per GPU in GB (10^9 bytes; 141: an H200)");
 ABSL_FLAG(std::string, testing_fault, "",
           "tests only (cpu backend): fail:<rank>@<step>, slow:<ms> (every step) or load:<ms> "
           "(a slower model load) fault injection");
@@ -222,6 +230,35 @@ class LoadReporter {
   absl::Time last_log_ = absl::InfinitePast();
 };
 
+// --print_memory_plan: the plan (tp/memory_plan.h) of the model the flags name, nothing
+// loaded. 0 when it fits; 2 with the error when it does not or the input is bad.
+int PrintMemoryPlan(const verifyd::tp::EngineOptions& engine, double device_memory_gb) {
+  if (!(device_memory_gb > 0) || device_memory_gb > 1e6) {
+    std::fprintf(stderr, "verifyd: --device_memory_gb: must be in (0, 1e6], got %g\n",
+                 device_memory_gb);
+    return 2;
+  }
+  absl::StatusOr<verifyd::tp::ModelConfig> config =
+      verifyd::tp::ModelConfigOf(engine.model, engine.preset_layers);
+  if (!config.ok()) {
+    std::fprintf(stderr, "verifyd: --model: %s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<verifyd::tp::MemoryPlan> plan = verifyd::tp::PlanRankMemory(
+      *config,
+      verifyd::tp::MemoryPlanOptionsOf(engine, static_cast<int64_t>(device_memory_gb * 1e9)));
+  if (!plan.ok()) {
+    std::fprintf(stderr, "verifyd: %s\n", std::string(plan.status().message()).c_str());
+    return 2;
+  }
+  std::cout << verifyd::tp::FormatMemoryPlan(*plan) << std::flush;
+  if (!plan->fit.ok()) {
+    std::fprintf(stderr, "verifyd: %s\n", std::string(plan->fit.message()).c_str());
+    return 2;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -301,6 +338,9 @@ int main(int argc, char** argv) {
   spec.engine.cuda.expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
   spec.engine.cuda.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   spec.testing_fault = absl::GetFlag(FLAGS_testing_fault);
+  if (absl::GetFlag(FLAGS_print_memory_plan)) {
+    return PrintMemoryPlan(spec.engine, absl::GetFlag(FLAGS_device_memory_gb));
+  }
   StopState stop;
   verifyd::server::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);

@@ -23,6 +23,11 @@ add_dependencies(server_main_test verifyd verifyctl)
 if(TARGET PkgConfig::SYSTEMD)
   target_compile_definitions(server_main_test PRIVATE VERIFYD_WITH_SYSTEMD=1)
 endif()
+# verifyd --print_memory_plan through the binary (the per-GPU plan, nothing loaded).
+verifyd_add_test(server_memory_plan_test LABEL cpu
+  SOURCES server_memory_plan_test.cc LIBS verifyd_tp verifyd_test_process absl::time)
+target_compile_definitions(server_memory_plan_test PRIVATE VERIFYD_BINARY="$<TARGET_FILE:verifyd>")
+add_dependencies(server_memory_plan_test verifyd)
 verifyd_add_test(client_demo_test LABEL cpu
   SOURCES client_demo_test.cc LIBS verifyd_server_testing)
 verifyd_add_test(server_metrics_test LABEL cpu

@@ -209,5 +209,39 @@ TEST(MemoryPlan, TableListsEveryPart) {
   EXPECT_NE(t.find("computed, not measured"), std::string::npos);
 }
 
+// The engine's options map onto the plan's, field for field.
+TEST(MemoryPlan, OptionsOfEngineOptions) {
+  EngineOptions e;
+  e.tp = 8;
+  e.kv_slots = 1234;
+  e.kv_dtype = KvDtype::kFp8;
+  e.limits.max_batch = 16;
+  e.limits.max_tail_rows = 33;
+  e.limits.max_context = 4096;
+  e.cuda.expert_parallel = false;
+  e.cuda.fp8_experts = false;
+  e.cuda.batch_invariant = false;
+  e.cuda.positional_max_splits = 8;
+  e.cuda.positional_partial_rows = 8192;
+  e.cuda.fp8_staging_keys = 99;
+  const MemoryPlanOptions o = MemoryPlanOptionsOf(e, 5);
+  EXPECT_EQ(o.tp, 8);
+  EXPECT_EQ(o.rank, 0);
+  EXPECT_EQ(o.kv_slots, 1234);
+  EXPECT_TRUE(o.kv_fp8);
+  EXPECT_EQ(o.max_batch, 16);
+  EXPECT_EQ(o.max_tail_rows, 33);
+  EXPECT_EQ(o.max_context, 4096);
+  EXPECT_FALSE(o.expert_parallel);
+  EXPECT_FALSE(o.fp8_weights);
+  EXPECT_FALSE(o.batch_invariant);
+  EXPECT_EQ(o.positional_max_splits, 8);
+  EXPECT_EQ(o.positional_partial_rows, 8192);
+  EXPECT_EQ(o.fp8_staging_keys, 99);
+  EXPECT_EQ(o.device_memory_bytes, 5);
+  EXPECT_EQ(ModelConfigOf("kimi-k2", 3)->num_hidden_layers, 3);
+  EXPECT_EQ(ModelConfigOf("/no/such/model").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace verifyd::tp

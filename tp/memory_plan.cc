@@ -4,12 +4,17 @@
 
 #include <algorithm>
 #include <climits>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "kernels/cuda/verify_attention/api.h"
 #include "kernels/kv_fp8.h"
 #include "kernels/verify_attention.h"
+#include "tp/presets.h"
 #include "tp/sharding.h"
 
 namespace verifyd::tp {
@@ -264,6 +269,50 @@ absl::StatusOr<MemoryPlan> PlanRankMemory(const ModelConfig& c, const MemoryPlan
         p.kv_capacity_tokens));
   }
   return p;
+}
+
+MemoryPlanOptions MemoryPlanOptionsOf(const EngineOptions& e, int64_t device_memory_bytes) {
+  MemoryPlanOptions o;
+  o.tp = e.tp;
+  o.expert_parallel = e.cuda.expert_parallel;
+  o.fp8_weights = e.cuda.fp8_experts;
+  o.kv_fp8 = e.kv_dtype == KvDtype::kFp8;
+  o.max_batch = e.limits.max_batch;
+  o.max_tail_rows = e.limits.max_tail_rows;
+  o.max_context = e.limits.max_context;
+  o.batch_invariant = e.cuda.batch_invariant;
+  o.positional_max_splits = e.cuda.positional_max_splits;
+  o.positional_partial_rows = e.cuda.positional_partial_rows;
+  o.fp8_staging_keys = e.cuda.fp8_staging_keys;
+  o.kv_slots = e.kv_slots;
+  o.device_memory_bytes = device_memory_bytes;
+  return o;
+}
+
+absl::StatusOr<ModelConfig> ModelConfigOf(const std::string& model, int64_t preset_layers) {
+  const std::vector<std::string> presets = PresetNames();
+  if (std::find(presets.begin(), presets.end(), model) != presets.end()) {
+    return PresetConfig(model, preset_layers);
+  }
+  namespace fs = std::filesystem;
+  const fs::path config = fs::path(model) / "config.json";
+  std::ifstream in(config);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", model, "' is neither a preset (",
+                                                   absl::StrJoin(presets, ", "),
+                                                   ") nor a directory with a config.json"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<ModelConfig> c = ParseModelConfigJson(text.str());
+  if (!c.ok()) {
+    return absl::Status(c.status().code(),
+                        absl::StrCat(config.string(), ": ", c.status().message()));
+  }
+  c->name = fs::path(model).lexically_normal().filename().string();
+  if (c->name.empty())
+    c->name = fs::path(model).lexically_normal().parent_path().filename().string();
+  return c;
 }
 
 std::string FormatMemoryPlan(const MemoryPlan& p) {

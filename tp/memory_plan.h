@@ -33,6 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "tp/engine_options.h"
 #include "tp/model_config.h"
 
 namespace verifyd::tp {
@@ -94,6 +95,16 @@ struct MemoryPlan {
 // with `fit` set, not as an error.
 absl::StatusOr<MemoryPlan> PlanRankMemory(const ModelConfig& config,
                                           const MemoryPlanOptions& options);
+
+// The plan options of an engine's options (tp, expert_parallel, fp8_experts, kv_dtype, limits,
+// kv_slots, the cuda.positional_* / fp8_staging_keys / batch_invariant knobs) on a device of
+// device_memory_bytes; rank 0.
+MemoryPlanOptions MemoryPlanOptionsOf(const EngineOptions& options, int64_t device_memory_bytes);
+
+// The config of `model` without reading any weights: a preset (preset_layers > 0 overrides its
+// layer count) or a checkpoint directory's config.json (name = the directory's base name).
+// InvalidArgument naming the model when it is neither; the parser's error for a bad file.
+absl::StatusOr<ModelConfig> ModelConfigOf(const std::string& model, int64_t preset_layers = 0);
 
 // The plan as a text table (one part a line, GB = 10^9 bytes), ending with the KV lines and
 // the fit status.
