@@ -175,8 +175,11 @@ TEST(MemoryPlan, RequestedKvThatDoesNotFitIsResourceExhausted) {
   // Nothing left for even one token on a 90 GB device (kv_slots = 0: as many as fit).
   o.kv_slots = 0;
   o.device_memory_bytes = int64_t{90} * 1000 * 1000 * 1000;
-  EXPECT_EQ(Plan(c, o).fit.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(Plan(c, o).kv_capacity_tokens, 0);
+  const MemoryPlan none = Plan(c, o);
+  EXPECT_EQ(none.fit.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(none.fit.message().find("leave no room for the KV pool"), std::string::npos)
+      << none.fit;
+  EXPECT_EQ(none.kv_capacity_tokens, 0);
 }
 
 TEST(MemoryPlan, BadOptionsNameTheField) {

@@ -258,15 +258,20 @@ absl::StatusOr<MemoryPlan> PlanRankMemory(const ModelConfig& c, const MemoryPlan
   p.kv_tokens = o.kv_slots > 0 ? o.kv_slots : p.kv_capacity_tokens;
   p.max_context = o.max_context == 0 ? c.max_position_embeddings
                                      : std::min(o.max_context, c.max_position_embeddings);
-  if (p.kv_tokens > p.kv_capacity_tokens || p.kv_tokens < 1) {
+  if (o.kv_slots == 0 && p.kv_capacity_tokens < 1) {
+    p.fit = absl::ResourceExhaustedError(absl::StrFormat(
+        "memory plan for %s at tp %d (rank %d): weights %.1f GB + workspaces %.1f GB leave no "
+        "room for the KV pool (%d bytes a token) in the device's %.1f GB (%.1f GB kept in reserve)",
+        c.name, tp, rank, Gb(p.weight_bytes), Gb(p.buffer_bytes), p.kv_bytes_per_token,
+        Gb(o.device_memory_bytes), Gb(p.reserve_bytes)));
+  } else if (p.kv_tokens > p.kv_capacity_tokens) {
     p.fit = absl::ResourceExhaustedError(absl::StrFormat(
         "memory plan for %s at tp %d (rank %d): weights %.1f GB + workspaces %.1f GB + requested "
         "KV %.1f GB exceed the device's %.1f GB (%.1f GB kept in reserve; KV: %d tokens x %d "
         "bytes requested, %d fit)",
         c.name, tp, rank, Gb(p.weight_bytes), Gb(p.buffer_bytes),
-        Gb(std::max<int64_t>(p.kv_tokens, 1) * p.kv_bytes_per_token), Gb(o.device_memory_bytes),
-        Gb(p.reserve_bytes), std::max<int64_t>(p.kv_tokens, 1), p.kv_bytes_per_token,
-        p.kv_capacity_tokens));
+        Gb(p.kv_tokens * p.kv_bytes_per_token), Gb(o.device_memory_bytes), Gb(p.reserve_bytes),
+        p.kv_tokens, p.kv_bytes_per_token, p.kv_capacity_tokens));
   }
   return p;
 }
