@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tp/cpu/cpu_engine.h"
+#include "tp/engine_options.h"
 #include "tp/model_config.h"
 #include "tp/presets.h"
 #include "tp/sharding.h"
@@ -419,6 +421,13 @@ TEST(ModelConfig, RealSizePresetsRefuseHostGeneration) {
     EXPECT_EQ(WritePresetToDirectory(name, 1, ::testing::TempDir() + "/refused").code(),
               absl::StatusCode::kResourceExhausted);
   }
+  // The CPU backend, asked for a real-size preset (at TP 8 too), refuses it the same way.
+  EngineOptions o;
+  o.model = "deepseek-v3";
+  o.tp = 8;
+  absl::Status cpu = CreateCpuEngine(o).status();
+  EXPECT_EQ(cpu.code(), absl::StatusCode::kResourceExhausted) << cpu;
+  EXPECT_NE(cpu.message().find("'deepseek-v3'"), std::string::npos) << cpu;
   // The limit is on bytes: small models pass.
   EXPECT_TRUE(MakePresetWeights("tiny", 1).ok());
   EXPECT_LT(HostWeightBytes(*PresetConfig("kimi-k2-attn")), kMaxGeneratedHostWeightBytes);
