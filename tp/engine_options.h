@@ -39,8 +39,10 @@ struct EngineOptions {
   //            InMemoryWeightSource. The CUDA engine uploads them as bf16.
   //   config   a model configuration whose weights are generated from `seed` (the values of
   //            GenerateRandomWeights(*config, seed)): test shapes that are not presets.
-  //   model    a preset name ("tiny", "small", "kimi-k2-attn"; with `seed` and
-  //            `preset_layers`) or else a checkpoint directory (config.json + *.safetensors),
+  //   model    a preset name (PresetNames(): "tiny", "small", "kimi-k2-attn", "tiny-moe", and
+  //            "kimi-k2" / "deepseek-v3" at the published sizes, too large to generate on the
+  //            host; with `seed` and `preset_layers`) or else a checkpoint directory
+  //            (config.json + *.safetensors),
   //            opened as a CheckpointWeightSource by the engine's Create.
   // Generated weights: the CPU engine makes them on the host (whole, float32) and shards them
   // through an InMemoryWeightSource; the CUDA engine makes each rank's slices on the device.
