@@ -11,7 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "server/cuda_engine_module.h"
-#include "server/testing/toy_engine.h"
+#include "server/toy_engine.h"
 #include "spdlog/spdlog.h"
 #include "tp/checkpoint_reader.h"
 #include "tp/cpu/cpu_engine.h"

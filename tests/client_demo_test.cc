@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "server/testing/test_server.h"
-#include "server/testing/toy_engine.h"
+#include "server/toy_engine.h"
 
 namespace verifyd::client {
 namespace {

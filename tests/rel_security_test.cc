@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "server/security.h"
 #include "server/server.h"
-#include "server/testing/toy_engine.h"
+#include "server/toy_engine.h"
 #include "tests/rel_util.h"
 #include "verify/v1/verify.grpc.pb.h"
 

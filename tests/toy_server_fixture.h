@@ -1,4 +1,4 @@
-// A verifyd server on loopback over the toy engine (server/testing/toy_engine.h), for the
+// A verifyd server on loopback over the toy engine (server/toy_engine.h), for the
 // server, session and limits tests: the one copy of their start-up fixture.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "server/testing/test_server.h"
-#include "server/testing/toy_engine.h"
+#include "server/toy_engine.h"
 
 namespace verifyd::server {
 

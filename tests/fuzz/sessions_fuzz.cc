@@ -34,7 +34,7 @@
 #include "server/scheduler.h"
 #include "server/session_manager.h"
 #include "server/slot_allocator.h"
-#include "server/testing/toy_engine.h"
+#include "server/toy_engine.h"
 #include "server/validation.h"
 #include "spdlog/spdlog.h"
 #include "tests/fuzz/fuzz_input.h"

@@ -1,4 +1,4 @@
-#include "server/testing/toy_engine.h"
+#include "server/toy_engine.h"
 
 #include <algorithm>
 
