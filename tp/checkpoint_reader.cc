@@ -80,6 +80,19 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
 
 }  // namespace
 
+absl::StatusOr<ModelConfig> ReadCheckpointConfig(const std::string& dir) {
+  const std::string cfg_path = (fs::path(dir) / "config.json").string();
+  VERIFYD_ASSIGN_OR_RETURN(std::string text, ReadTextFile(cfg_path));
+  absl::StatusOr<ModelConfig> cfg = ParseModelConfigJson(text);
+  if (!cfg.ok()) {
+    return absl::Status(cfg.status().code(), absl::StrCat(cfg_path, ": ", cfg.status().message()));
+  }
+  fs::path p(dir);
+  if (!p.has_filename()) p = p.parent_path();  // "dir/" -> "dir"
+  cfg->name = p.filename().string();
+  return cfg;
+}
+
 // One safetensors file, mapped read-only for the lifetime of the source.
 struct CheckpointWeightSource::MappedFile {
   std::string path;
@@ -139,17 +152,7 @@ absl::StatusOr<std::unique_ptr<CheckpointWeightSource>> CheckpointWeightSource::
   if (options.config.has_value()) {
     src->config_ = *options.config;
   } else {
-    const std::string cfg_path = (fs::path(dir) / "config.json").string();
-    VERIFYD_ASSIGN_OR_RETURN(std::string text, ReadTextFile(cfg_path));
-    absl::StatusOr<ModelConfig> cfg = ParseModelConfigJson(text);
-    if (!cfg.ok()) {
-      return absl::Status(cfg.status().code(),
-                          absl::StrCat(cfg_path, ": ", cfg.status().message()));
-    }
-    src->config_ = *std::move(cfg);
-    fs::path p(dir);
-    if (!p.has_filename()) p = p.parent_path();  // "dir/" -> "dir"
-    src->config_.name = p.filename().string();
+    VERIFYD_ASSIGN_OR_RETURN(src->config_, ReadCheckpointConfig(dir));
   }
 
   // The files: the index's, or every *.safetensors.

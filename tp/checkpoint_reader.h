@@ -87,6 +87,11 @@ struct LoadProgress {
 };
 using LoadProgressCallback = std::function<void(const LoadProgress&)>;
 
+// The config of checkpoint directory `dir`: dir/config.json parsed, named after the directory
+// (what CheckpointWeightSource::Open serves; no weights read). NotFound without the file, the
+// parser's error prefixed with the file's path for a bad one.
+absl::StatusOr<ModelConfig> ReadCheckpointConfig(const std::string& dir);
+
 struct CheckpointOpenOptions {
   // Use this config instead of parsing dir/config.json (tests; tools that read one file).
   std::optional<ModelConfig> config;

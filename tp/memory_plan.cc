@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <climits>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -14,6 +12,7 @@
 #include "kernels/cuda/verify_attention/api.h"
 #include "kernels/kv_fp8.h"
 #include "kernels/verify_attention.h"
+#include "tp/checkpoint_reader.h"
 #include "tp/presets.h"
 #include "tp/sharding.h"
 
@@ -220,17 +219,12 @@ absl::StatusOr<MemoryPlan> PlanRankMemory(const ModelConfig& c, const MemoryPlan
     if (fp8_inter > 0) fp8 += R4 * fp8_inter + R4 * fp8_inter / 128 * kF32;
     if (p.fp8_attention) fp8 += R4 * na * kF32 + R4 * Hl * qk * kF32;
   }
-  const int64_t head_tiles = (Hl + 15) / 16;
-  const int64_t verify_ws =
-      o.batch_invariant
-          ? static_cast<int64_t>(kernels::cuda::VerifyAttentionWorkspace::BytesFor(
-                static_cast<int>(
-                    std::max<int64_t>(65536, R * head_tiles * o.positional_max_splits)),
-                static_cast<int>(std::max<int64_t>(16384, R * head_tiles)),
-                o.positional_partial_rows, static_cast<int>(std::max<int64_t>(16384, 3 * R)),
-                int64_t{1} << 24))
-          : static_cast<int64_t>(kernels::cuda::VerifyAttentionWorkspace::BytesFor(
-                65536, 16384, 32768, 16384, int64_t{1} << 20, o.kv_fp8 ? o.fp8_staging_keys : 0));
+  using VaWorkspace = kernels::cuda::VerifyAttentionWorkspace;
+  const int64_t verify_ws = static_cast<int64_t>(
+      (o.batch_invariant ? VaWorkspace::PositionalCapacity(R, Hl, o.positional_max_splits,
+                                                           o.positional_partial_rows)
+                         : VaWorkspace::DefaultCapacity(o.kv_fp8 ? o.fp8_staging_keys : 0))
+          .CapacityBytes());
   const int64_t reduce = o.batch_invariant && tp > 1 ? tp * R * hid * kF32 : 0;
   const int64_t gather = o.sampling && tp > 1 ? tp * R * vmax * kF32 : 0;
   p.buffers = {
@@ -299,25 +293,12 @@ absl::StatusOr<ModelConfig> ModelConfigOf(const std::string& model, int64_t pres
   if (std::find(presets.begin(), presets.end(), model) != presets.end()) {
     return PresetConfig(model, preset_layers);
   }
-  namespace fs = std::filesystem;
-  const fs::path config = fs::path(model) / "config.json";
-  std::ifstream in(config);
-  if (!in) {
+  if (!std::filesystem::exists(std::filesystem::path(model) / "config.json")) {
     return absl::InvalidArgumentError(absl::StrCat("model '", model, "' is neither a preset (",
                                                    absl::StrJoin(presets, ", "),
                                                    ") nor a directory with a config.json"));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<ModelConfig> c = ParseModelConfigJson(text.str());
-  if (!c.ok()) {
-    return absl::Status(c.status().code(),
-                        absl::StrCat(config.string(), ": ", c.status().message()));
-  }
-  c->name = fs::path(model).lexically_normal().filename().string();
-  if (c->name.empty())
-    c->name = fs::path(model).lexically_normal().parent_path().filename().string();
-  return c;
+  return ReadCheckpointConfig(model);
 }
 
 std::string FormatMemoryPlan(const MemoryPlan& p) {

@@ -736,25 +736,18 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
     absl::StatusOr<kc::VerifyAttentionDeviceInfo> info = kc::VerifyAttentionDeviceInfo::Query();
     if (!info.ok()) return info.status();
     rk.vk_info = *info;
-    // Batch-invariant steps plan one work item per (node, head tile, split), one combine item
-    // per (node, head tile) and at most three index lists per node: room for every row of a
-    // full step at the most splits (16-head tiles bound every configuration), partial rows
-    // (EngineOptions::cuda.positional_partial_rows: 1 GiB by default) and index entries
-    // (64 MB) for a pass. A step that needs more runs in passes, one after another, each
-    // launch holding only its pass's work: with 128k partial rows a step of 32 trees of 64
-    // nodes over 65k tokens at 64 heads took 33 passes of fewer CTAs than SMs (2.1x the
-    // batch-adaptive attention time; docs/PERF.md).
-    const int64_t head_tiles = (rk.heads.size + 15) / 16;
+    // Batch-invariant steps: room for every row of a full step at the most splits, partial
+    // rows (EngineOptions::cuda.positional_partial_rows: 1 GiB by default) and index entries
+    // (64 MB) for a pass (PositionalCapacity; tp/memory_plan.cc counts the same). A step that
+    // needs more runs in passes, one after another, each launch holding only its pass's work:
+    // with 128k partial rows a step of 32 trees of 64 nodes over 65k tokens at 64 heads took
+    // 33 passes of fewer CTAs than SMs (2.1x the batch-adaptive attention time; docs/PERF.md).
     absl::StatusOr<kc::VerifyAttentionWorkspace> ws =
         rk.batch_invariant
-            ? kc::VerifyAttentionWorkspace::Allocate(
-                  static_cast<int>(std::max<int64_t>(
-                      65536, setup.max_rows * head_tiles * setup.positional_split.max_splits)),
-                  static_cast<int>(std::max<int64_t>(16384, setup.max_rows * head_tiles)),
-                  /*max_partial_rows=*/setup.positional_partial_rows,
-                  /*max_index_tasks=*/
-                  static_cast<int>(std::max<int64_t>(16384, 3 * setup.max_rows)),
-                  /*max_index_entries=*/int64_t{1} << 24)
+            ? kc::VerifyAttentionWorkspace::AllocateLike(
+                  kc::VerifyAttentionWorkspace::PositionalCapacity(
+                      setup.max_rows, rk.heads.size, setup.positional_split.max_splits,
+                      setup.positional_partial_rows))
             : kc::VerifyAttentionWorkspace::AllocateDefault(
                   rk.vk_info.cc_major == 9 ? setup.fp8_staging_keys : 0);
     if (!ws.ok()) return ws.status();

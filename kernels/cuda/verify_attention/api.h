@@ -273,7 +273,23 @@ struct VerifyAttentionWorkspace {
   // Capacity that any batch within verifyd's limits fits (about 75 MB; index lists for
   // positional plans of moderate size), plus a staging area of max_staged_keys keys.
   static absl::StatusOr<VerifyAttentionWorkspace> AllocateDefault(int64_t max_staged_keys = 0);
+  // cudaMalloc's a workspace of `capacity`'s capacity fields (DefaultCapacity,
+  // PositionalCapacity).
+  static absl::StatusOr<VerifyAttentionWorkspace> AllocateLike(
+      const VerifyAttentionWorkspace& capacity);
   absl::Status Free();
+
+  // Capacities without memory (plain C++; the planner and the memory plan read them):
+  // AllocateDefault's, and the engine's for positional (batch-invariant) steps of up to
+  // `max_rows` query rows (tree nodes, all requests) at `local_heads` heads: one work item per
+  // (node, head tile, split) at up to `max_splits` splits, one combine item per (node, head tile),
+  // three index lists a node (16-head tiles bound every configuration), `max_partial_rows` partial
+  // rows and 16 M index entries a pass (a step that needs more runs in passes).
+  static VerifyAttentionWorkspace DefaultCapacity(int64_t max_staged_keys = 0);
+  static VerifyAttentionWorkspace PositionalCapacity(int64_t max_rows, int64_t local_heads,
+                                                     int max_splits, int64_t max_partial_rows);
+  // BytesFor this workspace's capacity.
+  size_t CapacityBytes() const;
 };
 
 // OkStatus when the CUDA path computes this case; else UNIMPLEMENTED naming the field

@@ -59,9 +59,13 @@ absl::StatusOr<VerifyAttentionWorkspace> VerifyAttentionWorkspace::Allocate(
 
 absl::StatusOr<VerifyAttentionWorkspace> VerifyAttentionWorkspace::AllocateDefault(
     int64_t max_staged_keys) {
-  return Allocate(/*max_work_items=*/65536, /*max_combine_items=*/16384,
-                  /*max_partial_rows=*/32768, /*max_index_tasks=*/16384,
-                  /*max_index_entries=*/int64_t{1} << 20, max_staged_keys);
+  return AllocateLike(DefaultCapacity(max_staged_keys));
+}
+
+absl::StatusOr<VerifyAttentionWorkspace> VerifyAttentionWorkspace::AllocateLike(
+    const VerifyAttentionWorkspace& c) {
+  return Allocate(c.max_work_items, c.max_combine_items, c.max_partial_rows, c.max_index_tasks,
+                  c.max_index_entries, c.max_staged_keys);
 }
 
 absl::Status VerifyAttentionWorkspace::Free() {

@@ -566,6 +566,37 @@ SharedPrefixPlan PlanSharedPrefixes(const std::vector<int>& n, const std::vector
 }  // namespace
 }  // namespace detail
 
+VerifyAttentionWorkspace VerifyAttentionWorkspace::DefaultCapacity(int64_t max_staged_keys) {
+  VerifyAttentionWorkspace ws;
+  ws.max_work_items = 65536;
+  ws.max_combine_items = 16384;
+  ws.max_partial_rows = 32768;
+  ws.max_index_tasks = 16384;
+  ws.max_index_entries = int64_t{1} << 20;
+  ws.max_staged_keys = max_staged_keys;
+  return ws;
+}
+
+VerifyAttentionWorkspace VerifyAttentionWorkspace::PositionalCapacity(int64_t max_rows,
+                                                                      int64_t local_heads,
+                                                                      int max_splits,
+                                                                      int64_t max_partial_rows) {
+  const int64_t head_tiles = (local_heads + 15) / 16;
+  VerifyAttentionWorkspace ws;
+  ws.max_work_items =
+      static_cast<int>(std::max<int64_t>(65536, max_rows * head_tiles * max_splits));
+  ws.max_combine_items = static_cast<int>(std::max<int64_t>(16384, max_rows * head_tiles));
+  ws.max_partial_rows = max_partial_rows;
+  ws.max_index_tasks = static_cast<int>(std::max<int64_t>(16384, 3 * max_rows));
+  ws.max_index_entries = int64_t{1} << 24;
+  return ws;
+}
+
+size_t VerifyAttentionWorkspace::CapacityBytes() const {
+  return BytesFor(max_work_items, max_combine_items, max_partial_rows, max_index_tasks,
+                  max_index_entries, max_staged_keys);
+}
+
 size_t VerifyAttentionWorkspace::BytesFor(int max_work_items, int max_combine_items,
                                           int64_t max_partial_rows, int max_index_tasks,
                                           int64_t max_index_entries, int64_t max_staged_keys) {
