@@ -100,6 +100,21 @@ struct EngineLimits {
   int64_t max_context = 0;  // committed + tail positions per request (config's limit)
 };
 
+// One GPU's memory as the engine laid it out (GetInfoResponse.memory): the planned parts
+// (tp/memory_plan.h) beside what the device reported. The CUDA engine fills it for its first
+// rank; engines without device memory leave it zero (device_bytes == 0).
+struct EngineMemory {
+  int64_t device_bytes = 0;             // the device's total memory (cudaMemGetInfo)
+  int64_t weight_bytes = 0;             // the rank's weight shard, planned
+  int64_t workspace_bytes = 0;          // activations and workspaces, planned
+  int64_t kv_cache_bytes = 0;           // the latent KV pool as allocated (all layers)
+  int64_t kv_bytes_per_token = 0;       // every layer's latent row of one token
+  int64_t kv_tokens = 0;                // slots in the pool (= kv_slots())
+  int64_t used_before_kv_bytes = 0;     // measured: device memory in use once weights and
+                                        // buffers were allocated, before the KV pool
+  int64_t planned_before_kv_bytes = 0;  // weight_bytes + workspace_bytes (no reserve)
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -127,6 +142,9 @@ class Engine {
 
   // True once a rank failed (the server reports NOT_SERVING and exits non-zero).
   virtual bool failed() const = 0;
+
+  // The device memory of the first rank (EngineMemory); zeros for engines without a GPU.
+  virtual EngineMemory memory() const { return {}; }
 };
 
 }  // namespace verifyd::tp
