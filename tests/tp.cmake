@@ -29,3 +29,6 @@ endif()
 # Sampled verification on the CPU engine: draws against the target distribution (chi-square),
 # logprobs against the logits, hidden states against the residual stream, the reference sampler.
 verifyd_add_test(tp_sampling_test LABEL cpu SOURCES tp_sampling_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})
+# The modeled time of an 8-GPU NVLink collective (reports of a single rank run alone): the
+# bus-bandwidth formulas by hand, latency floor, world 1, the sum, validation.
+verifyd_add_test(tp_comm_model_test LABEL cpu SOURCES tp_comm_model_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})
