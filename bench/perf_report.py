@@ -20,6 +20,9 @@ Table kinds:
   engine            the CUDA engine step (bench/engine/engine_bench --json).
   engine_extras     engine_bench --extras: plain steps vs the same steps with sampling,
                     logprobs and hidden states.
+  engine_slice      engine_bench of one tensor-parallel rank run alone (the other ranks
+                    absent): its measured step, the modeled time of the collectives it recorded
+                    (tp/comm_model.h) and the step with them; rows that do not fit one GPU say so.
   moe_layer         one MoE layer at Kimi-K2's dimensions (bench/moe_layer_bench --json), with
                     PyTorch's grouped GEMMs of the same run (bench/peers/torch_grouped_moe.py).
   verify_attention_change, engine_change, moe_layer_change
@@ -238,6 +241,55 @@ def engine_extras_table(spec):
                    f"{100.0 * (r['extras_step_ms'] / r['step_ms'] - 1):+.1f} % |")
     out += ["", f"Model `{d.get('model')}`, {d.get('layers')} layers, TP {d.get('tp', 1)}. "
             "Source (raw JSON):", meta_line("engine_bench --extras", d, spec["engine"])]
+    return "\n".join(out)
+
+
+ENGINE_SLICE_FIELDS = (
+    "step_ms", "modeled_comm_ms", "step_with_comm_ms", "tokens_per_s_gpu", "tokens_per_s_host",
+    "attention_ms", "gemm_ms", "router_ms", "dispatch_ms", "experts_ms", "sampling_ms",
+    "other_ms", "distinct_experts", "floor_ms", "host_ms")
+
+
+def engine_slice_table(spec):
+    """engine_bench of one rank of a TP group run alone: the rank's measured step, the modeled
+    time of its recorded collectives (comm_model) and the step with them. Throughputs are the
+    JSON's own fields (not recomputed here). Rows with "fits": false print "does not fit"."""
+    path = spec["engine"]
+    d = load(path)
+    for k in ("slice", "comm_model", "rows"):
+        if k not in d:
+            sys.exit(f"perf_report: {path}: engine_slice JSON lacks '{k}'")
+    head = ["context", "nodes", "batch", "step ms", "modeled comm ms", "step + comm ms",
+            "tokens/s per GPU", "tokens/s per 8-GPU host", "attention ms", "dense GEMM ms",
+            "router ms", "dispatch ms", "experts ms", "sampling ms", "other ms",
+            "distinct experts", "floor ms", "% of floor", "host ms"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, r in enumerate(d["rows"]):
+        for k in ("context", "nodes", "batch", "fits"):
+            if k not in r:
+                sys.exit(f"perf_report: {path}: rows[{i}] lacks '{k}'")
+        cells = [f"{r['context']:,}", str(r["nodes"]), str(r["batch"])]
+        if not r["fits"]:
+            cells += ["does not fit"] + ["–"] * (len(head) - 4)
+            out.append("| " + " | ".join(cells) + " |")
+            continue
+        for k in ENGINE_SLICE_FIELDS:
+            if r.get(k) is None:
+                sys.exit(f"perf_report: {path}: rows[{i}] lacks '{k}'")
+        cells += [f"{r['step_ms']:.2f}", f"{r['modeled_comm_ms']:.2f}",
+                  f"{r['step_with_comm_ms']:.2f}", f"{r['tokens_per_s_gpu']:.0f}",
+                  f"{r['tokens_per_s_host']:.0f}"]
+        cells += [f"{r[k]:.2f}" for k in ("attention_ms", "gemm_ms", "router_ms", "dispatch_ms",
+                                           "experts_ms", "sampling_ms", "other_ms")]
+        cells += [str(r["distinct_experts"]), f"{r['floor_ms']:.2f}",
+                  pct(r["floor_ms"], r["step_ms"]), f"{r['host_ms']:.2f}"]
+        out.append("| " + " | ".join(cells) + " |")
+    sl, cm = d["slice"], d["comm_model"]
+    out += ["", f"Model `{d.get('model')}`, {d.get('layers')} layers: rank {sl.get('rank')} of "
+            f"{sl.get('world')} run alone on one GPU (the other ranks absent); its collectives "
+            f"are recorded, not run, and modeled by `{cm.get('name')}` (tp/comm_model.h): "
+            f"{cm.get('source')}. % of floor = floor ms / step ms. Source (raw JSON):",
+            meta_line("engine_bench (one rank)", d, path)]
     return "\n".join(out)
 
 
@@ -493,6 +545,7 @@ def bf16_floor_table(spec):
 
 
 KINDS = {"verify_attention": verify_attention_table, "engine": engine_table,
+         "engine_slice": engine_slice_table,
          "moe_layer": moe_layer_table, "engine_extras": engine_extras_table,
          "verify_attention_change": verify_attention_change_table,
          "engine_change": engine_change_table, "kv_fp8_accuracy": kv_fp8_accuracy_table,

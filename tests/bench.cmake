@@ -6,6 +6,10 @@ if(Python3_Interpreter_FOUND)
   add_test(NAME perf_report_check
     COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/bench/perf_report.py --check)
   set_tests_properties(perf_report_check PROPERTIES LABELS cpu TIMEOUT 60)
+  # Its table kinds on small synthetic JSON (tests/perf_report_test.py; engine_slice).
+  add_test(NAME perf_report_unit_test
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/tests/perf_report_test.py)
+  set_tests_properties(perf_report_unit_test PROPERTIES LABELS cpu TIMEOUT 60)
   # The seesaw kernel's barrier protocol (bf16 and FP8 instances), replayed by the host model
   # in random interleavings; it also checks that removing any of the FP8 conversion waits is
   # caught. Mirror kernel barrier changes in bench/seesaw_schedule_model.py.

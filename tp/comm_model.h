@@ -34,8 +34,8 @@
 //   the all-reduce's 2(N-1), so this too errs on the slow side).
 // A real step's messages (hundreds of KB to ~100 MB) do not all reach the large-message
 // bandwidth; lat + bytes / B covers that to first order only. Against the Azure 8x H100 curve
-// above (NVLS): 1 MB measured 42.0 us, modeled 30.0 us; 16 MB measured 125.2 us, modeled
-// 104.4 us; 64 MB measured 324.6 us, modeled 342.4 us.
+// above (NVLS): 1 MiB measured 42.0 us, modeled 30.0 us; 16 MiB measured 125.2 us, modeled
+// 104.4 us; 64 MiB measured 324.6 us, modeled 342.4 us.
 //
 // Thread-safety: pure functions on values.
 #pragma once
