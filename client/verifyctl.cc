@@ -1,5 +1,5 @@
 // verifyctl: command-line client of verifyd.
-//   verifyctl info | health
+//   verifyctl info | health       (info: model, limits and a CUDA server's GPU memory in GB)
 //   verifyctl open --prompt 1,2,3 [--prefix_session S]
 //   verifyctl verify --session S --tokens 5,6,7 --parents -1,0,-1
 //   verifyctl close --session S
@@ -158,6 +158,19 @@ int CmdInfo(VerifyClient& c) {
       "max_sessions=%d max_prompt_tokens=%d\n",
       l.max_draft_nodes(), (long long)l.max_context(), l.max_batch(), (long long)l.kv_slots(),
       l.max_sessions(), l.max_prompt_tokens());
+  if (info->has_memory()) {  // a server with device memory (CUDA): its first GPU
+    const auto& mem = info->memory();
+    auto gb = [](int64_t bytes) { return static_cast<double>(bytes) / 1e9; };
+    std::printf(
+        "memory (GB per GPU, first rank): device=%.2f weights=%.2f workspace=%.2f "
+        "kv_cache=%.2f\n",
+        gb(mem.device_bytes()), gb(mem.weight_bytes()), gb(mem.workspace_bytes()),
+        gb(mem.kv_cache_bytes()));
+    std::printf("  kv: tokens=%lld bytes_per_token=%lld\n", (long long)mem.kv_tokens(),
+                (long long)mem.kv_bytes_per_token());
+    std::printf("  before kv: used=%.2f (measured) planned=%.2f (weights + workspace)\n",
+                gb(mem.used_before_kv_bytes()), gb(mem.planned_before_kv_bytes()));
+  }
   return 0;
 }
 

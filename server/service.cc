@@ -209,6 +209,19 @@ grpc::Status VerifyServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoR
   resp->set_version(version_);
   resp->set_exact_lossless(engine_->batch_invariant());
   resp->set_kv_cache_dtype(engine_->kv_cache_dtype());
+  // Only engines with device memory report it (the CPU and toy engines leave it zero).
+  const tp::EngineMemory mem = engine_->memory();
+  if (mem.device_bytes > 0) {
+    v1::MemoryInfo* mi = resp->mutable_memory();
+    mi->set_device_bytes(mem.device_bytes);
+    mi->set_weight_bytes(mem.weight_bytes);
+    mi->set_workspace_bytes(mem.workspace_bytes);
+    mi->set_kv_cache_bytes(mem.kv_cache_bytes);
+    mi->set_kv_bytes_per_token(mem.kv_bytes_per_token);
+    mi->set_kv_tokens(mem.kv_tokens);
+    mi->set_used_before_kv_bytes(mem.used_before_kv_bytes);
+    mi->set_planned_before_kv_bytes(mem.planned_before_kv_bytes);
+  }
   v1::Limits* l = resp->mutable_limits();
   l->set_max_draft_nodes(limits_.max_draft_nodes);
   l->set_max_context(limits_.max_context);

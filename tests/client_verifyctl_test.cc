@@ -1,6 +1,7 @@
 // The verifyctl binary: usage errors exit 2 with one line, --help lists every flag and exits
-// 0, and `verifyctl bench` against a live CPU verifyd (tiny preset) writes its JSON and sends
-// the server exactly the Verify rounds it reports (plus its untimed setup, reported apart).
+// 0, `verifyctl info` prints the device memory a server reports, and `verifyctl bench` against
+// a live CPU verifyd (tiny preset) writes its JSON and sends the server exactly the Verify
+// rounds it reports (plus its untimed setup, reported apart).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -24,7 +26,9 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "server/testing/test_server.h"
+#include "server/toy_engine.h"
 #include "tests/process_util.h"
+#include "tests/toy_server_fixture.h"
 
 namespace {
 
@@ -211,6 +215,32 @@ TEST_F(BenchAgainstCpuServer, OpenLoopRandomDrafterSendsNothingElse) {
   // ~100 Poisson arrivals in 1 s.
   EXPECT_GT(Field(j, "completed"), 50);
   EXPECT_LT(Field(j, "completed"), 170);
+}
+
+CtlRun InfoAgainst(std::unique_ptr<verifyd::tp::Engine> engine) {
+  auto t = verifyd::server::testing::StartTestServer({}, std::move(engine), /*metrics=*/false);
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return {-1, "", ""};
+  return Verifyctl(absl::StrCat("--target=", t->target, " info"));
+}
+
+// `verifyctl info` prints the server's device memory in GB (10^9 bytes) when GetInfo carries
+// it, and no memory line when it does not.
+TEST(VerifyctlInfo, PrintsDeviceMemoryInGigabytesWhenReported) {
+  const CtlRun r = InfoAgainst(
+      std::make_unique<verifyd::server::ToyEngineWithMemory>(verifyd::server::ExampleMemory()));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("memory (GB per GPU, first rank): device=150.02 weights=130.20 "
+                               "workspace=8.50 kv_cache=4.61\n"));
+  EXPECT_THAT(r.out, HasSubstr("  kv: tokens=65536 bytes_per_token=70272\n"));
+  EXPECT_THAT(
+      r.out, HasSubstr("  before kv: used=139.91 (measured) planned=138.70 (weights + workspace)"));
+
+  const CtlRun none = InfoAgainst(std::make_unique<verifyd::server::testing::ToyEngine>(
+      verifyd::server::testing::ToyEngineOptions{}));
+  EXPECT_EQ(none.code, 0) << none.err;
+  EXPECT_THAT(none.out, HasSubstr("kv_cache: none"));
+  EXPECT_THAT(none.out, ::testing::Not(HasSubstr("memory")));
 }
 
 }  // namespace

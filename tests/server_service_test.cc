@@ -1,7 +1,7 @@
 // VerifyService over loopback gRPC against an in-process server with the toy engine (which
 // rejects any step whose context slots are not exactly the session's sequence, so KV
-// bookkeeping errors fail loudly): bad input, slot accounting, exhaustion, TTL, batching,
-// queue limits, engine failures, VerifyStream, health, metrics, drain.
+// bookkeeping errors fail loudly): GetInfo, bad input, slot accounting, exhaustion, TTL,
+// batching, queue limits, engine failures, VerifyStream, health, metrics, drain.
 #include <atomic>
 #include <random>
 #include <set>
@@ -89,6 +89,45 @@ TEST(ServerService, GetInfoReportsWhetherLosslessIsExact) {
   auto info = f.t.client->GetInfo();
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_FALSE(info->exact_lossless());
+}
+
+absl::StatusOr<verify::v1::GetInfoResponse> InfoWithMemory(const tp::EngineMemory& memory) {
+  auto t = testing::StartTestServer(ServerOptions{}, std::make_unique<ToyEngineWithMemory>(memory),
+                                    /*metrics=*/false);
+  if (!t.ok()) return t.status();
+  return t->client->GetInfo();
+}
+
+// GetInfoResponse.memory carries every field of the engine's memory.
+TEST(ServerService, GetInfoReportsTheEnginesDeviceMemory) {
+  const tp::EngineMemory m = ExampleMemory();
+  auto info = InfoWithMemory(m);
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_TRUE(info->has_memory());
+  const auto& got = info->memory();
+  EXPECT_EQ(got.device_bytes(), m.device_bytes);
+  EXPECT_EQ(got.weight_bytes(), m.weight_bytes);
+  EXPECT_EQ(got.workspace_bytes(), m.workspace_bytes);
+  EXPECT_EQ(got.kv_cache_bytes(), m.kv_cache_bytes);
+  EXPECT_EQ(got.kv_bytes_per_token(), m.kv_bytes_per_token);
+  EXPECT_EQ(got.kv_tokens(), m.kv_tokens);
+  EXPECT_EQ(got.used_before_kv_bytes(), m.used_before_kv_bytes);
+  EXPECT_EQ(got.planned_before_kv_bytes(), m.planned_before_kv_bytes);
+}
+
+// Without device memory (device_bytes 0: the CPU and toy engines) the field stays unset, even
+// when other parts are nonzero.
+TEST(ServerService, GetInfoLeavesMemoryUnsetWithoutDeviceMemory) {
+  Fixture f = Start();
+  auto info = f.t.client->GetInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_FALSE(info->has_memory());
+  tp::EngineMemory m;
+  m.weight_bytes = 1000;
+  m.kv_tokens = 16;
+  auto partial = InfoWithMemory(m);
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  EXPECT_FALSE(partial->has_memory());
 }
 
 TEST(ServerService, BuildAndStartReportsBadOptionsAndBusyPorts) {

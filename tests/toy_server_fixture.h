@@ -1,5 +1,6 @@
 // A verifyd server on loopback over the toy engine (server/toy_engine.h), for the
-// server, session and limits tests: the one copy of their start-up fixture.
+// server, session and limits tests: the one copy of their start-up fixture; and the toy
+// engine reporting device memory, for GetInfo's memory field.
 #pragma once
 
 #include <memory>
@@ -29,6 +30,35 @@ inline Fixture Start(testing::ToyEngineOptions toy_options = {}, ServerOptions o
   EXPECT_TRUE(t.ok()) << t.status();
   if (t.ok()) f.t = *std::move(t);
   return f;
+}
+
+// The toy engine reporting the device memory it is given (tp::Engine::memory()), as the CUDA
+// engine does.
+class ToyEngineWithMemory : public testing::ToyEngine {
+ public:
+  explicit ToyEngineWithMemory(tp::EngineMemory memory)
+      : ToyEngine(testing::ToyEngineOptions{}), memory_(memory) {}
+  tp::EngineMemory memory() const override { return memory_; }
+
+ private:
+  const tp::EngineMemory memory_;
+};
+
+// One GPU's memory of a large model: every field distinct (a field read in another's place
+// shows), the large ones beyond 2^32. In GB: device 150.02, weights 130.20, workspace 8.50,
+// KV pool 4.61 (65,536 tokens of 70,272 bytes), in use before the KV pool 139.91 measured and
+// 138.70 planned (weights + workspace).
+inline tp::EngineMemory ExampleMemory() {
+  tp::EngineMemory m;
+  m.device_bytes = 150'020'000'000;
+  m.weight_bytes = 130'204'000'001;
+  m.workspace_bytes = 8'496'000'002;
+  m.kv_bytes_per_token = 70'272;
+  m.kv_tokens = 65'536;
+  m.kv_cache_bytes = m.kv_bytes_per_token * m.kv_tokens;
+  m.used_before_kv_bytes = 139'910'000'003;
+  m.planned_before_kv_bytes = m.weight_bytes + m.workspace_bytes;
+  return m;
 }
 
 }  // namespace verifyd::server

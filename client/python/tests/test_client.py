@@ -21,6 +21,9 @@ def test_info_and_health(client: verifyd.Client) -> None:
     assert info.limits.max_prompt_tokens == info.limits.max_context - 1
     assert info.exact_lossless  # the CPU backend is batch-invariant
     assert info.kv_cache_dtype == "float32"
+    # GetInfoResponse.memory is a CUDA server's: unset on the CPU backend, zeros when read.
+    assert not info.HasField("memory")
+    assert info.memory.device_bytes == 0 and info.memory.kv_tokens == 0
 
 
 def test_open_verify_close(client: verifyd.Client) -> None:

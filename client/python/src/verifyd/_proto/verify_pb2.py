@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16verify/v1/verify.proto\x12\tverify.v1\"\x10\n\x0eGetInfoRequest\"\xa9\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x03\x12\x13\n\x0bhidden_size\x18\x03 \x01(\x03\x12\x19\n\x11num_hidden_layers\x18\x04 \x01(\x03\x12\x1b\n\x13num_attention_heads\x18\x05 \x01(\x03\x12\x13\n\x0bq_lora_rank\x18\x06 \x01(\x03\x12\x14\n\x0ckv_lora_rank\x18\x07 \x01(\x03\x12\x18\n\x10qk_nope_head_dim\x18\x08 \x01(\x03\x12\x18\n\x10qk_rope_head_dim\x18\t \x01(\x03\x12\x12\n\nv_head_dim\x18\n \x01(\x03\x12\x19\n\x11intermediate_size\x18\x0b \x01(\x03\x12\x1f\n\x17max_position_embeddings\x18\x0c \x01(\x03\"\x8c\x01\n\x06Limits\x12\x17\n\x0fmax_draft_nodes\x18\x01 \x01(\x05\x12\x13\n\x0bmax_context\x18\x02 \x01(\x03\x12\x11\n\tmax_batch\x18\x03 \x01(\x05\x12\x10\n\x08kv_slots\x18\x04 \x01(\x03\x12\x14\n\x0cmax_sessions\x18\x05 \x01(\x05\x12\x19\n\x11max_prompt_tokens\x18\x06 \x01(\x05\"\xbc\x01\n\x0fGetInfoResponse\x12#\n\x05model\x18\x01 \x01(\x0b\x32\x14.verify.v1.ModelInfo\x12\x0f\n\x07tp_size\x18\x02 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12!\n\x06limits\x18\x04 \x01(\x0b\x32\x11.verify.v1.Limits\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x16\n\x0e\x65xact_lossless\x18\x06 \x01(\x08\x12\x16\n\x0ekv_cache_dtype\x18\x07 \x01(\t\"`\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x42\x08\n\x06_top_p\"d\n\x13HiddenStatesRequest\x12\x0e\n\x06layers\x18\x01 \x03(\x05\x12\x16\n\x0einclude_prompt\x18\x02 \x01(\x08\x12%\n\x05\x64type\x18\x03 \x01(\x0e\x32\x16.verify.v1.HiddenDtype\"|\n\x0cHiddenStates\x12\x0e\n\x06layers\x18\x01 \x03(\x05\x12\x13\n\x0bhidden_size\x18\x02 \x01(\x05\x12\x12\n\nnum_tokens\x18\x03 \x01(\x05\x12%\n\x05\x64type\x18\x04 \x01(\x0e\x32\x16.verify.v1.HiddenDtype\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"Y\n\rTokenLogprobs\x12\r\n\x05token\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x12\n\ntop_tokens\x18\x03 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\"\xd6\x01\n\x12OpenSessionRequest\x12\x15\n\rprompt_tokens\x18\x01 \x03(\x05\x12\x19\n\x11prefix_session_id\x18\x02 \x01(\t\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.verify.v1.SamplingParams\x12\x19\n\x0ctop_logprobs\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x35\n\rhidden_states\x18\x05 \x01(\x0b\x32\x1e.verify.v1.HiddenStatesRequestB\x0f\n\r_top_logprobs\"\xb0\x01\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nnext_token\x18\x02 \x01(\x05\x12\x15\n\rcommitted_len\x18\x03 \x01(\x03\x12*\n\x08logprobs\x18\x04 \x03(\x0b\x32\x18.verify.v1.TokenLogprobs\x12.\n\rhidden_states\x18\x05 \x01(\x0b\x32\x17.verify.v1.HiddenStates\",\n\tDraftTree\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\x0f\n\x07parents\x18\x02 \x03(\x05\"\xad\x01\n\nVerifyItem\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x04tree\x18\x02 \x01(\x0b\x32\x14.verify.v1.DraftTree\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12#\n\x16\x65xpected_committed_len\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x13\n\x0b\x64raft_probs\x18\x05 \x03(\x02\x42\x19\n\x17_expected_committed_len\"5\n\rVerifyRequest\x12$\n\x05items\x18\x01 \x03(\x0b\x32\x15.verify.v1.VerifyItem\"h\n\x0cSessionStats\x12\x0e\n\x06rounds\x18\x01 \x01(\x03\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x01(\x03\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\x03\x12\x19\n\x11\x61\x63\x63\x65pted_by_depth\x18\x04 \x03(\x03\"\x83\x02\n\x0cVerifyResult\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x63\x63\x65pted_nodes\x18\x02 \x03(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x03(\x05\x12\x13\n\x0b\x62onus_token\x18\x04 \x01(\x05\x12\x15\n\rcommitted_len\x18\x05 \x01(\x03\x12*\n\x08logprobs\x18\x06 \x03(\x0b\x32\x18.verify.v1.TokenLogprobs\x12.\n\rhidden_states\x18\x07 \x01(\x0b\x32\x17.verify.v1.HiddenStates\x12&\n\x05stats\x18\x08 \x01(\x0b\x32\x17.verify.v1.SessionStats\":\n\x0eVerifyResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.verify.v1.VerifyResult\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"C\n\x16TruncateSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rcommitted_len\x18\x02 \x01(\x03\"D\n\x17TruncateSessionResponse\x12\x12\n\nnext_token\x18\x01 \x01(\x05\x12\x15\n\rcommitted_len\x18\x02 \x01(\x03\"(\n\x12\x46orkSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"T\n\x13\x46orkSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nnext_token\x18\x02 \x01(\x05\x12\x15\n\rcommitted_len\x18\x03 \x01(\x03*;\n\x0bHiddenDtype\x12\x15\n\x11HIDDEN_DTYPE_BF16\x10\x00\x12\x15\n\x11HIDDEN_DTYPE_FP32\x10\x01\x32\xa0\x04\n\rVerifyService\x12@\n\x07GetInfo\x12\x19.verify.v1.GetInfoRequest\x1a\x1a.verify.v1.GetInfoResponse\x12L\n\x0bOpenSession\x12\x1d.verify.v1.OpenSessionRequest\x1a\x1e.verify.v1.OpenSessionResponse\x12=\n\x06Verify\x12\x18.verify.v1.VerifyRequest\x1a\x19.verify.v1.VerifyResponse\x12G\n\x0cVerifyStream\x12\x18.verify.v1.VerifyRequest\x1a\x19.verify.v1.VerifyResponse(\x01\x30\x01\x12O\n\x0c\x43loseSession\x12\x1e.verify.v1.CloseSessionRequest\x1a\x1f.verify.v1.CloseSessionResponse\x12X\n\x0fTruncateSession\x12!.verify.v1.TruncateSessionRequest\x1a\".verify.v1.TruncateSessionResponse\x12L\n\x0b\x46orkSession\x12\x1d.verify.v1.ForkSessionRequest\x1a\x1e.verify.v1.ForkSessionResponseB\x03\xf8\x01\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16verify/v1/verify.proto\x12\tverify.v1\"\x10\n\x0eGetInfoRequest\"\xa9\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x03\x12\x13\n\x0bhidden_size\x18\x03 \x01(\x03\x12\x19\n\x11num_hidden_layers\x18\x04 \x01(\x03\x12\x1b\n\x13num_attention_heads\x18\x05 \x01(\x03\x12\x13\n\x0bq_lora_rank\x18\x06 \x01(\x03\x12\x14\n\x0ckv_lora_rank\x18\x07 \x01(\x03\x12\x18\n\x10qk_nope_head_dim\x18\x08 \x01(\x03\x12\x18\n\x10qk_rope_head_dim\x18\t \x01(\x03\x12\x12\n\nv_head_dim\x18\n \x01(\x03\x12\x19\n\x11intermediate_size\x18\x0b \x01(\x03\x12\x1f\n\x17max_position_embeddings\x18\x0c \x01(\x03\"\x8c\x01\n\x06Limits\x12\x17\n\x0fmax_draft_nodes\x18\x01 \x01(\x05\x12\x13\n\x0bmax_context\x18\x02 \x01(\x03\x12\x11\n\tmax_batch\x18\x03 \x01(\x05\x12\x10\n\x08kv_slots\x18\x04 \x01(\x03\x12\x14\n\x0cmax_sessions\x18\x05 \x01(\x05\x12\x19\n\x11max_prompt_tokens\x18\x06 \x01(\x05\"\xe3\x01\n\x0fGetInfoResponse\x12#\n\x05model\x18\x01 \x01(\x0b\x32\x14.verify.v1.ModelInfo\x12\x0f\n\x07tp_size\x18\x02 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12!\n\x06limits\x18\x04 \x01(\x0b\x32\x11.verify.v1.Limits\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x16\n\x0e\x65xact_lossless\x18\x06 \x01(\x08\x12\x16\n\x0ekv_cache_dtype\x18\x07 \x01(\t\x12%\n\x06memory\x18\x08 \x01(\x0b\x32\x15.verify.v1.MemoryInfo\"\xd7\x01\n\nMemoryInfo\x12\x14\n\x0c\x64\x65vice_bytes\x18\x01 \x01(\x03\x12\x14\n\x0cweight_bytes\x18\x02 \x01(\x03\x12\x17\n\x0fworkspace_bytes\x18\x03 \x01(\x03\x12\x16\n\x0ekv_cache_bytes\x18\x04 \x01(\x03\x12\x1a\n\x12kv_bytes_per_token\x18\x05 \x01(\x03\x12\x11\n\tkv_tokens\x18\x06 \x01(\x03\x12\x1c\n\x14used_before_kv_bytes\x18\x07 \x01(\x03\x12\x1f\n\x17planned_before_kv_bytes\x18\x08 \x01(\x03\"`\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x42\x08\n\x06_top_p\"d\n\x13HiddenStatesRequest\x12\x0e\n\x06layers\x18\x01 \x03(\x05\x12\x16\n\x0einclude_prompt\x18\x02 \x01(\x08\x12%\n\x05\x64type\x18\x03 \x01(\x0e\x32\x16.verify.v1.HiddenDtype\"|\n\x0cHiddenStates\x12\x0e\n\x06layers\x18\x01 \x03(\x05\x12\x13\n\x0bhidden_size\x18\x02 \x01(\x05\x12\x12\n\nnum_tokens\x18\x03 \x01(\x05\x12%\n\x05\x64type\x18\x04 \x01(\x0e\x32\x16.verify.v1.HiddenDtype\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"Y\n\rTokenLogprobs\x12\r\n\x05token\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x12\n\ntop_tokens\x18\x03 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\"\xd6\x01\n\x12OpenSessionRequest\x12\x15\n\rprompt_tokens\x18\x01 \x03(\x05\x12\x19\n\x11prefix_session_id\x18\x02 \x01(\t\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.verify.v1.SamplingParams\x12\x19\n\x0ctop_logprobs\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x35\n\rhidden_states\x18\x05 \x01(\x0b\x32\x1e.verify.v1.HiddenStatesRequestB\x0f\n\r_top_logprobs\"\xb0\x01\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nnext_token\x18\x02 \x01(\x05\x12\x15\n\rcommitted_len\x18\x03 \x01(\x03\x12*\n\x08logprobs\x18\x04 \x03(\x0b\x32\x18.verify.v1.TokenLogprobs\x12.\n\rhidden_states\x18\x05 \x01(\x0b\x32\x17.verify.v1.HiddenStates\",\n\tDraftTree\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\x0f\n\x07parents\x18\x02 \x03(\x05\"\xad\x01\n\nVerifyItem\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x04tree\x18\x02 \x01(\x0b\x32\x14.verify.v1.DraftTree\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12#\n\x16\x65xpected_committed_len\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x13\n\x0b\x64raft_probs\x18\x05 \x03(\x02\x42\x19\n\x17_expected_committed_len\"5\n\rVerifyRequest\x12$\n\x05items\x18\x01 \x03(\x0b\x32\x15.verify.v1.VerifyItem\"h\n\x0cSessionStats\x12\x0e\n\x06rounds\x18\x01 \x01(\x03\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x01(\x03\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\x03\x12\x19\n\x11\x61\x63\x63\x65pted_by_depth\x18\x04 \x03(\x03\"\x83\x02\n\x0cVerifyResult\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x63\x63\x65pted_nodes\x18\x02 \x03(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x03(\x05\x12\x13\n\x0b\x62onus_token\x18\x04 \x01(\x05\x12\x15\n\rcommitted_len\x18\x05 \x01(\x03\x12*\n\x08logprobs\x18\x06 \x03(\x0b\x32\x18.verify.v1.TokenLogprobs\x12.\n\rhidden_states\x18\x07 \x01(\x0b\x32\x17.verify.v1.HiddenStates\x12&\n\x05stats\x18\x08 \x01(\x0b\x32\x17.verify.v1.SessionStats\":\n\x0eVerifyResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.verify.v1.VerifyResult\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"C\n\x16TruncateSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rcommitted_len\x18\x02 \x01(\x03\"D\n\x17TruncateSessionResponse\x12\x12\n\nnext_token\x18\x01 \x01(\x05\x12\x15\n\rcommitted_len\x18\x02 \x01(\x03\"(\n\x12\x46orkSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"T\n\x13\x46orkSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nnext_token\x18\x02 \x01(\x05\x12\x15\n\rcommitted_len\x18\x03 \x01(\x03*;\n\x0bHiddenDtype\x12\x15\n\x11HIDDEN_DTYPE_BF16\x10\x00\x12\x15\n\x11HIDDEN_DTYPE_FP32\x10\x01\x32\xa0\x04\n\rVerifyService\x12@\n\x07GetInfo\x12\x19.verify.v1.GetInfoRequest\x1a\x1a.verify.v1.GetInfoResponse\x12L\n\x0bOpenSession\x12\x1d.verify.v1.OpenSessionRequest\x1a\x1e.verify.v1.OpenSessionResponse\x12=\n\x06Verify\x12\x18.verify.v1.VerifyRequest\x1a\x19.verify.v1.VerifyResponse\x12G\n\x0cVerifyStream\x12\x18.verify.v1.VerifyRequest\x1a\x19.verify.v1.VerifyResponse(\x01\x30\x01\x12O\n\x0c\x43loseSession\x12\x1e.verify.v1.CloseSessionRequest\x1a\x1f.verify.v1.CloseSessionResponse\x12X\n\x0fTruncateSession\x12!.verify.v1.TruncateSessionRequest\x1a\".verify.v1.TruncateSessionResponse\x12L\n\x0b\x46orkSession\x12\x1d.verify.v1.ForkSessionRequest\x1a\x1e.verify.v1.ForkSessionResponseB\x03\xf8\x01\x01\x62\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'verify.v1.verify_pb2', globals())
@@ -21,8 +21,8 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'\370\001\001'
-  _HIDDENDTYPE._serialized_start=2541
-  _HIDDENDTYPE._serialized_end=2600
+  _HIDDENDTYPE._serialized_start=2798
+  _HIDDENDTYPE._serialized_end=2857
   _GETINFOREQUEST._serialized_start=37
   _GETINFOREQUEST._serialized_end=53
   _MODELINFO._serialized_start=56
@@ -30,43 +30,45 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _LIMITS._serialized_start=356
   _LIMITS._serialized_end=496
   _GETINFORESPONSE._serialized_start=499
-  _GETINFORESPONSE._serialized_end=687
-  _SAMPLINGPARAMS._serialized_start=689
-  _SAMPLINGPARAMS._serialized_end=785
-  _HIDDENSTATESREQUEST._serialized_start=787
-  _HIDDENSTATESREQUEST._serialized_end=887
-  _HIDDENSTATES._serialized_start=889
-  _HIDDENSTATES._serialized_end=1013
-  _TOKENLOGPROBS._serialized_start=1015
-  _TOKENLOGPROBS._serialized_end=1104
-  _OPENSESSIONREQUEST._serialized_start=1107
-  _OPENSESSIONREQUEST._serialized_end=1321
-  _OPENSESSIONRESPONSE._serialized_start=1324
-  _OPENSESSIONRESPONSE._serialized_end=1500
-  _DRAFTTREE._serialized_start=1502
-  _DRAFTTREE._serialized_end=1546
-  _VERIFYITEM._serialized_start=1549
-  _VERIFYITEM._serialized_end=1722
-  _VERIFYREQUEST._serialized_start=1724
-  _VERIFYREQUEST._serialized_end=1777
-  _SESSIONSTATS._serialized_start=1779
-  _SESSIONSTATS._serialized_end=1883
-  _VERIFYRESULT._serialized_start=1886
-  _VERIFYRESULT._serialized_end=2145
-  _VERIFYRESPONSE._serialized_start=2147
-  _VERIFYRESPONSE._serialized_end=2205
-  _CLOSESESSIONREQUEST._serialized_start=2207
-  _CLOSESESSIONREQUEST._serialized_end=2248
-  _CLOSESESSIONRESPONSE._serialized_start=2250
-  _CLOSESESSIONRESPONSE._serialized_end=2272
-  _TRUNCATESESSIONREQUEST._serialized_start=2274
-  _TRUNCATESESSIONREQUEST._serialized_end=2341
-  _TRUNCATESESSIONRESPONSE._serialized_start=2343
-  _TRUNCATESESSIONRESPONSE._serialized_end=2411
-  _FORKSESSIONREQUEST._serialized_start=2413
-  _FORKSESSIONREQUEST._serialized_end=2453
-  _FORKSESSIONRESPONSE._serialized_start=2455
-  _FORKSESSIONRESPONSE._serialized_end=2539
-  _VERIFYSERVICE._serialized_start=2603
-  _VERIFYSERVICE._serialized_end=3147
+  _GETINFORESPONSE._serialized_end=726
+  _MEMORYINFO._serialized_start=729
+  _MEMORYINFO._serialized_end=944
+  _SAMPLINGPARAMS._serialized_start=946
+  _SAMPLINGPARAMS._serialized_end=1042
+  _HIDDENSTATESREQUEST._serialized_start=1044
+  _HIDDENSTATESREQUEST._serialized_end=1144
+  _HIDDENSTATES._serialized_start=1146
+  _HIDDENSTATES._serialized_end=1270
+  _TOKENLOGPROBS._serialized_start=1272
+  _TOKENLOGPROBS._serialized_end=1361
+  _OPENSESSIONREQUEST._serialized_start=1364
+  _OPENSESSIONREQUEST._serialized_end=1578
+  _OPENSESSIONRESPONSE._serialized_start=1581
+  _OPENSESSIONRESPONSE._serialized_end=1757
+  _DRAFTTREE._serialized_start=1759
+  _DRAFTTREE._serialized_end=1803
+  _VERIFYITEM._serialized_start=1806
+  _VERIFYITEM._serialized_end=1979
+  _VERIFYREQUEST._serialized_start=1981
+  _VERIFYREQUEST._serialized_end=2034
+  _SESSIONSTATS._serialized_start=2036
+  _SESSIONSTATS._serialized_end=2140
+  _VERIFYRESULT._serialized_start=2143
+  _VERIFYRESULT._serialized_end=2402
+  _VERIFYRESPONSE._serialized_start=2404
+  _VERIFYRESPONSE._serialized_end=2462
+  _CLOSESESSIONREQUEST._serialized_start=2464
+  _CLOSESESSIONREQUEST._serialized_end=2505
+  _CLOSESESSIONRESPONSE._serialized_start=2507
+  _CLOSESESSIONRESPONSE._serialized_end=2529
+  _TRUNCATESESSIONREQUEST._serialized_start=2531
+  _TRUNCATESESSIONREQUEST._serialized_end=2598
+  _TRUNCATESESSIONRESPONSE._serialized_start=2600
+  _TRUNCATESESSIONRESPONSE._serialized_end=2668
+  _FORKSESSIONREQUEST._serialized_start=2670
+  _FORKSESSIONREQUEST._serialized_end=2710
+  _FORKSESSIONRESPONSE._serialized_start=2712
+  _FORKSESSIONRESPONSE._serialized_end=2796
+  _VERIFYSERVICE._serialized_start=2860
+  _VERIFYSERVICE._serialized_end=3404
 # @@protoc_insertion_point(module_scope)

@@ -47,11 +47,12 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ["backend", "exact_lossless", "kv_cache_dtype", "limits", "model", "tp_size", "version"]
+    __slots__ = ["backend", "exact_lossless", "kv_cache_dtype", "limits", "memory", "model", "tp_size", "version"]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     EXACT_LOSSLESS_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TP_SIZE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -59,10 +60,11 @@ class GetInfoResponse(_message.Message):
     exact_lossless: bool
     kv_cache_dtype: str
     limits: Limits
+    memory: MemoryInfo
     model: ModelInfo
     tp_size: int
     version: str
-    def __init__(self, model: _Optional[_Union[ModelInfo, _Mapping]] = ..., tp_size: _Optional[int] = ..., backend: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., version: _Optional[str] = ..., exact_lossless: bool = ..., kv_cache_dtype: _Optional[str] = ...) -> None: ...
+    def __init__(self, model: _Optional[_Union[ModelInfo, _Mapping]] = ..., tp_size: _Optional[int] = ..., backend: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., version: _Optional[str] = ..., exact_lossless: bool = ..., kv_cache_dtype: _Optional[str] = ..., memory: _Optional[_Union[MemoryInfo, _Mapping]] = ...) -> None: ...
 
 class HiddenStates(_message.Message):
     __slots__ = ["data", "dtype", "hidden_size", "layers", "num_tokens"]
@@ -103,6 +105,26 @@ class Limits(_message.Message):
     max_prompt_tokens: int
     max_sessions: int
     def __init__(self, max_draft_nodes: _Optional[int] = ..., max_context: _Optional[int] = ..., max_batch: _Optional[int] = ..., kv_slots: _Optional[int] = ..., max_sessions: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class MemoryInfo(_message.Message):
+    __slots__ = ["device_bytes", "kv_bytes_per_token", "kv_cache_bytes", "kv_tokens", "planned_before_kv_bytes", "used_before_kv_bytes", "weight_bytes", "workspace_bytes"]
+    DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_BEFORE_KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BEFORE_KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    device_bytes: int
+    kv_bytes_per_token: int
+    kv_cache_bytes: int
+    kv_tokens: int
+    planned_before_kv_bytes: int
+    used_before_kv_bytes: int
+    weight_bytes: int
+    workspace_bytes: int
+    def __init__(self, device_bytes: _Optional[int] = ..., weight_bytes: _Optional[int] = ..., workspace_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., kv_tokens: _Optional[int] = ..., used_before_kv_bytes: _Optional[int] = ..., planned_before_kv_bytes: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
     __slots__ = ["hidden_size", "intermediate_size", "kv_lora_rank", "max_position_embeddings", "name", "num_attention_heads", "num_hidden_layers", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "vocab_size"]
