@@ -68,6 +68,24 @@ VERIFYD_HD inline float WeightValueFloat(uint64_t tensor_key, uint64_t index, fl
 #endif
 }
 
+// FP8-quantized tensors of a config with an FP8 quantization_config (tp::IsFp8QuantizedWeight):
+// generated the way a DeepSeek-V3 checkpoint stores them, e4m3 codes with a float32 scale per
+// 128 x 128 block. The code of element `index` is e4m3(u * 448) (round to nearest even,
+// saturating: kernels/kv_fp8.h Fp8E4m3FromFloat; the device's __nv_cvt_float_to_fp8 with
+// __NV_SATFINITE), every block's scale is scale / 448, so the logical value
+// e4m3(u * 448) * (scale / 448) spreads like the bf16 generator's scale * u (offset 0).
+inline constexpr float kWeightFp8Range = 448.0f;
+VERIFYD_HD inline float WeightFp8Input(uint64_t tensor_key, uint64_t index) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(kWeightFp8Range, WeightUniform(tensor_key, index));
+#else
+  volatile float product = kWeightFp8Range * WeightUniform(tensor_key, index);
+  return product;
+#endif
+}
+// The block scale (scale_inv) of a generated FP8 tensor whose spec has init_scale `scale`.
+inline float WeightFp8Scale(float scale) { return scale / kWeightFp8Range; }
+
 // Host version with bf16 rounding (the device code rounds with __float2bfloat16_rn, which is
 // the same round-to-nearest-even).
 inline float WeightValue(uint64_t tensor_key, uint64_t index, float scale, float offset) {

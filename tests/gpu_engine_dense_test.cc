@@ -127,6 +127,79 @@ TEST(GpuDense, WeightGenerationIsBitExact) {
   }
 }
 
+// FP8-quantized generated weights: the device's codes and block scales, and its bf16 values of
+// the same tensor, against the host generator (kernels/weight_init.h WeightFp8Input), on
+// shards with a partial last row block and padded scale rows.
+TEST(GpuDense, Fp8WeightGenerationIsBitExact) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(21);
+  for (int trial = 0; trial < 5; ++trial) {
+    const std::string name = "model.layers." + std::to_string(trial) + ".mlp.up_proj.weight";
+    const uint64_t key = kernels::WeightTensorKey(rng(), kernels::WeightNameHash(name));
+    const int64_t full_cols = 128 * (2 + rng() % 4), cols = full_cols - 128 * (rng() % 2);
+    const int64_t col0 = full_cols - cols, row0 = 128 * (rng() % 3);
+    const int64_t rows = 1 + rng() % 300, scale_ld = cols / 128 + rng() % 3;
+    const float fp8_scale = kernels::WeightFp8Scale(0.05f * (1 + trial));
+    Dev<uint8_t> codes(rows * cols);
+    codes.Put(std::vector<uint8_t>(rows * cols, 0x7f));  // NaN codes: a skipped element shows
+    const int64_t brows = (rows + 127) / 128;
+    Dev<float> scales(brows * scale_ld);
+    scales.Put(std::vector<float>(brows * scale_ld, NAN));
+    GenerateFp8WeightsParams p;
+    p.tensor_key = key;
+    p.fp8_scale = fp8_scale;
+    p.rows = rows;
+    p.cols = cols;
+    p.full_cols = full_cols;
+    p.row0 = row0;
+    p.col0 = col0;
+    p.out = codes.p;
+    p.ld_out = cols;
+    p.scales = scales.p;
+    p.scale_ld = scale_ld;
+    ASSERT_TRUE(GenerateFp8WeightsCuda(p).ok());
+    Dev<bf16> values(rows * cols);
+    values.Put(std::vector<bf16>(rows * cols, kBf16NaN));
+    GenerateWeightsParams g;
+    g.tensor_key = key;
+    g.rows = rows;
+    g.cols = cols;
+    g.full_cols = full_cols;
+    g.row0 = row0;
+    g.col0 = col0;
+    g.out = values.p;
+    g.ld_out = cols;
+    g.fp8_scale = fp8_scale;
+    ASSERT_TRUE(GenerateWeightsCuda(g).ok());
+    const std::vector<uint8_t> got = codes.Get();
+    const std::vector<bf16> got_values = values.Get();
+    int64_t code_mismatches = 0, value_mismatches = 0, nan_codes = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint64_t flat = static_cast<uint64_t>((row0 + r) * full_cols + col0 + c);
+        const uint8_t want = kernels::Fp8E4m3FromFloat(kernels::WeightFp8Input(key, flat));
+        code_mismatches += got[r * cols + c] != want;
+        nan_codes += (got[r * cols + c] & 0x7f) == 0x7f;
+        value_mismatches +=
+            got_values[r * cols + c] != FloatToBf16(kernels::Fp8E4m3ToFloat(want) * fp8_scale);
+      }
+    }
+    EXPECT_EQ(code_mismatches, 0) << "trial " << trial;
+    EXPECT_EQ(value_mismatches, 0) << "trial " << trial;
+    EXPECT_EQ(nan_codes, 0) << "trial " << trial;
+    const std::vector<float> got_scales = scales.Get();
+    for (int64_t b = 0; b < brows; ++b) {
+      for (int64_t j = 0; j < scale_ld; ++j) {
+        if (j < cols / 128) {
+          EXPECT_EQ(got_scales[b * scale_ld + j], fp8_scale) << b << "," << j;
+        } else {
+          EXPECT_TRUE(std::isnan(got_scales[b * scale_ld + j])) << "padding written " << j;
+        }
+      }
+    }
+  }
+}
+
 TEST(GpuDense, RmsNormMatchesReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(12);

@@ -308,6 +308,38 @@ TEST(CheckpointDecode, Fp8RawBlocksWithPartialLastRowBlock) {
   }
 }
 
+// Whole-row blocks of 4 MB and more are read with pread by several threads (CopyBytes), not
+// from the mapping: the bytes must be the same, at any row offset, for FP8 and BF16 tensors.
+TEST(CheckpointDecode, LargeWholeRowBlocksReadByPreadAreExact) {
+  const std::string dir = TempDir("pread");
+  const Fp8Weight w = MakeFp8(5120, 1024, 128, 128, 31);  // 5 MB of codes
+  std::mt19937 rng(32);
+  std::vector<uint16_t> b16(2560 * 1024);  // 5 MB of bf16
+  for (uint16_t& x : b16) {
+    do {
+      x = static_cast<uint16_t>(rng());
+    } while ((x & 0x7f80) == 0x7f80);
+  }
+  WriteRaw(dir + "/m.safetensors", {{"pad", "F32", {3}, Bytes(std::vector<float>{1, 2, 3})},
+                                    {"w", "F8_E4M3", {5120, 1024}, Bytes(w.codes)},
+                                    F32("w_scale_inv", {w.srows, w.scols}, w.scale),
+                                    {"b", "BF16", {2560, 1024}, Bytes(b16)}});
+  auto src = OpenOk(dir, RawOptions());
+  ASSERT_NE(src, nullptr);
+  for (auto [r0, nr] : {std::pair<int64_t, int64_t>{0, 5120}, {128, 4992}, {1024, 4096}}) {
+    std::vector<uint8_t> bytes(nr * 1024, 0xAA);
+    std::vector<float> scale((nr + 127) / 128 * 8, -1.f);
+    ASSERT_TRUE(src->ReadBlockFp8("w", r0, nr, 0, 1024, bytes.data(), scale.data()).ok());
+    EXPECT_EQ(0, std::memcmp(bytes.data(), w.codes.data() + r0 * 1024, bytes.size())) << r0;
+    EXPECT_EQ(scale.back(), w.scale[(r0 / 128 + (nr + 127) / 128 - 1) * w.scols + 7]);
+  }
+  for (auto [r0, nr] : {std::pair<int64_t, int64_t>{0, 2560}, {7, 2553}, {300, 2100}}) {
+    std::vector<uint16_t> got(nr * 1024, 0);
+    ASSERT_TRUE(src->ReadBlockBf16("b", r0, nr, 0, 1024, got.data()).ok());
+    EXPECT_EQ(0, std::memcmp(got.data(), b16.data() + r0 * 1024, got.size() * 2)) << r0;
+  }
+}
+
 // ---- Slices ----------------------------------------------------------------------------------
 
 TEST(CheckpointSlices, EqualTheFullRead) {

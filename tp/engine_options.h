@@ -140,6 +140,12 @@ struct EngineOptions {
     // rows per request: 1,156 bytes of device memory a key, allocated at Create; 262,144 keys
     // = 303 MB). 0: no staging area (those steps run the seesaw FP8 variant).
     int64_t fp8_staging_keys = 262144;
+    // >= 0: run rank slice_rank of TP `tp` alone on one GPU (devices[0], default 0): that
+    // rank's heads, experts, vocabulary and MLP slices, its collectives replaced by a stand-in
+    // that keeps the data flowing and records the bytes each would move
+    // (tp/cuda/recording_communicator.h). For measuring one GPU of a large model on one GPU:
+    // its outputs are NOT the model's (the other ranks' shares are missing). -1: every rank.
+    int slice_rank = -1;
   } cuda;
 };
 

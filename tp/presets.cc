@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "kernels/kv_fp8.h"
 #include "kernels/weight_init.h"
 
 namespace verifyd::tp {
@@ -186,8 +187,17 @@ absl::StatusOr<ModelWeights> GenerateRandomWeights(const ModelConfig& config, ui
     t.shape = spec.shape;
     t.data.resize(t.numel());
     const uint64_t key = kernels::WeightTensorKey(seed, kernels::WeightNameHash(spec.name));
-    for (size_t i = 0; i < t.data.size(); ++i) {
-      t.data[i] = kernels::WeightValue(key, i, spec.init_scale, spec.init_offset);
+    if (IsFp8QuantizedWeight(config, spec.name)) {
+      // As an FP8 checkpoint stores it: e4m3 codes times a block scale, read as float32.
+      const float s = kernels::WeightFp8Scale(spec.init_scale);
+      for (size_t i = 0; i < t.data.size(); ++i) {
+        const uint8_t code = kernels::Fp8E4m3FromFloat(kernels::WeightFp8Input(key, i));
+        t.data[i] = kernels::Fp8E4m3ToFloat(code) * s;
+      }
+    } else {
+      for (size_t i = 0; i < t.data.size(); ++i) {
+        t.data[i] = kernels::WeightValue(key, i, spec.init_scale, spec.init_offset);
+      }
     }
     w.tensors.emplace(spec.name, std::move(t));
   }

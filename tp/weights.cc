@@ -19,6 +19,12 @@ std::string LayerTensorName(int64_t layer, const std::string& suffix) {
   return absl::StrCat("model.layers.", layer, ".", suffix);
 }
 
+bool IsFp8QuantizedWeight(const ModelConfig& c, const std::string& name) {
+  return c.quant.method == "fp8" && absl::StartsWith(name, "model.layers.") &&
+         (absl::EndsWith(name, "_proj.weight") ||
+          absl::EndsWith(name, "kv_a_proj_with_mqa.weight"));
+}
+
 namespace {
 
 // The MoE MLP of layer l: router, correction bias, routed experts, fused shared experts.

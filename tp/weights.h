@@ -58,6 +58,13 @@ std::vector<TensorSpec> ModelTensorSpecs(const ModelConfig& c);
 
 std::string LayerTensorName(int64_t layer, const std::string& suffix);  // "model.layers.{i}.suffix"
 
+// Whether a config with an FP8 quantization_config (c.quant.method == "fp8") stores tensor
+// `name` in FP8, as DeepSeek-V3 / Kimi-K2 checkpoints do: every Linear weight of the decoder
+// layers ("model.layers.*_proj.weight" and kv_a_proj_with_mqa: attention projections, dense
+// MLPs, routed and shared experts); not the router (mlp.gate), norms, embeddings or lm_head. False
+// without FP8 quant. Generated weights follow it (kernels/weight_init.h WeightFp8Input).
+bool IsFp8QuantizedWeight(const ModelConfig& c, const std::string& name);
+
 struct ModelWeights {
   ModelConfig config;
   TensorMap tensors;  // name -> float32 tensor

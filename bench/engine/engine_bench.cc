@@ -12,6 +12,15 @@
 //
 // --extras also times each configuration with seeded sampling, logprobs and three hidden layers
 // (what drafting frontends ask for), same process.
+//
+// --slice_rank=R with --tp=N runs rank R of TP N alone (EngineOptions::cuda.slice_rank: the
+// presets kimi-k2 / deepseek-v3 at their real size on one GPU): its collectives are recorded,
+// not run, and each row adds their modeled time on an 8-GPU NVLink host (tp/comm_model.h), the
+// split of the MoE step (router, dispatch, experts), the rank's experts the step touched, and
+// the floor: the bytes the step must read (touched expert weights, every other weight of the
+// rank, each request's KV) over --floor_tbps. A slice's outputs are not the model's: the
+// numbers are its purpose. Configurations whose KV does not fit beside the weights are listed
+// as such (the memory plan, tp/memory_plan.h).
 // Prints a table (last) and writes JSON (--json). Never asserts on timings.
 //   engine_bench --layers=61 --contexts=4096,16384,65536,185000 --trees=1,8,16,64
 //                --batches=1,8,32 --json=/tmp/engine_bench.json
@@ -41,7 +50,9 @@
 #include "kernels/kv_fp8.h"
 #include "nlohmann/json.hpp"
 #include "tp/batch_plan.h"
+#include "tp/comm_model.h"
 #include "tp/cuda/cuda_engine.h"
+#include "tp/memory_plan.h"
 #include "tp/presets.h"
 
 ABSL_FLAG(std::string, model, "kimi-k2-attn",
@@ -89,6 +100,13 @@ ABSL_FLAG(bool, extras, false,
           "three layers (first, middle, last), same process, right after the plain steps");
 ABSL_FLAG(std::string, extras_parts, "sampling,logprobs,hidden",
           "which extras --extras adds (a subset of sampling,logprobs,hidden)");
+ABSL_FLAG(bool, load_only, false,
+          "create the engine, report its load (seconds, bytes of the checkpoint's files, GB/s) "
+          "and memory as JSON, and exit");
+ABSL_FLAG(int, slice_rank, -1,
+          "run rank R of --tp alone on one GPU (collectives recorded and modeled); -1: every rank");
+ABSL_FLAG(double, floor_tbps, 4.24,
+          "memory bandwidth of the floor in TB/s (the H200's measured device copy rate)");
 ABSL_FLAG(bool, standalone, true,
           "also time the verify kernel alone on the same batch (L2 flushed before each run)");
 
@@ -116,6 +134,10 @@ struct Row {
   double standalone_us = 0;  // the verify kernel alone, one layer, same batch
   int shared_packs = 0;      // shared-prefix packs in rank 0's plan of the last step
   double extras_ms = 0;      // --extras: the same step with sampling, logprobs, hidden states
+  // --slice_rank: the recorded collectives of one step and their modeled time.
+  int64_t collectives = 0, comm_bytes = 0;
+  double modeled_comm_ms = 0;
+  double floor_bytes = 0, floor_ms = 0;
 };
 
 // Median wall ms of Engine::Step over iters after warmup; -1 on an error (printed).
@@ -289,8 +311,10 @@ int main(int argc, char** argv) {
   }
   const bool kv_fp8 = o.kv_dtype == verifyd::tp::KvDtype::kFp8;
   const int tp = std::max(1, absl::GetFlag(FLAGS_tp));
+  const int slice_rank = absl::GetFlag(FLAGS_slice_rank);
   o.tp = tp;
-  if (tp > 1) o.cuda.devices.assign(tp, 0);
+  o.cuda.slice_rank = slice_rank;
+  if (tp > 1 && slice_rank < 0) o.cuda.devices.assign(tp, 0);
   const auto t_create = std::chrono::steady_clock::now();
   auto created = CudaEngine::Create(o);
   if (!created.ok()) {
@@ -300,11 +324,63 @@ int main(int argc, char** argv) {
   CudaEngine& e = **created;
   const double create_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_create).count();
+  if (absl::GetFlag(FLAGS_load_only)) {
+    // The checkpoint's bytes on disk (a preset is generated: 0) over the engine's creation.
+    int64_t file_bytes = 0;
+    const std::filesystem::path dir(absl::GetFlag(FLAGS_model));
+    if (std::filesystem::is_directory(dir)) {
+      for (const auto& f : std::filesystem::directory_iterator(dir)) {
+        if (f.path().extension() == ".safetensors") file_bytes += f.file_size();
+      }
+    }
+    const verifyd::tp::EngineMemory mem = e.memory();
+    nlohmann::json j = {{"bench", "engine_load"},
+                        {"model", absl::GetFlag(FLAGS_model)},
+                        {"commit", absl::GetFlag(FLAGS_commit)},
+                        {"tp", tp},
+                        {"slice_rank", slice_rank},
+                        {"create_s", create_s},
+                        {"file_bytes", file_bytes},
+                        {"file_gbps", file_bytes / 1e9 / create_s},
+                        {"device_bytes", mem.device_bytes},
+                        {"weight_bytes_planned", mem.weight_bytes},
+                        {"workspace_bytes_planned", mem.workspace_bytes},
+                        {"planned_before_kv_bytes", mem.planned_before_kv_bytes},
+                        {"used_before_kv_bytes", mem.used_before_kv_bytes},
+                        {"kv_cache_bytes", mem.kv_cache_bytes},
+                        {"kv_tokens", mem.kv_tokens}};
+    std::printf("%s\n", j.dump(2).c_str());
+    if (!absl::GetFlag(FLAGS_json).empty()) std::ofstream(absl::GetFlag(FLAGS_json)) << j.dump(2);
+    return 0;
+  }
   if (absl::Status s = e.FillLatentCacheRandom(123); !s.ok()) {
     std::fprintf(stderr, "fill: %s\n", s.ToString().c_str());
     return 1;
   }
   const auto& c = e.config();
+  // The floor's parts from the rank's memory plan: every weight but the routed experts is
+  // read each step, a routed expert only when a row reached it.
+  double expert_bytes = 0, other_weight_bytes = 0;
+  {
+    verifyd::tp::MemoryPlanOptions po =
+        verifyd::tp::MemoryPlanOptionsOf(o, e.memory().device_bytes);
+    po.rank = std::max(0, slice_rank);
+    auto plan = verifyd::tp::PlanRankMemory(c, po);
+    if (!plan.ok()) {
+      std::fprintf(stderr, "memory plan: %s\n", plan.status().ToString().c_str());
+      return 1;
+    }
+    int64_t moe_layers = 0;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.IsMoeLayer(l) ? 1 : 0;
+    const double routed = static_cast<double>(plan->WeightBytes("routed_experts"));
+    if (moe_layers > 0 && plan->local_experts > 0) {
+      expert_bytes = routed / static_cast<double>(moe_layers * plan->local_experts);
+    }
+    other_weight_bytes = static_cast<double>(plan->weight_bytes) - routed;
+  }
+  const verifyd::tp::CommModel comm_model = verifyd::tp::NvlinkH200x8();
+  const double floor_bps = absl::GetFlag(FLAGS_floor_tbps) * 1e12;
+  const int64_t kv_token_bytes = e.memory().kv_bytes_per_token;
   std::printf(
       "model %s: %lld layers, hidden %lld, heads %lld, kv_lora %lld + rope %lld, "
       "vocab %lld; kv pool %lld slots; engine created in %.1f s\n",
@@ -343,6 +419,18 @@ int main(int argc, char** argv) {
         Row row{ctx, nodes, batch, med, batch * (nodes + 1) / (med / 1e3), e.last_profile(), 0};
         row.host_ms = std::max(0.0, prof_wall - row.prof.total_ms);
         row.shared_packs = e.last_shared_prefix_packs();
+        if (slice_rank >= 0) {
+          const std::vector<verifyd::tp::CollectiveCall> calls = e.last_collectives();
+          row.collectives = static_cast<int64_t>(calls.size());
+          for (const auto& call : calls) row.comm_bytes += call.bytes;
+          row.modeled_comm_ms = 1e3 * verifyd::tp::ModeledSeconds(comm_model, calls);
+        }
+        // What the step must read: touched experts, the other weights, each request's KV.
+        row.floor_bytes = expert_bytes * static_cast<double>(row.prof.experts_touched) +
+                          other_weight_bytes +
+                          static_cast<double>(batch) * static_cast<double>(ctx + nodes + 1) *
+                              static_cast<double>(kv_token_bytes);
+        row.floor_ms = 1e3 * row.floor_bytes / floor_bps;
         if (absl::GetFlag(FLAGS_standalone) && row.prof.verify_kernel && tp == 1) {
           row.standalone_us = StandaloneAttentionUs(reqs, c, e.kv_slots(), kv_fp8);
         }
@@ -405,6 +493,27 @@ int main(int argc, char** argv) {
     };
   }
   j["tp"] = tp;
+  if (slice_rank >= 0) {
+    j["slice"] = {{"rank", slice_rank}, {"world", tp}};
+    j["comm_model"] = {{"name", comm_model.name},
+                       {"source", comm_model.source},
+                       {"all_reduce_latency_us", comm_model.all_reduce_latency_us},
+                       {"all_reduce_bus_gbps", comm_model.all_reduce_bus_gbps},
+                       {"all_gather_latency_us", comm_model.all_gather_latency_us},
+                       {"all_gather_bus_gbps", comm_model.all_gather_bus_gbps}};
+  }
+  j["floor_tbps"] = absl::GetFlag(FLAGS_floor_tbps);
+  j["expert_bytes"] = expert_bytes;
+  j["other_weight_bytes"] = other_weight_bytes;
+  j["kv_bytes_per_token"] = kv_token_bytes;
+  j["memory"] = {{"device_bytes", e.memory().device_bytes},
+                 {"weight_bytes_planned", e.memory().weight_bytes},
+                 {"workspace_bytes_planned", e.memory().workspace_bytes},
+                 {"used_before_kv_bytes", e.memory().used_before_kv_bytes},
+                 {"kv_cache_bytes", e.memory().kv_cache_bytes},
+                 {"kv_tokens", e.memory().kv_tokens},
+                 {"create_s", create_s}};
+  j["expert_mode"] = e.expert_mode();
   j["shared_prefix"] = absl::GetFlag(FLAGS_shared_prefix);
   j["model"] = c.name;
   j["layers"] = c.num_hidden_layers;
@@ -442,7 +551,23 @@ int main(int argc, char** argv) {
          {"attention_per_layer_us", 1e3 * r.prof.attention_ms / c.num_hidden_layers},
          {"standalone_kernel_us", r.standalone_us},
          {"shared_prefix_packs", r.shared_packs},
-         {"extras_step_ms", r.extras_ms}});
+         {"extras_step_ms", r.extras_ms},
+         {"router_ms", r.prof.router_ms},
+         {"dispatch_ms", r.prof.dispatch_ms},
+         {"experts_ms", r.prof.experts_ms},
+         {"sampling_ms", r.prof.sampling_ms},
+         {"distinct_experts", r.prof.experts_touched},
+         {"collectives", r.collectives},
+         {"comm_bytes", r.comm_bytes},
+         {"modeled_comm_ms", r.modeled_comm_ms},
+         {"step_with_comm_ms", r.step_ms + r.modeled_comm_ms},
+         {"tokens_per_s_host", r.batch * (r.nodes + 1) / ((r.step_ms + r.modeled_comm_ms) / 1e3)},
+         {"tokens_per_s_gpu",
+          r.batch * (r.nodes + 1) / ((r.step_ms + r.modeled_comm_ms) / 1e3) / tp},
+         {"floor_bytes", r.floor_bytes},
+         {"floor_ms", r.floor_ms},
+         {"floor_fraction", r.step_ms > 0 ? r.floor_ms / r.step_ms : 0.0},
+         {"fits", true}});
   }
   if (!absl::GetFlag(FLAGS_json).empty()) {
     std::ofstream(absl::GetFlag(FLAGS_json)) << j.dump(2) << "\n";
@@ -463,6 +588,25 @@ int main(int argc, char** argv) {
         static_cast<long long>(r.batch), r.step_ms, r.tokens_per_s, r.prof.attention_ms,
         r.prof.gemm_ms, r.prof.comm_ms, r.prof.other_ms, r.host_ms, per_layer, r.standalone_us,
         r.standalone_us > 0 ? per_layer / r.standalone_us : 0.0);
+  }
+  if (slice_rank >= 0 || c.moe.n_routed_experts > 0) {
+    std::printf(
+        "\nrank %d of %d alone; comm modeled (%s); floor = bytes the step must read / %.2f TB/s"
+        "\n%7s %5s %5s | %9s %8s %9s | %7s %7s %7s %7s %7s %7s | %7s %8s %6s | %10s\n",
+        std::max(0, slice_rank), tp, comm_model.name.c_str(), absl::GetFlag(FLAGS_floor_tbps),
+        "context", "nodes", "batch", "step ms", "comm ms", "+comm ms", "router", "dispatch",
+        "experts", "dense", "attn", "sample", "experts", "floor ms", "floor%", "host tok/s");
+    for (const Row& r : rows) {
+      const double with_comm = r.step_ms + r.modeled_comm_ms;
+      std::printf(
+          "%7lld %5lld %5lld | %9.2f %8.2f %9.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f | %7lld "
+          "%8.2f %5.0f%% | %10.0f\n",
+          static_cast<long long>(r.context), static_cast<long long>(r.nodes),
+          static_cast<long long>(r.batch), r.step_ms, r.modeled_comm_ms, with_comm,
+          r.prof.router_ms, r.prof.dispatch_ms, r.prof.experts_ms, r.prof.gemm_ms,
+          r.prof.attention_ms, r.prof.sampling_ms, static_cast<long long>(r.prof.experts_touched),
+          r.floor_ms, 100.0 * r.floor_ms / r.step_ms, r.batch * (r.nodes + 1) / (with_comm / 1e3));
+    }
   }
   if (absl::GetFlag(FLAGS_extras)) {
     std::printf(

@@ -12,6 +12,9 @@ block); embeddings, norms and lm_head in bf16. The values are random (normal, st
 
 Needs torch and safetensors (the GPU machine has both); uses the GPU when there is one.
   python3 bench/engine/make_fp8_checkpoint.py --out /tmp/kimi_fp8 --layers 4
+With --shard_layers K the decoder layers go into files of K layers each
+(model-0000i-of-0000n.safetensors + model.safetensors.index.json, as published checkpoints
+are split): 61 layers are ~31 GB, what the loader benchmark reads.
 """
 
 import argparse
@@ -44,6 +47,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--shard_layers", type=int, default=0,
+                    help="decoder layers per file (0: one model.safetensors)")
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator(device=dev).manual_seed(args.seed)
@@ -65,7 +70,22 @@ def main():
         "mlp.up_proj": (INTER, HIDDEN),
         "mlp.down_proj": (HIDDEN, INTER),
     }
+    # Each file is written as it fills, so host memory holds one shard at a time.
+    n = -(-args.layers // args.shard_layers) if args.shard_layers > 0 else 1
+    files = ([f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+             if args.shard_layers > 0 else ["model.safetensors"])
+    index = {}
+
+    def flush():
+        name = files[len(set(index.values()))]
+        save_file(t, os.path.join(args.out, name), metadata={"format": "pt"})
+        for k in t:
+            index[k] = name
+        t.clear()
+
     for l in range(args.layers):
+        if args.shard_layers > 0 and l > 0 and l % args.shard_layers == 0:
+            flush()
         p = f"model.layers.{l}."
         for name, (rows, cols) in linears.items():
             q, s = fp8_block(rows, cols, gen, dev)
@@ -75,7 +95,10 @@ def main():
                         ("self_attn.q_a_layernorm", Q_LORA),
                         ("self_attn.kv_a_layernorm", KV_LORA)):
             t[p + norm + ".weight"] = torch.ones(n, dtype=torch.bfloat16)
-    save_file(t, os.path.join(args.out, "model.safetensors"), metadata={"format": "pt"})
+    flush()
+    if args.shard_layers > 0:
+        with open(os.path.join(args.out, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": index}, f)
     config = {
         "architectures": ["DeepseekV3ForCausalLM"],
         "model_type": "deepseek_v3",
@@ -117,8 +140,8 @@ def main():
     }
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    print(f"wrote {args.out}: {args.layers} layers, "
-          f"{os.path.getsize(os.path.join(args.out, 'model.safetensors')) / 2**30:.2f} GiB")
+    total = sum(os.path.getsize(os.path.join(args.out, f)) for f in files)
+    print(f"wrote {args.out}: {args.layers} layers, {len(files)} files, {total / 1e9:.2f} GB")
 
 
 if __name__ == "__main__":

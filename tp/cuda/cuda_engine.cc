@@ -36,6 +36,8 @@
 #include "tp/cuda/mla_layer.h"
 #include "tp/cuda/nccl_communicator.h"
 #include "tp/cuda/rank_context.h"
+#include "tp/cuda/rank_order_sum.h"
+#include "tp/memory_plan.h"
 #include "tp/presets.h"
 #include "tp/rank_group.h"
 #include "tp/sharding.h"
@@ -179,6 +181,9 @@ struct CudaEngine::Impl {
 
   std::mutex step_mu;  // serialises Step calls and the test / benchmark APIs
   int64_t step_index = 0;
+  EngineMemory memory;  // set by Create
+  // A slice's collectives of the last step (RecordingCommunicator), else empty.
+  std::vector<CollectiveCall> last_collectives;
 
   // Host plan arena (pinned), written by the Step thread before the ranks run.
   char* plan_host = nullptr;
@@ -222,9 +227,13 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
                                        const StepExtras& ex) {
   const ModelConfig& c = config;
   const int64_t R = plan.total_rows, B = plan.batch;
-  rk.profiling = options.cuda.profile && rk.rank == 0;
+  rk.profiling = options.cuda.profile && rk.lead;
   rk.events_used = 0;
   MarkProfile(rk, ProfileCategory::kOther);
+  if (rk.profiling && rk.moe_touched != nullptr) {
+    VERIFYD_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(rk.moe_touched, 0, c.num_hidden_layers * sizeof(int32_t), rk.stream));
+  }
 
   // Plan: one copy of the whole arena (grown when a step has more context slots).
   if (rk.plan_dev_bytes < lay.total) {
@@ -244,7 +253,7 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
   auto dev_i32 = [&](size_t off) { return reinterpret_cast<int32_t*>(rk.plan_dev + off); };
   MlaStep step;
   step.config = &c;
-  step.tp = tp;
+  step.tp = rk.world;
   step.kv_slots = kv_slots;
   step.rows = R;
   step.batch = B;
@@ -314,7 +323,7 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
   // Hidden states: the residual stream is the same on every rank after each layer (it changes
   // only by all-reduced sums), so rank 0 copies the asked rows after each asked layer into one
   // device buffer, brought to the host once at the end of the step (no gather across ranks).
-  const bool capture = rk.rank == 0 && ex.hidden_floats > 0;
+  const bool capture = rk.lead && ex.hidden_floats > 0;
   if (capture) {
     VERIFYD_RETURN_IF_ERROR(
         GrowPair(rk, &rk.hidden_dev, &rk.hidden_host, &rk.hidden_capacity, ex.hidden_floats));
@@ -339,22 +348,23 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
   // Sampled rows and logprobs need every row's full logits: all-gathered to every rank (a
   // collective) when TP > 1, then drawn on rank 0 before acceptance.
   const int64_t nspecs = static_cast<int64_t>(ex.specs.size());
-  if ((want_logits || nspecs > 0) && tp > 1) {
+  if ((want_logits || nspecs > 0) && rk.world > 1) {
     if (rk.logits_gathered == nullptr) {
-      absl::StatusOr<float*> g = rk.Alloc<float>(static_cast<int64_t>(tp) * max_rows * rk.vmax);
+      absl::StatusOr<float*> g =
+          rk.Alloc<float>(static_cast<int64_t>(rk.world) * max_rows * rk.vmax);
       if (!g.ok()) return g.status();
       rk.logits_gathered = *g;
     }
     VERIFYD_RETURN_IF_ERROR(
         rk.comm->AllGather(rk.logits, rk.logits_gathered, R * rk.vmax * sizeof(float), rk.stream));
   }
-  if (rk.rank == 0 && nspecs > 0) {
+  if (rk.lead && nspecs > 0) {
     VERIFYD_RETURN_IF_ERROR(
         GrowPair(rk, &rk.sample_out, &rk.sample_out_host, &rk.sample_capacity, nspecs));
     kc::SampleRowsParams sp;
     sp.rows = static_cast<int>(nspecs);
     sp.specs = reinterpret_cast<const kc::SampleRowSpec*>(rk.plan_dev + lay.specs);
-    sp.logits = tp > 1 ? rk.logits_gathered : rk.logits;
+    sp.logits = rk.world > 1 ? rk.logits_gathered : rk.logits;
     sp.vocab = c.vocab_size;
     sp.vmax = rk.vmax;
     sp.shard_stride = R * rk.vmax;
@@ -364,7 +374,7 @@ absl::Status CudaEngine::Impl::Forward(CudaRankContext& rk, const BatchPlan& pla
     VERIFYD_RETURN_IF_ERROR(kc::SampleRowsCuda(sp));
   }
   // Acceptance and the kept / freed slot lists, once, on rank 0; one copy out.
-  if (rk.rank == 0) {
+  if (rk.lead) {
     kernels::TreeAcceptParams p;
     p.batch = static_cast<int>(B);
     p.row_indptr = d_q_indptr;
@@ -502,6 +512,9 @@ absl::StatusOr<std::vector<StepResult>> CudaEngine::Impl::RunStep(
         if (options.fault_hook) VERIFYD_RETURN_IF_ERROR(options.fault_hook(rk.rank, step_no));
         return Forward(rk, *shared_plan, lay, want_logits, *extras);
       });
+  if (auto* rec = dynamic_cast<RecordingCommunicator*>(ranks[0]->comm.get())) {
+    last_collectives = rec->TakeRecords();
+  }
   if (!run.status.ok()) {
     failed.store(true);
     AbortComms();
@@ -607,7 +620,7 @@ CudaEngine::CudaEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudaEngine::~CudaEngine() = default;
 
 const ModelConfig& CudaEngine::config() const { return impl_->config; }
-int CudaEngine::tp_size() const { return impl_->tp; }
+int CudaEngine::tp_size() const { return impl_->options.tp; }
 int64_t CudaEngine::kv_slots() const { return impl_->kv_slots; }
 EngineLimits CudaEngine::limits() const { return impl_->limits; }
 bool CudaEngine::batch_invariant() const { return impl_->options.cuda.batch_invariant; }
@@ -621,7 +634,18 @@ absl::StatusOr<std::vector<StepResult>> CudaEngine::Step(const std::vector<StepR
 absl::StatusOr<std::vector<StepResult>> CudaEngine::StepWithLogits(
     const std::vector<StepRequest>& batch, std::vector<float>* logits, StepTiming* timing) {
   if (logits == nullptr) return absl::InvalidArgumentError("logits must not be null");
+  if (impl_->options.cuda.slice_rank >= 0) {
+    return absl::FailedPreconditionError(
+        "StepWithLogits: a slice (slice_rank) holds one rank's vocabulary rows only");
+  }
   return impl_->RunStep(batch, logits, timing);
+}
+
+EngineMemory CudaEngine::memory() const { return impl_->memory; }
+
+std::vector<CollectiveCall> CudaEngine::last_collectives() const {
+  std::lock_guard<std::mutex> lock(impl_->step_mu);
+  return impl_->last_collectives;
 }
 
 void CudaEngine::set_profile(bool on) {
@@ -797,14 +821,22 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
         "(batch-invariant steps run positional plans on the device's own kernel)");
   }
 
+  // A slice (cuda.slice_rank) runs one rank of the tp ranks, alone on one device.
+  const bool slice = o.cuda.slice_rank >= 0;
+  if (slice && (o.tp < 2 || o.cuda.slice_rank >= o.tp || o.tp > kMaxRankOrderSources)) {
+    return bad("slice_rank: ", o.cuda.slice_rank, " needs tp in [2, ", kMaxRankOrderSources,
+               "] and slice_rank < tp (tp ", o.tp, ")");
+  }
+  const int nranks = slice ? 1 : o.tp;
   const int ndev = CudaDeviceCount();
   if (ndev == 0) return absl::FailedPreconditionError("cuda engine: no CUDA device is visible");
   std::vector<int> devices = o.cuda.devices;
   if (devices.empty()) {
-    for (int r = 0; r < o.tp; ++r) devices.push_back(r);
+    for (int r = 0; r < nranks; ++r) devices.push_back(r);
   }
-  if (static_cast<int>(devices.size()) != o.tp) {
-    return bad("devices: ", devices.size(), " entries for tp ", o.tp);
+  if (static_cast<int>(devices.size()) != nranks) {
+    return bad("devices: ", devices.size(), " entries for ",
+               slice ? "one rank (slice_rank)" : absl::StrCat("tp ", o.tp));
   }
   for (int d : devices) {
     if (d < 0 || d >= ndev) return bad("devices: device ", d, " is not in [0, ", ndev, ")");
@@ -821,14 +853,14 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
     }
     if (o.tp > kMaxLoopbackRanks)
       return bad("devices: at most ", kMaxLoopbackRanks, " loopback ranks");
-  } else if (o.tp > 1 && !NcclCommunicator::Available()) {
+  } else if (!slice && o.tp > 1 && !NcclCommunicator::Available()) {
     return absl::UnimplementedError("tp > 1 on distinct GPUs needs a build with NCCL");
   }
 
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
   m.options = o;
-  m.tp = o.tp;
+  m.tp = nranks;
   // The model, by EngineOptions' precedence (tp/engine_options.h): a source (explicit, or a
   // checkpoint directory opened here: headers only) that each rank reads its bf16 slices from
   // through a bounded staging buffer (FillTensor, rank_context.cc), or none: the rank's slices
@@ -863,6 +895,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   setup.weights.host = m.source.get();
   setup.weights.specs = &m.specs;
   setup.weights.seed = o.seed;
+  setup.weights.config = &m.config;
   setup.max_rows = static_cast<int64_t>(lim.max_batch) * lim.max_tail_rows;
   setup.max_batch = lim.max_batch;
   setup.use_verify_kernel = o.cuda.use_verify_kernel;
@@ -878,7 +911,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   setup.fp8_staging_keys = kv_fp8 && !o.cuda.batch_invariant ? o.cuda.fp8_staging_keys : 0;
   setup.comm_timeout_ms = o.comm_timeout_ms;
   m.max_rows = setup.max_rows;
-  if (o.tp > 1 && shared_device) {
+  if (slice) {
+    setup.recording = true;
+  } else if (o.tp > 1 && shared_device) {
     setup.loopback = std::make_shared<LoopbackGroup>(o.tp, o.comm_timeout_ms);
   } else if (o.tp > 1) {
     absl::StatusOr<std::string> id = NcclCommunicator::NewUniqueId();
@@ -886,16 +921,36 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
     setup.nccl_id = *id;
     setup.nccl_group = std::make_shared<NcclGroupState>();
   }
-  for (int r = 0; r < o.tp; ++r) {
+  for (int r = 0; r < nranks; ++r) {
     auto rk = std::make_unique<CudaRankContext>();
-    rk->rank = r;
+    rk->rank = slice ? o.cuda.slice_rank : r;
     rk->device = devices[r];
     rk->world = o.tp;
+    rk->lead = r == 0;
     m.ranks.push_back(std::move(rk));
   }
   m.group = std::make_unique<RankGroup>(
-      o.tp, [&m](int r) { cudaSetDevice(m.ranks[r]->device); },
+      nranks, [&m](int r) { cudaSetDevice(m.ranks[r]->device); },
       [&m](int r) { FreeRankContext(*m.ranks[r]); });
+
+  // The first rank's memory plan (tp/memory_plan.h) on its device: weights, workspaces and a
+  // requested KV pool that cannot fit are refused here, before anything is loaded.
+  {
+    size_t free_b = 0, total_b = 0;
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices[0]));
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+    MemoryPlanOptions po = MemoryPlanOptionsOf(o, static_cast<int64_t>(total_b));
+    po.rank = slice ? o.cuda.slice_rank : 0;
+    m.memory.device_bytes = static_cast<int64_t>(total_b);
+    if (absl::StatusOr<MemoryPlan> plan = PlanRankMemory(m.config, po); plan.ok()) {
+      if (o.kv_slots > 0 && !plan->fit.ok()) {
+        return absl::Status(plan->fit.code(), absl::StrCat("cuda engine: ", plan->fit.message()));
+      }
+      m.memory.weight_bytes = plan->weight_bytes;
+      m.memory.workspace_bytes = plan->buffer_bytes;
+      m.memory.planned_before_kv_bytes = plan->weight_bytes + plan->buffer_bytes;
+    }
+  }
 
   // Phase 1: devices, communicators, weights, buffers; phase 2: the KV pool, sized from the
   // smallest free memory over the ranks.
@@ -917,12 +972,17 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
       return absl::ResourceExhaustedError("cuda engine: no device memory left for the KV pool");
     }
   }
+  m.memory.used_before_kv_bytes =
+      m.memory.device_bytes - static_cast<int64_t>(m.ranks[0]->free_bytes);
   run = m.RunOnRanks([&m, kv_fp8](CudaRankContext& rk) {
     return AllocateKvPool(m.config, m.kv_slots, kv_fp8, rk);
   });
   if (!run.status.ok()) {
     return absl::Status(run.status.code(), absl::StrCat("cuda engine init: ", run.failure));
   }
+  m.memory.kv_bytes_per_token = m.config.num_hidden_layers * KvRowBytes(m.config, kv_fp8);
+  m.memory.kv_tokens = m.kv_slots;
+  m.memory.kv_cache_bytes = m.kv_slots * m.memory.kv_bytes_per_token;
   return std::unique_ptr<CudaEngine>(new CudaEngine(std::move(impl)));
 }
 

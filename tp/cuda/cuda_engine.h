@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tp/comm_model.h"
 #include "tp/engine.h"
 #include "tp/engine_options.h"
 #include "tp/model_config.h"
@@ -54,12 +55,21 @@ bool CudaDevicesAvailable();
 // Time split of the last step on rank 0 (milliseconds of GPU stream time), when
 // EngineOptions::cuda.profile is set.
 struct CudaStepProfile {
-  double attention_ms = 0;     // verify attention kernels (+ combine)
-  double gemm_ms = 0;          // cuBLAS GEMMs incl. the absorbed per-head products, LM head
+  double attention_ms = 0;  // verify attention kernels (+ combine)
+  // Dense GEMMs: projections incl. the absorbed per-head products, dense MLPs, shared
+  // experts, LM head.
+  double gemm_ms = 0;
+  double router_ms = 0;        // MoE router logits + top-k
+  double dispatch_ms = 0;      // MoE permutation, gathers, weighted combine
+  double experts_ms = 0;       // routed experts' GEMMs, SwiGLU and FP8 quantization
+  double sampling_ms = 0;      // argmax, sampling, acceptance, copy out
   double comm_ms = 0;          // all-reduce / all-gather
-  double other_ms = 0;         // norms, rope, KV write, SwiGLU, argmax, acceptance, copies
+  double other_ms = 0;         // norms, rope, KV write, SwiGLU of dense MLPs, plan upload
   double total_ms = 0;         // first to last event
   bool verify_kernel = false;  // the optimised kernel ran this step (else the fallback)
+  // MoE models: the rank's routed experts that at least one row reached, summed over the MoE
+  // layers (the expert weights the step had to read).
+  int64_t experts_touched = 0;
 };
 
 class CudaEngine final : public Engine {
@@ -77,6 +87,9 @@ class CudaEngine final : public Engine {
   // "bfloat16", or "fp8_e4m3" (EngineOptions::kv_dtype fp8: kernels/kv_fp8.h).
   std::string kv_cache_dtype() const override;
   bool failed() const override;
+  // The first rank's device memory: the plan's weights and workspaces (tp/memory_plan.h), the
+  // KV pool, and the memory in use once weights and buffers were allocated (cudaMemGetInfo).
+  EngineMemory memory() const override;
 
   absl::StatusOr<std::vector<StepResult>> Step(const std::vector<StepRequest>& batch,
                                                StepTiming* timing = nullptr) override;
@@ -119,6 +132,11 @@ class CudaEngine final : public Engine {
   // (kernels/cuda/dense/ fallback_attention.h: shapes the optimised kernels do not take). Test /
   // benchmark API.
   std::string last_verify_kernel() const;
+
+  // A slice's (EngineOptions::cuda.slice_rank) collectives of the last step, recorded in
+  // call order instead of run (tp/cuda/recording_communicator.h); empty otherwise.
+  // Benchmark API.
+  std::vector<CollectiveCall> last_collectives() const;
 
   struct Impl;
 

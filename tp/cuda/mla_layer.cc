@@ -357,7 +357,7 @@ absl::Status RunLmHeadArgmax(const MlaStep& s, CudaRankContext& rk) {
     p.y_dtype = F32;
     VERIFYD_RETURN_IF_ERROR(kc::GemmBf16(rk.cublas, p));
   }
-  MarkProfile(rk, ProfileCategory::kOther);
+  MarkProfile(rk, ProfileCategory::kSampling);
   {
     kc::ArgmaxRowsParams p;
     p.rows = static_cast<int>(R);
@@ -375,7 +375,7 @@ absl::Status RunLmHeadArgmax(const MlaStep& s, CudaRankContext& rk) {
     VERIFYD_RETURN_IF_ERROR(
         rk.comm->AllGather(rk.pairs, rk.gathered, R * sizeof(kc::ArgmaxPair), rk.stream));
     cand = rk.gathered;
-    MarkProfile(rk, ProfileCategory::kOther);
+    MarkProfile(rk, ProfileCategory::kSampling);
   }
   kc::ArgmaxCombineParams p;
   p.rows = static_cast<int>(R);

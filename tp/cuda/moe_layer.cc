@@ -2,6 +2,7 @@
 #include "tp/cuda/moe_layer.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/dense/moe.h"
 #include "kernels/cuda/dense/moe_mlp.h"
 #include "kernels/cuda/dense/rms_norm.h"
 #include "kernels/status.h"
@@ -14,8 +15,15 @@ namespace kc = kernels::cuda;
 // The profile category of each phase of kc::RunMoeMlp.
 ProfileCategory CategoryOf(kc::MoePhase phase) {
   switch (phase) {
+    case kc::MoePhase::kRoute:
+      return ProfileCategory::kRouter;
+    case kc::MoePhase::kPermute:
+    case kc::MoePhase::kCombine:
+      return ProfileCategory::kDispatch;
     case kc::MoePhase::kGateUp:
+    case kc::MoePhase::kSwiGlu:
     case kc::MoePhase::kDown:
+      return ProfileCategory::kExperts;
     case kc::MoePhase::kShared:
       return ProfileCategory::kGemm;
     default:
@@ -123,10 +131,24 @@ absl::Status RunMoeMlp(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
   a.batch_invariant = rk.batch_invariant;
   a.stream = rk.stream;
   a.host_sync = [&rk, &s] { return WaitRankStream(rk, s.sync_timeout_ms); };
-  a.mark = [&rk](kc::MoePhase phase) {
+  absl::Status count_status;
+  a.mark = [&](kc::MoePhase phase) {
+    // Profiled steps count the local experts the routing reached (the permutation is done by
+    // the shared experts' phase).
+    if (phase == kc::MoePhase::kShared && rk.profiling && rk.moe_touched != nullptr &&
+        a.shape.inter > 0) {
+      kc::MoeCountTouchedParams t;
+      t.offsets = rk.moe_offsets;
+      t.begin = static_cast<int>(rk.expert_begin);
+      t.n = static_cast<int>(rk.local_experts);
+      t.count = rk.moe_touched + layer;
+      t.stream = rk.stream;
+      count_status.Update(kc::MoeCountTouchedCuda(t));
+    }
     if (phase != kc::MoePhase::kDone) MarkProfile(rk, CategoryOf(phase));
   };
-  return kc::RunMoeMlp(a);
+  VERIFYD_RETURN_IF_ERROR(kc::RunMoeMlp(a));
+  return count_status;
 }
 
 }  // namespace verifyd::tp

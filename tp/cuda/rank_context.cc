@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <string_view>
 #include <thread>
 
@@ -48,6 +49,69 @@ absl::Status WaitStream(cudaStream_t s, int timeout_ms) {
 // Largest host staging buffer of one upload: a bigger block goes up in chunks of rows.
 constexpr int64_t kStagingBytes = int64_t{64} << 20;
 
+// The next pinned staging buffer (CudaRankContext::UploadStaging) with room for `bytes`, once
+// its previous copy has finished: the caller fills it while the other buffer's copy runs.
+absl::StatusOr<char*> AcquireStaging(CudaRankContext& rk, size_t bytes) {
+  CudaRankContext::UploadStaging& st = rk.staging;
+  const int i = st.next;
+  if (st.done[i] == nullptr) {
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&st.done[i], cudaEventDisableTiming));
+  } else {
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(st.done[i]));
+  }
+  if (st.bytes[i] < bytes) {
+    if (st.buf[i] != nullptr) VERIFYD_CUDA_RETURN_IF_ERROR(cudaFreeHost(st.buf[i]));
+    st.buf[i] = nullptr;
+    st.bytes[i] = 0;
+    void* h = nullptr;
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h, bytes));
+    st.buf[i] = static_cast<char*>(h);
+    st.bytes[i] = bytes;
+  }
+  return st.buf[i];
+}
+
+// After the copies out of the buffer AcquireStaging gave were enqueued: records its event
+// (it is reused once they finish) and turns to the other buffer.
+absl::Status ReleaseStaging(CudaRankContext& rk) {
+  CudaRankContext::UploadStaging& st = rk.staging;
+  VERIFYD_CUDA_RETURN_IF_ERROR(cudaEventRecord(st.done[st.next], rk.stream));
+  st.next ^= 1;
+  return absl::OkStatus();
+}
+
+// The index of the first e4m3 NaN code (0x7f / 0xff) in bytes[0, n), or n: eight bytes at a
+// time (a byte of (w & 0x7f..) ^ 0x7f.. is zero exactly where w has a NaN code), so the check
+// keeps up with the reads.
+int64_t FirstFp8Nan(const uint8_t* bytes, int64_t n) {
+  constexpr uint64_t k7f = 0x7f7f7f7f7f7f7f7full, k01 = 0x0101010101010101ull;
+  constexpr uint64_t k80 = 0x8080808080808080ull;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, bytes + i, 8);
+    const uint64_t y = (w & k7f) ^ k7f;  // bytes <= 0x7f: the zero-byte test is exact
+    if (((y - k01) & ~y & k80) != 0) break;
+  }
+  for (; i < n; ++i) {
+    if ((bytes[i] & 0x7f) == 0x7f) return i;
+  }
+  return n;
+}
+
+// Drains the stream and frees the staging buffers and events.
+absl::Status FreeStaging(CudaRankContext& rk) {
+  const cudaError_t sync = rk.stream != nullptr ? cudaStreamSynchronize(rk.stream) : cudaSuccess;
+  CudaRankContext::UploadStaging& st = rk.staging;
+  for (int i = 0; i < 2; ++i) {
+    if (st.buf[i] != nullptr) cudaFreeHost(st.buf[i]);
+    if (st.done[i] != nullptr) cudaEventDestroy(st.done[i]);
+  }
+  st = CudaRankContext::UploadStaging{};
+  VERIFYD_CUDA_RETURN_IF_ERROR(sync);
+  return absl::OkStatus();
+}
+
 // Copies the block [row0, +rows) x [col0, +cols) of tensor `name` from the source to dst
 // [rows, cols] through a host staging buffer of at most kStagingBytes (at least one row):
 // read(r0, n, out) fills rows [r0, r0 + n) of the block into out, every value must pass
@@ -57,10 +121,11 @@ absl::Status UploadFromSource(const tp::WeightSource& source, CudaRankContext& r
                               const std::string& name, T* dst, int64_t rows, int64_t cols,
                               int64_t row0, int64_t col0, ReadFn read, FiniteFn finite) {
   const int64_t chunk = std::clamp<int64_t>(kStagingBytes / (cols * int64_t{sizeof(T)}), 1, rows);
-  std::vector<T> staging(static_cast<size_t>(chunk * cols));
   for (int64_t r = 0; r < rows; r += chunk) {
     const int64_t n = std::min(chunk, rows - r);
-    VERIFYD_RETURN_IF_ERROR(read(row0 + r, n, staging.data()));
+    VERIFYD_ASSIGN_OR_RETURN(char* buf, AcquireStaging(rk, chunk * cols * sizeof(T)));
+    T* staging = reinterpret_cast<T*>(buf);
+    VERIFYD_RETURN_IF_ERROR(read(row0 + r, n, staging));
     for (int64_t i = 0; i < n * cols; ++i) {
       if (!finite(staging[i])) {
         const std::string where = source.Location(name);
@@ -69,11 +134,11 @@ absl::Status UploadFromSource(const tp::WeightSource& source, CudaRankContext& r
                          row0 + r + i / cols, ", ", col0 + i % cols, "] is not finite"));
       }
     }
-    // Synchronous: the staging buffer is refilled next.
-    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + r * cols, staging.data(),
+    // Asynchronous from pinned memory: the next block is read into the other buffer meanwhile.
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + r * cols, staging,
                                                  static_cast<size_t>(n * cols) * sizeof(T),
                                                  cudaMemcpyHostToDevice, rk.stream));
-    VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rk.stream));
+    VERIFYD_RETURN_IF_ERROR(ReleaseStaging(rk));
   }
   return absl::OkStatus();
 }
@@ -102,6 +167,7 @@ absl::Status FillTensor(const RankWeightInit& source, CudaRankContext& rk, const
     g.col0 = col0;
     g.out = dst;
     g.ld_out = cols;
+    if (source.StoredAsFp8(name)) g.fp8_scale = kernels::WeightFp8Scale(s.init_scale);
     g.stream = rk.stream;
     return kc::GenerateWeightsCuda(g);
   }
@@ -151,17 +217,40 @@ absl::Status FillTensorFp8(const RankWeightInit& source, CudaRankContext& rk,
                            const std::string& name, uint8_t* dst, float* scale, int64_t rows,
                            int64_t cols, int64_t row0, int64_t col0, int64_t scale_ld = 0) {
   if (scale_ld == 0) scale_ld = cols / 128;
+  if (source.host == nullptr) {
+    auto it = source.specs->find(name);
+    if (it == source.specs->end()) {
+      return absl::InternalError(absl::StrCat("no spec for tensor ", name));
+    }
+    kc::GenerateFp8WeightsParams g;
+    g.tensor_key = kernels::WeightTensorKey(source.seed, kernels::WeightNameHash(name));
+    g.fp8_scale = kernels::WeightFp8Scale(it->second.init_scale);
+    g.rows = rows;
+    g.cols = cols;
+    g.full_cols = it->second.shape.size() > 1 ? it->second.shape[1] : it->second.shape[0];
+    g.row0 = row0;
+    g.col0 = col0;
+    g.out = dst;
+    g.ld_out = cols;
+    g.scales = scale;
+    g.scale_ld = scale_ld;
+    g.stream = rk.stream;
+    return kc::GenerateFp8WeightsCuda(g);
+  }
   const tp::WeightSource& src = *source.host;
   // A multiple of 128 rows (every chunk but the last starts and ends on a block boundary).
   const int64_t chunk = std::min(std::max<int64_t>(kStagingBytes / cols / 128 * 128, 128), rows);
-  std::vector<uint8_t> bytes(static_cast<size_t>(chunk * cols));
-  std::vector<float> sc(static_cast<size_t>((chunk + 127) / 128 * (cols / 128)));
+  // One pinned buffer holds the block's bytes, then (16-byte aligned) its scales.
+  const int64_t bytes_size = (chunk * cols + 15) / 16 * 16;
+  const int64_t scales_size = (chunk + 127) / 128 * (cols / 128) * int64_t{sizeof(float)};
   for (int64_t r = 0; r < rows; r += chunk) {
     const int64_t n = std::min(chunk, rows - r), nb = (n + 127) / 128;
-    VERIFYD_RETURN_IF_ERROR(
-        src.ReadBlockFp8(name, row0 + r, n, col0, cols, bytes.data(), sc.data()));
+    VERIFYD_ASSIGN_OR_RETURN(char* buf, AcquireStaging(rk, bytes_size + scales_size));
+    uint8_t* bytes = reinterpret_cast<uint8_t*>(buf);
+    float* sc = reinterpret_cast<float*>(buf + bytes_size);
+    VERIFYD_RETURN_IF_ERROR(src.ReadBlockFp8(name, row0 + r, n, col0, cols, bytes, sc));
     const std::string where = src.Location(name);
-    for (int64_t i = 0; i < n * cols; ++i) {
+    for (int64_t i = FirstFp8Nan(bytes, n * cols); i < n * cols; ++i) {
       if ((bytes[i] & 0x7f) == 0x7f) {
         return absl::InvalidArgumentError(
             absl::StrCat(where.empty() ? "" : where + ": ", "tensor '", name, "' element [",
@@ -175,14 +264,12 @@ absl::Status FillTensorFp8(const RankWeightInit& source, CudaRankContext& rk,
                                                        " (not a finite positive scale)"));
       }
     }
-    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + r * cols, bytes.data(),
-                                                 static_cast<size_t>(n * cols),
-                                                 cudaMemcpyHostToDevice, rk.stream));
-    VERIFYD_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy2DAsync(scale + r / 128 * scale_ld, scale_ld * sizeof(float), sc.data(),
-                          (cols / 128) * sizeof(float), (cols / 128) * sizeof(float), nb,
-                          cudaMemcpyHostToDevice, rk.stream));
-    VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rk.stream));
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        dst + r * cols, bytes, static_cast<size_t>(n * cols), cudaMemcpyHostToDevice, rk.stream));
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+        scale + r / 128 * scale_ld, scale_ld * sizeof(float), sc, (cols / 128) * sizeof(float),
+        (cols / 128) * sizeof(float), nb, cudaMemcpyHostToDevice, rk.stream));
+    VERIFYD_RETURN_IF_ERROR(ReleaseStaging(rk));
   }
   return absl::OkStatus();
 }
@@ -308,6 +395,7 @@ absl::Status AllocMoeBuffers(const ModelConfig& c, int64_t R, CudaRankContext& r
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_experts, AllocPoisoned<int32_t>(rk, P));
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_weights, AllocPoisoned<float>(rk, P));
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_offsets, AllocPoisoned<int32_t>(rk, E + 1));
+  VERIFYD_ASSIGN_OR_RETURN(rk.moe_touched, rk.Alloc<int32_t>(c.num_hidden_layers));
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_rows, AllocPoisoned<int32_t>(rk, P));
   VERIFYD_ASSIGN_OR_RETURN(rk.moe_pos, AllocPoisoned<int32_t>(rk, P));
   VERIFYD_ASSIGN_OR_RETURN(
@@ -360,9 +448,8 @@ ExpertPath ChooseExpertPath(const RankSetup& setup, const CudaRankContext& rk) {
   for (int64_t l = 0; l < c.num_hidden_layers && first_moe < 0; ++l) {
     if (c.IsMoeLayer(l)) first_moe = l;
   }
-  const tp::WeightSource* host = setup.weights.host;
-  if (setup.fp8_experts && host != nullptr && first_moe >= 0 &&
-      host->StoredAsFp8(LayerTensorName(first_moe, "mlp.experts.0.gate_proj.weight")) &&
+  if (setup.fp8_experts && first_moe >= 0 &&
+      setup.weights.StoredAsFp8(LayerTensorName(first_moe, "mlp.experts.0.gate_proj.weight")) &&
       c.quant.block_rows == 128 && c.quant.block_cols == 128 && hid % 128 == 0 && Il % 128 == 0 &&
       rk.moe_inter.begin % 128 == 0) {
     return ExpertPath::kFp8Grouped;
@@ -376,18 +463,19 @@ ExpertPath ChooseExpertPath(const RankSetup& setup, const CudaRankContext& rk) {
 // is 128-aligned (and hidden too), when the GPU runs the grouped kernels and
 // RankSetup::fp8_experts is set. The first dense layer's / first MoE layer's gate_proj
 // decides for all (a checkpoint quantizes every layer alike).
-// What every FP8 linear kept in FP8 needs: the option, host weights (a checkpoint) with
-// 128 x 128 scale blocks, hidden a multiple of 128 and the grouped kernels on this GPU.
+// What every FP8 linear kept in FP8 needs: the option, FP8 weights (a checkpoint's or
+// generated) with 128 x 128 scale blocks, hidden a multiple of 128 and the grouped kernels on
+// this GPU.
 bool Fp8WeightsCanStayFp8(const RankSetup& setup, const CudaRankContext& rk) {
   const ModelConfig& c = *setup.config;
-  return setup.fp8_experts && setup.weights.host != nullptr && c.quant.block_rows == 128 &&
+  return setup.fp8_experts && c.quant.method == "fp8" && c.quant.block_rows == 128 &&
          c.quant.block_cols == 128 && c.hidden_size % 128 == 0 &&
          kc::GroupedGemmAvailable(rk.device);
 }
 
 void ChooseFp8Mlps(const RankSetup& setup, CudaRankContext& rk) {
   const ModelConfig& c = *setup.config;
-  const tp::WeightSource* host = setup.weights.host;
+  const RankWeightInit& host = setup.weights;
   if (!Fp8WeightsCanStayFp8(setup, rk)) return;
   auto aligned = [](const ShardRange& r) {
     return r.size > 0 && r.size % 128 == 0 && r.begin % 128 == 0;
@@ -395,14 +483,14 @@ void ChooseFp8Mlps(const RankSetup& setup, CudaRankContext& rk) {
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     if (c.IsMoeLayer(l)) {
       rk.fp8_shared = aligned(rk.moe_shared_inter) &&
-                      host->StoredAsFp8(LayerTensorName(l, "mlp.shared_experts.gate_proj.weight"));
+                      host.StoredAsFp8(LayerTensorName(l, "mlp.shared_experts.gate_proj.weight"));
       break;
     }
   }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     if (!c.IsMoeLayer(l)) {
       rk.fp8_dense =
-          aligned(rk.inter) && host->StoredAsFp8(LayerTensorName(l, "mlp.gate_proj.weight"));
+          aligned(rk.inter) && host.StoredAsFp8(LayerTensorName(l, "mlp.gate_proj.weight"));
       break;
     }
   }
@@ -416,13 +504,14 @@ void ChooseFp8Mlps(const RankSetup& setup, CudaRankContext& rk) {
 // and fused behind q_a's into one GEMM (rk.fp8_qkv_a_cols columns).
 void ChooseFp8Attention(const RankSetup& setup, CudaRankContext& rk) {
   const ModelConfig& c = *setup.config;
-  const tp::WeightSource* host = setup.weights.host;
   if (!Fp8WeightsCanStayFp8(setup, rk) || c.num_hidden_layers == 0) return;
   const int64_t ql = c.q_lora_rank, qk = c.qk_head_dim(), v = c.v_head_dim;
   const int64_t Hl = rk.heads.size, h0 = rk.heads.begin;
   const bool aligned = Hl > 0 && ql % 128 == 0 && (Hl * qk) % 128 == 0 && (h0 * qk) % 128 == 0 &&
                        (Hl * v) % 128 == 0 && (h0 * v) % 128 == 0;
-  auto fp8 = [&](const char* suffix) { return host->StoredAsFp8(LayerTensorName(0, suffix)); };
+  auto fp8 = [&](const char* suffix) {
+    return setup.weights.StoredAsFp8(LayerTensorName(0, suffix));
+  };
   const bool stored = (ql > 0 ? fp8("self_attn.q_a_proj.weight") && fp8("self_attn.q_b_proj.weight")
                               : fp8("self_attn.q_proj.weight")) &&
                       fp8("self_attn.kv_a_proj_with_mqa.weight") && fp8("self_attn.o_proj.weight");
@@ -539,7 +628,14 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
           kc::EnableFixedGemmAlgorithms(rk.cublas, *ws, kCublasWs, setup.max_rows));
     }
   }
-  if (tp > 1 && setup.loopback != nullptr) {
+  if (tp > 1 && setup.recording) {
+    const size_t rank_order_bytes =
+        setup.batch_invariant ? static_cast<size_t>(setup.max_rows * c.hidden_size) * sizeof(float)
+                              : 0;
+    VERIFYD_ASSIGN_OR_RETURN(rk.comm,
+                             RecordingCommunicator::Create(rk.rank, tp, rk.device, rank_order_bytes,
+                                                           setup.comm_timeout_ms));
+  } else if (tp > 1 && setup.loopback != nullptr) {
     VERIFYD_ASSIGN_OR_RETURN(rk.comm,
                              LoopbackCommunicator::Create(setup.loopback, rk.rank, rk.device));
   } else if (tp > 1) {
@@ -672,6 +768,7 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
         setup.weights, rk, c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
         rk.lm_head, rk.vocab.size, hid, rk.vocab.begin, 0));
   }
+  VERIFYD_RETURN_IF_ERROR(FreeStaging(rk));
 
   // Activations for the largest step.
   VERIFYD_ASSIGN_OR_RETURN(rk.x, rk.Alloc<float>(R * hid));
@@ -810,6 +907,7 @@ void FreeRankContext(CudaRankContext& rk) {
   rk.cublas = nullptr;
   for (void* p : rk.allocs) cudaFree(p);
   rk.allocs.clear();
+  (void)FreeStaging(rk);
   for (void* p : rk.host_allocs) cudaFreeHost(p);
   rk.host_allocs.clear();
   if (rk.stream != nullptr) cudaStreamDestroy(rk.stream);
@@ -850,11 +948,29 @@ absl::Status CollectProfile(CudaRankContext& rk) {
       case ProfileCategory::kComm:
         p.comm_ms += ms;
         break;
+      case ProfileCategory::kRouter:
+        p.router_ms += ms;
+        break;
+      case ProfileCategory::kDispatch:
+        p.dispatch_ms += ms;
+        break;
+      case ProfileCategory::kExperts:
+        p.experts_ms += ms;
+        break;
+      case ProfileCategory::kSampling:
+        p.sampling_ms += ms;
+        break;
       default:
         p.other_ms += ms;
         break;
     }
     p.total_ms += ms;
+  }
+  if (rk.moe_touched != nullptr) {
+    std::vector<int32_t> touched(rk.layers.size());
+    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemcpy(
+        touched.data(), rk.moe_touched, touched.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    for (int32_t t : touched) p.experts_touched += t;
   }
   rk.profile = p;
   return absl::OkStatus();

@@ -60,6 +60,7 @@
 #include "tp/cuda/cuda_engine.h"
 #include "tp/cuda/loopback_communicator.h"
 #include "tp/cuda/nccl_communicator.h"
+#include "tp/cuda/recording_communicator.h"
 #include "tp/model_config.h"
 #include "tp/sharding.h"
 #include "tp/weight_source.h"
@@ -68,7 +69,16 @@
 namespace verifyd::tp {
 
 // Profile categories of the step's time split (CudaStepProfile).
-enum class ProfileCategory : int { kOther = 0, kGemm = 1, kAttention = 2, kComm = 3 };
+enum class ProfileCategory : int {
+  kOther = 0,
+  kGemm = 1,  // dense GEMMs (projections, dense MLPs, shared experts, LM head)
+  kAttention = 2,
+  kComm = 3,
+  kRouter = 4,    // MoE router logits and top-k
+  kDispatch = 5,  // MoE permutation, gathers and the weighted combine
+  kExperts = 6,   // routed experts' GEMMs (and their SwiGLU / quantization)
+  kSampling = 7,  // argmax, sampling, acceptance and the copy out
+};
 
 // One decoder layer's weight shard on the device (bf16).
 struct CudaLayerWeights {
@@ -125,6 +135,9 @@ struct CudaRankContext {
   int rank = 0;
   int device = 0;
   int world = 1;
+  // The rank whose results the engine reads (acceptance, sampling, hidden states, profile):
+  // rank 0, or the one rank of a slice (EngineOptions::cuda.slice_rank).
+  bool lead = false;
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   std::unique_ptr<DeviceCommunicator> comm;  // TP > 1: NCCL, or loopback on a shared GPU
@@ -230,6 +243,19 @@ struct CudaRankContext {
   std::vector<ProfileCategory> event_cat;
   size_t events_used = 0;
   CudaStepProfile profile;
+  // Profiled steps of MoE models: per layer, the local experts that routed pairs reached
+  // (kernels/cuda/dense/moe.h MoeCountTouchedCuda), [num_hidden_layers] int32.
+  int32_t* moe_touched = nullptr;
+
+  // The weight upload's two pinned staging buffers (InitRankContext only, freed after it):
+  // one is filled from the host source while the other's copy to the device runs; done[i]
+  // marks buffer i's last copy.
+  struct UploadStaging {
+    char* buf[2] = {nullptr, nullptr};
+    size_t bytes[2] = {0, 0};
+    cudaEvent_t done[2] = {nullptr, nullptr};
+    int next = 0;
+  } staging;
 
   size_t free_bytes = 0;                  // device memory free after InitRankContext
   bool batch_invariant = false;           // RankSetup::batch_invariant (GEMMs pinned on `cublas`)
@@ -250,13 +276,22 @@ struct CudaRankContext {
 };
 
 // Where a rank's weights come from: a host WeightSource (explicit weights or a mapped
-// checkpoint, read block by block as bf16 through a bounded staging buffer; FP8 checkpoints
-// are dequantized on the host, per block), or null: generated on the device from the specs
-// and the seed.
+// checkpoint, read block by block through a bounded staging buffer: FP8 tensors as stored
+// where the rank keeps them in FP8, else dequantized to bf16 on the host), or null: generated
+// on the device from the specs and the seed (kernels/cuda/dense/weight_gen.h; FP8 codes and
+// block scales for the FP8-quantized tensors of a config with FP8 quantization).
 struct RankWeightInit {
   const tp::WeightSource* host = nullptr;                    // not owned; outlives InitRankContext
   const std::map<std::string, TensorSpec>* specs = nullptr;  // by name (generation)
   uint64_t seed = 0;                                         // generation seed
+  const ModelConfig* config = nullptr;                       // generation: its quantization
+
+  // Whether tensor `name` comes as FP8 codes + 128 x 128 block scales: stored so in the host
+  // source, or generated so (a config with FP8 quantization, tp::IsFp8QuantizedWeight).
+  bool StoredAsFp8(const std::string& name) const {
+    if (host != nullptr) return host->StoredAsFp8(name);
+    return config != nullptr && IsFp8QuantizedWeight(*config, name);
+  }
 };
 
 // What InitRankContext needs besides the context's rank / device / world.
@@ -281,6 +316,7 @@ struct RankSetup {
   std::string nccl_id;
   std::shared_ptr<NcclGroupState> nccl_group;
   std::shared_ptr<LoopbackGroup> loopback;  // set: the ranks share one GPU (loopback)
+  bool recording = false;  // one rank run alone: a RecordingCommunicator (cuda.slice_rank)
   int comm_timeout_ms = 60000;
 };
 

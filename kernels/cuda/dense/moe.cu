@@ -490,6 +490,29 @@ absl::Status MoeRouteCuda(const MoeRouteParams& p) {
   return absl::OkStatus();
 }
 
+namespace {
+__global__ void MoeCountTouchedKernel(const int32_t* __restrict__ offsets, int begin, int n,
+                                      int32_t* __restrict__ count) {
+  int mine = 0;
+  for (int e = threadIdx.x; e < n; e += blockDim.x) {
+    mine += offsets[begin + e + 1] > offsets[begin + e] ? 1 : 0;
+  }
+  for (int d = 16; d > 0; d >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, d);
+  if ((threadIdx.x & 31) == 0 && mine > 0) atomicAdd(count, mine);
+}
+}  // namespace
+
+absl::Status MoeCountTouchedCuda(const MoeCountTouchedParams& p) {
+  if (p.offsets == nullptr || p.count == nullptr || p.begin < 0 || p.n < 0) {
+    return absl::InvalidArgumentError("moe count touched: bad arguments");
+  }
+  if (p.n == 0) return absl::OkStatus();
+  MoeCountTouchedKernel<<<1, 256, 0, static_cast<cudaStream_t>(p.stream)>>>(p.offsets, p.begin, p.n,
+                                                                            p.count);
+  VERIFYD_CUDA_RETURN_IF_LAUNCH_ERROR("MoeCountTouchedKernel");
+  return absl::OkStatus();
+}
+
 absl::Status MoePermuteCuda(const MoePermuteParams& p) {
   const int E = p.num_experts, K = p.top_k;
   if (p.rows < 0) return absl::InvalidArgumentError("rows < 0");

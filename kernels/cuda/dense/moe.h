@@ -86,6 +86,17 @@ absl::Status MoePermuteCuda(const MoePermuteParams& p);
 // int32 elements of MoePermuteParams::workspace for `pairs` = rows * K pairs.
 int64_t MoePermuteWorkspaceInts(int64_t pairs, int num_experts);
 
+// *count += the number of experts e in [begin, begin + n) with offsets[e + 1] > offsets[e]
+// (experts of this GPU that at least one routed pair reached; a profile counter).
+struct MoeCountTouchedParams {
+  const int32_t* offsets = nullptr;  // [E + 1] (MoePermuteCuda), device
+  int begin = 0;
+  int n = 0;
+  int32_t* count = nullptr;  // device, accumulated with atomicAdd
+  void* stream = nullptr;
+};
+absl::Status MoeCountTouchedCuda(const MoeCountTouchedParams& p);
+
 // out[i, :] = x[perm_rows[i], :] for i < n (bf16 rows).
 struct MoeGatherParams {
   int64_t n = 0;                 // permuted rows (rows * K)

@@ -27,8 +27,32 @@ struct GenerateWeightsParams {
   int64_t col0 = 0;
   bf16_bits* out = nullptr;  // [rows, ld_out] bf16, device
   int64_t ld_out = 0;        // >= cols
+  // > 0: an FP8-quantized tensor (kernels/weight_init.h WeightFp8Input): the value is
+  // bf16(float(e4m3(u * 448)) * fp8_scale) (scale / offset unused), what an FP8 checkpoint's
+  // block dequantizes to.
+  float fp8_scale = 0.f;
   void* stream = nullptr;
 };
 absl::Status GenerateWeightsCuda(const GenerateWeightsParams& p);
+
+// The same shard of an FP8-quantized tensor as stored: e4m3 codes e4m3(u * 448) into
+// out [rows, ld_out] and the block scale `fp8_scale` into every entry of
+// scales [ceil(rows / 128), scale_ld] (the first cols / 128 of each row; row0 and col0 must be
+// multiples of 128, cols too). Bit-identical to the host's Fp8E4m3FromFloat(WeightFp8Input).
+struct GenerateFp8WeightsParams {
+  uint64_t tensor_key = 0;
+  float fp8_scale = 0.f;  // kernels::WeightFp8Scale(spec.init_scale), > 0
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t full_cols = 0;
+  int64_t row0 = 0;
+  int64_t col0 = 0;
+  uint8_t* out = nullptr;   // device
+  int64_t ld_out = 0;       // >= cols
+  float* scales = nullptr;  // device
+  int64_t scale_ld = 0;     // >= cols / 128
+  void* stream = nullptr;
+};
+absl::Status GenerateFp8WeightsCuda(const GenerateFp8WeightsParams& p);
 
 }  // namespace verifyd::kernels::cuda
