@@ -333,6 +333,36 @@ TEST(CheckpointDecode, LargeWholeRowBlocksReadByPreadAreExact) {
     EXPECT_EQ(0, std::memcmp(bytes.data(), w.codes.data() + r0 * 1024, bytes.size())) << r0;
     EXPECT_EQ(scale.back(), w.scale[(r0 / 128 + (nr + 127) / 128 - 1) * w.scols + 7]);
   }
+  // Dequantized to bf16 by several threads (a large block): each value as defined.
+  {
+    std::vector<uint16_t> got(4992 * 1024, 0);
+    ASSERT_TRUE(src->ReadBlockBf16("w", 128, 4992, 0, 1024, got.data()).ok());
+    int64_t wrong = 0;
+    for (int64_t r = 0; r < 4992; ++r) {
+      for (int64_t c = 0; c < 1024; ++c) {
+        wrong += got[r * 1024 + c] != kernels::FloatToBf16(w.Expected(128 + r, c));
+      }
+    }
+    EXPECT_EQ(wrong, 0);
+  }
+  // A NaN code is refused naming the element, in a pread block and in a mapped one.
+  {
+    std::vector<uint8_t> codes = w.codes;
+    codes[4000 * 1024 + 17] = 0xff;
+    const std::string dir2 = TempDir("preadnan");
+    WriteRaw(dir2 + "/m.safetensors", {{"w", "F8_E4M3", {5120, 1024}, Bytes(codes)},
+                                       F32("w_scale_inv", {w.srows, w.scols}, w.scale)});
+    auto bad = OpenOk(dir2, RawOptions());
+    ASSERT_NE(bad, nullptr);
+    std::vector<uint8_t> bytes(5120 * 1024);
+    std::vector<float> scale(40 * 8);
+    for (auto [r0, nr, c0, nc] :
+         {std::tuple<int64_t, int64_t, int64_t, int64_t>{0, 5120, 0, 1024}, {3968, 128, 0, 128}}) {
+      const absl::Status st = bad->ReadBlockFp8("w", r0, nr, c0, nc, bytes.data(), scale.data());
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << r0;
+      EXPECT_THAT(st.message(), AllOf(HasSubstr("'w'"), HasSubstr("[4000, 17]"), HasSubstr("NaN")));
+    }
+  }
   for (auto [r0, nr] : {std::pair<int64_t, int64_t>{0, 2560}, {7, 2553}, {300, 2100}}) {
     std::vector<uint16_t> got(nr * 1024, 0);
     ASSERT_TRUE(src->ReadBlockBf16("b", r0, nr, 0, 1024, got.data()).ok());

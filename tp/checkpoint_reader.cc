@@ -35,6 +35,25 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 namespace verifyd::tp {
 namespace {
 
+// The index of the first e4m3 NaN code (0x7f / 0xff) in bytes[0, n), or n: eight bytes at a
+// time (a byte of (w & 0x7f..) ^ 0x7f.. is zero exactly where w has a NaN code), so the check
+// keeps up with the reads.
+int64_t FirstFp8Nan(const uint8_t* bytes, int64_t n) {
+  constexpr uint64_t k7f = 0x7f7f7f7f7f7f7f7full, k01 = 0x0101010101010101ull;
+  constexpr uint64_t k80 = 0x8080808080808080ull;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, bytes + i, 8);
+    const uint64_t y = (w & k7f) ^ k7f;  // bytes <= 0x7f: the zero-byte test is exact
+    if (((y - k01) & ~y & k80) != 0) break;
+  }
+  for (; i < n; ++i) {
+    if ((bytes[i] & 0x7f) == 0x7f) return i;
+  }
+  return n;
+}
+
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
@@ -110,12 +129,17 @@ struct CheckpointWeightSource::MappedFile {
   // Bytes [offset, offset + n) of the file into dst. Large ranges are read with pread by up
   // to kReadThreads threads (large sequential reads from the page cache or the disk, no page
   // faults on the mapping: several GB/s where faulting the mapping in gives ~1 GB/s); small
-  // ones are copied from the mapping.
-  absl::Status CopyBytes(uint64_t offset, uint64_t n, uint8_t* dst) const {
+  // ones are copied from the mapping. *first_nan (when not null): the index of the first e4m3
+  // NaN code in dst, or n, checked by each thread on its part while it is in cache.
+  absl::Status CopyBytes(uint64_t offset, uint64_t n, uint8_t* dst,
+                         uint64_t* first_nan = nullptr) const {
     constexpr uint64_t kPreadMin = uint64_t{4} << 20;
     constexpr int kReadThreads = 4;
     if (n < kPreadMin || fd < 0) {
       std::memcpy(dst, base + offset, n);
+      if (first_nan != nullptr) {
+        *first_nan = static_cast<uint64_t>(FirstFp8Nan(dst, static_cast<int64_t>(n)));
+      }
       return absl::OkStatus();
     }
     auto read_range = [this](uint64_t off, uint64_t len, uint8_t* out) -> int {
@@ -132,18 +156,25 @@ struct CheckpointWeightSource::MappedFile {
     const int threads = static_cast<int>(std::min<uint64_t>(kReadThreads, n / kPreadMin));
     const uint64_t part = (n + threads - 1) / threads;
     std::vector<int> errs(threads, 0);
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) {
+    std::vector<uint64_t> nans(threads, n);
+    auto work = [&](int t) {
       const uint64_t b = t * part, len = std::min(part, n - b);
-      pool.emplace_back([&, t, b, len] { errs[t] = read_range(offset + b, len, dst + b); });
-    }
-    errs[0] = read_range(offset, std::min(part, n), dst);
+      errs[t] = read_range(offset + b, len, dst + b);
+      if (errs[t] == 0 && first_nan != nullptr) {
+        const int64_t i = FirstFp8Nan(dst + b, static_cast<int64_t>(len));
+        if (static_cast<uint64_t>(i) < len) nans[t] = b + static_cast<uint64_t>(i);
+      }
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+    work(0);
     for (auto& th : pool) th.join();
     for (int e : errs) {
       if (e != 0) {
         return absl::InternalError(absl::StrCat("cannot read ", path, ": ", std::strerror(e)));
       }
     }
+    if (first_nan != nullptr) *first_nan = *std::min_element(nans.begin(), nans.end());
     return absl::OkStatus();
   }
 };
@@ -617,11 +648,22 @@ absl::Status CheckpointWeightSource::ReadBlockBf16(const std::string& name, int6
     }
     return absl::OkStatus();
   }
-  std::vector<float> row(static_cast<size_t>(cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    DecodeRow(*e, row0 + r, col0, cols, row.data());
-    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = kernels::FloatToBf16(row[c]);
+  // Decoded row by row; a large block by up to 4 threads, each its own rows.
+  auto decode = [&](int64_t r_begin, int64_t r_end) {
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t r = r_begin; r < r_end; ++r) {
+      DecodeRow(*e, row0 + r, col0, cols, row.data());
+      for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = kernels::FloatToBf16(row[c]);
+    }
+  };
+  const int threads = static_cast<int>(std::clamp<int64_t>(rows * cols / (int64_t{1} << 20), 1, 4));
+  const int64_t per = (rows + threads - 1) / threads;
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) {
+    pool.emplace_back(decode, std::min(rows, t * per), std::min(rows, (t + 1) * per));
   }
+  decode(0, std::min(rows, per));
+  for (auto& th : pool) th.join();
   return absl::OkStatus();
 }
 
@@ -652,14 +694,21 @@ absl::Status CheckpointWeightSource::ReadBlockFp8(const std::string& name, int64
                      " cols ", col0, "+", cols, ")"));
   }
   const MappedFile& f = *files_[e->file];
+  uint64_t nan = static_cast<uint64_t>(rows * cols);
   if (col0 == 0 && cols == e->view.cols) {  // whole rows: one contiguous range
     VERIFYD_RETURN_IF_ERROR(f.CopyBytes(f.data_begin + e->begin + row0 * cols,
-                                        static_cast<uint64_t>(rows * cols), dst));
+                                        static_cast<uint64_t>(rows * cols), dst, &nan));
   } else {
     for (int64_t r = 0; r < rows; ++r) {
       const uint8_t* p = f.base + f.data_begin + e->begin + (row0 + r) * e->view.cols + col0;
       std::memcpy(dst + r * cols, p, static_cast<size_t>(cols));
     }
+    nan = static_cast<uint64_t>(FirstFp8Nan(dst, rows * cols));
+  }
+  if (nan < static_cast<uint64_t>(rows * cols)) {
+    const int64_t i = static_cast<int64_t>(nan);
+    return absl::InvalidArgumentError(absl::StrCat(where, " element [", row0 + i / cols, ", ",
+                                                   col0 + i % cols, "] is an FP8 NaN"));
   }
   const Entry& sc = entries_[e->scale];
   for (int64_t br = 0; br < (rows + 127) / 128; ++br) {

@@ -57,7 +57,8 @@ class WeightSource {
   // into scale_dst. row0, col0 and cols must be multiples of 128, rows too unless the block
   // ends at the tensor's last row (a partial last block, as kv_a_proj_with_mqa's 576 rows),
   // and the tensor's scale blocks 128 x 128. Unimplemented when the tensor is not stored as F8_E4M3
-  // (or the source keeps no FP8 bytes); InvalidArgument naming the tensor for a misaligned block.
+  // (or the source keeps no FP8 bytes); InvalidArgument naming the tensor for a misaligned block
+  // or naming the element for a NaN code (0x7f / 0xff) in it.
   virtual bool StoredAsFp8(const std::string& name) const {
     (void)name;
     return false;
