@@ -121,8 +121,13 @@ ABSL_FLAG(bool, print_memory_plan, false,
           "config.json; no weights read) at --tp, --expert_parallel, --fp8_experts, --kv_dtype, "
           "--max_batch and --kv_slots: weights by part, workspaces, KV bytes a token and the KV "
           "tokens that fit; exit 0, or 2 with the error when --kv_slots does not fit");
-ABSL_FLAG(double, device_memory_gb, 141,
-          "--print_memory_plan: device memory per GPU in GB (10^9 bytes; 141: an H200)");
+ABSL_FLAG(double, device_memory_gb, 150.11,
+          "--print_memory_plan: device memory per GPU in GB (10^9 bytes; 150.11: an H200, as "
+          "cudaMemGetInfo reports it)");
+ABSL_FLAG(int, slice_rank, -1,
+          "benchmarks only (cuda backend): run rank R of --tp alone on one GPU, its collectives "
+          "recorded instead of run, to measure one GPU of a model too large for one; its "
+          "answers are NOT the model's. -1: every rank");
 ABSL_FLAG(std::string, testing_fault, "",
           "tests only (cpu backend): fail:<rank>@<step>, slow:<ms> (every step) or load:<ms> "
           "(a slower model load) fault injection");
@@ -337,6 +342,7 @@ int main(int argc, char** argv) {
   spec.engine.cuda.fp8_staging_keys = absl::GetFlag(FLAGS_fp8_staging_keys);
   spec.engine.cuda.expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
   spec.engine.cuda.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  spec.engine.cuda.slice_rank = absl::GetFlag(FLAGS_slice_rank);
   spec.testing_fault = absl::GetFlag(FLAGS_testing_fault);
   if (absl::GetFlag(FLAGS_print_memory_plan)) {
     return PrintMemoryPlan(spec.engine, absl::GetFlag(FLAGS_device_memory_gb));
@@ -439,6 +445,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   reporter.Done(absl::Now() - load_start);
+  if (const verifyd::tp::EngineMemory m = (*engine)->memory(); m.device_bytes > 0) {
+    spdlog::info(
+        "memory (first GPU, GB): device {:.2f}, weights {:.2f} + workspaces {:.2f} planned, "
+        "{:.2f} in use before the KV pool (measured); KV pool {:.2f} = {} tokens x {} bytes",
+        m.device_bytes / 1e9, m.weight_bytes / 1e9, m.workspace_bytes / 1e9,
+        m.used_before_kv_bytes / 1e9, m.kv_cache_bytes / 1e9, m.kv_tokens, m.kv_bytes_per_token);
+  }
+  if (spec.engine.cuda.slice_rank >= 0) {
+    spdlog::warn("--slice_rank={}: rank {} of tp {} runs alone; answers are NOT the model's",
+                 spec.engine.cuda.slice_rank, spec.engine.cuda.slice_rank, spec.engine.tp);
+  }
   if (auto st = srv->AttachEngine(*std::move(engine)); !st.ok()) {
     spdlog::critical("engine: {}", st.ToString());
     loading = false;

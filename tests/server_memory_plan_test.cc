@@ -30,7 +30,7 @@ std::pair<int, std::string> RunVerifyd(std::vector<std::string> args, const std:
 
 TEST(VerifydMemoryPlan, KimiK2AtTp8PrintsThePlanAndExitsZero) {
   // The listen flags point at a port nothing may bind: the plan must not open listeners.
-  // 16 requests a step: at 64 the workspaces leave no room for the KV pool on 141 GB.
+  // 16 requests a step (the plan's default device: an H200's 150.11 GB).
   auto [code, out] = RunVerifyd({"--print_memory_plan", "--model=kimi-k2", "--tp=8",
                                  "--max_batch=16", "--kv_slots=65536", "--listen=256.0.0.1:1"},
                                 "kimi");
@@ -50,10 +50,15 @@ TEST(VerifydMemoryPlan, KimiK2AtTp8PrintsThePlanAndExitsZero) {
       verifyd::tp::PlanRankMemory(*verifyd::tp::PresetConfig("kimi-k2"), o);
   ASSERT_TRUE(plan.ok());
   EXPECT_THAT(out, HasSubstr(verifyd::tp::FormatMemoryPlan(*plan)));
-  // The server's defaults (64 requests a step, 65,536 KV slots) do not fit there.
+  // The server's defaults (64 requests a step, 65,536 KV slots) fit an H200 (150.11 GB as
+  // cudaMemGetInfo reports it), not a 141 GB device.
   auto [code64, out64] = RunVerifyd({"--print_memory_plan", "--model=kimi-k2", "--tp=8"}, "k64");
-  EXPECT_EQ(code64, 2) << out64;
-  EXPECT_THAT(out64,
+  EXPECT_EQ(code64, 0) << out64;
+  EXPECT_THAT(out64, HasSubstr("device 150.1 GB"));
+  auto [code141, out141] = RunVerifyd(
+      {"--print_memory_plan", "--model=kimi-k2", "--tp=8", "--device_memory_gb=141"}, "k141");
+  EXPECT_EQ(code141, 2) << out141;
+  EXPECT_THAT(out141,
               HasSubstr("verifyd: memory plan for kimi-k2 at tp 8 (rank 0): weights 130.2 GB"));
 }
 

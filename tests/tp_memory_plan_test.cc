@@ -159,6 +159,7 @@ TEST(MemoryPlan, Fp8KvHoldsMoreTokens) {
 TEST(MemoryPlan, RequestedKvThatDoesNotFitIsResourceExhausted) {
   MemoryPlanOptions o;
   o.tp = 8;
+  o.device_memory_bytes = int64_t{141} * 1000 * 1000 * 1000;
   const ModelConfig c = *PresetConfig("deepseek-v3");
   const int64_t fits = Plan(c, o).kv_capacity_tokens;
   o.kv_slots = fits;

@@ -53,7 +53,8 @@ struct MemoryPlanOptions {
   int64_t fp8_staging_keys = 262144;  // cuda.fp8_staging_keys (kv_fp8, not batch-invariant)
   bool sampling = true;  // count the all-gathered logits of sampling / logprobs (TP > 1)
   int64_t kv_slots = 0;  // requested KV tokens (slots) per rank; 0: as many as fit
-  int64_t device_memory_bytes = int64_t{141} * 1000 * 1000 * 1000;  // H200
+  // An H200 as cudaMemGetInfo reports it (143,771 MiB by nvidia-smi; sold as 141 GB).
+  int64_t device_memory_bytes = int64_t{150110} * 1000 * 1000;
   double reserve_fraction = 0.02;  // of the device, kept for what the plan cannot see
 };
 
