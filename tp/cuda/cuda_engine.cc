@@ -623,7 +623,10 @@ const ModelConfig& CudaEngine::config() const { return impl_->config; }
 int CudaEngine::tp_size() const { return impl_->options.tp; }
 int64_t CudaEngine::kv_slots() const { return impl_->kv_slots; }
 EngineLimits CudaEngine::limits() const { return impl_->limits; }
-bool CudaEngine::batch_invariant() const { return impl_->options.cuda.batch_invariant; }
+bool CudaEngine::batch_invariant() const {
+  // A slice's answers are not the model's: never reported exact.
+  return impl_->options.cuda.batch_invariant && impl_->options.cuda.slice_rank < 0;
+}
 bool CudaEngine::failed() const { return impl_->failed.load(); }
 
 absl::StatusOr<std::vector<StepResult>> CudaEngine::Step(const std::vector<StepRequest>& batch,

@@ -83,7 +83,9 @@ class CudaEngine final : public Engine {
   int tp_size() const override;
   int64_t kv_slots() const override;
   EngineLimits limits() const override;
-  bool batch_invariant() const override;  // EngineOptions::cuda.batch_invariant
+  // EngineOptions::cuda.batch_invariant; false for a slice (cuda.slice_rank: its answers are
+  // not the model's, so GetInfo never calls them exact).
+  bool batch_invariant() const override;
   // "bfloat16", or "fp8_e4m3" (EngineOptions::kv_dtype fp8: kernels/kv_fp8.h).
   std::string kv_cache_dtype() const override;
   bool failed() const override;
