@@ -206,7 +206,6 @@ __global__ void MoeGatherKernel(const __nv_bfloat16* __restrict__ x, int64_t ldx
 // measured slower than cuBLAS beyond ~64 rows on an H200.)
 constexpr int kRouterRows = 16;
 constexpr int kRouterWarps = 8;
-constexpr int kRouterLoads = 8;  // weight float4 loads in flight per lane (small-row kernel)
 
 template <bool kVec4>
 __global__ void MoeRouterLogitsKernel(const float* __restrict__ x, int64_t ldx,
@@ -222,32 +221,7 @@ __global__ void MoeRouterLogitsKernel(const float* __restrict__ x, int64_t ldx,
   for (int r = 0; r < kRouterRows; ++r) acc[r] = 0.f;
   const float* we = w + static_cast<int64_t>(e) * ldw;
   if constexpr (kVec4) {
-    // kRouterLoads of the lane's float4 weights are loaded before they are used (memory-level
-    // parallelism: one warp per expert streams its row); the fmaf order per logit is unchanged
-    // (ascending k), so the bits are those of the loop below and of the tiled kernel.
-    int64_t k = lane * 4;
-    for (; k + (kRouterLoads - 1) * 128 < H; k += kRouterLoads * 128) {
-      float4 wv[kRouterLoads];
-#pragma unroll
-      for (int u = 0; u < kRouterLoads; ++u) {
-        wv[u] = *reinterpret_cast<const float4*>(we + k + u * 128);
-      }
-#pragma unroll
-      for (int u = 0; u < kRouterLoads; ++u) {
-#pragma unroll
-        for (int r = 0; r < kRouterRows; ++r) {
-          if (r < nr) {
-            const float4 xv = *reinterpret_cast<const float4*>(
-                x + static_cast<int64_t>(r0 + r) * ldx + k + u * 128);
-            acc[r] = fmaf(xv.x, wv[u].x, acc[r]);
-            acc[r] = fmaf(xv.y, wv[u].y, acc[r]);
-            acc[r] = fmaf(xv.z, wv[u].z, acc[r]);
-            acc[r] = fmaf(xv.w, wv[u].w, acc[r]);
-          }
-        }
-      }
-    }
-    for (; k < H; k += 128) {
+    for (int64_t k = lane * 4; k < H; k += 128) {
       const float4 wv = *reinterpret_cast<const float4*>(we + k);
 #pragma unroll
       for (int r = 0; r < kRouterRows; ++r) {
