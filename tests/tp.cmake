@@ -32,3 +32,4 @@ verifyd_add_test(tp_sampling_test LABEL cpu SOURCES tp_sampling_test.cc LIBS ${V
 # The modeled time of an 8-GPU NVLink collective (reports of a single rank run alone): the
 # bus-bandwidth formulas by hand, latency floor, world 1, the sum, validation.
 verifyd_add_test(tp_comm_model_test LABEL cpu SOURCES tp_comm_model_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})
+verifyd_add_test(tp_step_test LABEL cpu SOURCES tp_step_test.cc LIBS ${VERIFYD_TP_TEST_LIBS})

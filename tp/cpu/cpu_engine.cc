@@ -13,6 +13,7 @@
 #include "tp/batch_plan.h"
 #include "tp/presets.h"
 #include "tp/sharding.h"
+#include "tp/step.h"
 
 namespace verifyd::tp {
 
@@ -106,7 +107,6 @@ absl::StatusOr<std::vector<StepResult>> CpuEngine::RunStep(const std::vector<Ste
   // which residual rows rank 0 copies after which layer (tp/cpu/cpu_forward.h).
   auto extras = std::make_shared<ForwardExtras>();
   std::vector<int64_t> logit_index(p.total_rows, -1);  // plan row -> row of row_logits
-  std::vector<int64_t> hidden_base(batch.size(), 0);   // request -> its first hidden float
   for (size_t b = 0; b < batch.size(); ++b) {
     const StepRequest& q = batch[b];
     const int32_t row0 = p.q_indptr[b], n = p.q_indptr[b + 1] - row0;
@@ -116,17 +116,11 @@ absl::StatusOr<std::vector<StepResult>> CpuEngine::RunStep(const std::vector<Ste
         extras->logit_rows.push_back(row0 + t);
       }
     }
-    if (!q.hidden_layers.empty()) {
-      if (extras->by_layer.empty()) extras->by_layer.resize(config_.num_hidden_layers);
-      const int64_t hid = config_.hidden_size, nl = static_cast<int64_t>(q.hidden_layers.size());
-      hidden_base[b] = extras->hidden_floats;
-      for (int64_t li = 0; li < nl; ++li) {
-        extras->by_layer[q.hidden_layers[li]].push_back(
-            {row0, n, extras->hidden_floats + li * hid, nl * hid});
-      }
-      extras->hidden_floats += int64_t{n} * nl * hid;
-    }
   }
+  HiddenCapturePlan captures = PlanHiddenCaptures(batch, p, config_);
+  extras->by_layer = std::move(captures.by_layer);
+  extras->hidden_floats = captures.floats;
+  const std::vector<int64_t>& hidden_base = captures.base;  // request -> its first hidden float
   const bool want_extras = !extras->logit_rows.empty() || !extras->by_layer.empty();
 
   // What each rank produces; shared with the jobs so that a rank that outlives a failed step
@@ -199,68 +193,38 @@ absl::StatusOr<std::vector<StepResult>> CpuEngine::RunStep(const std::vector<Ste
     }
   }
 
-  // Acceptance, once, from the predictions every rank agrees on.
-  std::vector<StepResult> results(batch.size());
+  // Acceptance, once, from the predictions every rank agrees on (over every request: a
+  // prefill chunk's is not read), then each request's result (tp/step.h).
+  const int64_t R = p.total_rows, B = static_cast<int64_t>(batch.size());
+  std::vector<int32_t> accepted(R), kept(R), freed(R), num_accepted(B), bonus(B);
+  kernels::TreeAcceptParams ap;
+  ap.batch = static_cast<int>(B);
+  ap.row_indptr = p.q_indptr.data();
+  ap.tokens = p.tokens.data();
+  ap.parents = p.parents.data();
+  ap.predictions = preds.data();
+  ap.tail_slots = p.tail_slots.data();
+  ap.accepted = accepted.data();
+  ap.num_accepted = num_accepted.data();
+  ap.bonus = bonus.data();
+  ap.kept_slots = kept.data();
+  ap.freed_slots = freed.data();
+  if (absl::Status s = kernels::TreeAcceptReference(ap); !s.ok()) {
+    return absl::InternalError(absl::StrCat("tree acceptance: ", s.message()));
+  }
+  const StepAcceptance acceptance{accepted.data(), kept.data(), freed.data(), num_accepted.data(),
+                                  bonus.data()};
+  std::vector<StepResult> results = AssembleStepResults(
+      batch, p, preds.data(), acceptance, outputs->hidden.data(), hidden_base, config_.hidden_size);
   for (size_t b = 0; b < batch.size(); ++b) {
-    const int32_t row0 = p.q_indptr[b], n = p.q_indptr[b + 1] - row0;
-    StepResult& res = results[b];
-    res.predictions.assign(preds.begin() + row0, preds.begin() + row0 + n);
-    if (batch[b].top_logprobs >= 0) {
-      for (int32_t r = row0; r < row0 + n; ++r) {
-        if (logit_index[r] < 0) continue;
-        kernels::ref::TokenLogprobs lp = kernels::ref::ComputeLogprobs(
-            row_logits.data() + logit_index[r] * V, V, batch[b].sampling.temperature,
-            batch[b].sampling.sampled(), preds[r], batch[b].top_logprobs);
-        res.logprobs.push_back(RowLogprobs{lp.token, lp.logprob, std::move(lp.top_tokens),
-                                           std::move(lp.top_logprobs)});
-      }
-    }
-    // Hidden states of rows (request-local), in order (tp/engine.h: every row of a prefill
-    // chunk, the committed rows of a verify tree).
-    const int64_t per_row =
-        static_cast<int64_t>(batch[b].hidden_layers.size()) * config_.hidden_size;
-    auto copy_hidden = [&](const std::vector<int32_t>& rows) {
-      for (int32_t r : rows) {
-        const auto first = outputs->hidden.begin() + hidden_base[b] + r * per_row;
-        res.hidden.insert(res.hidden.end(), first, first + per_row);
-      }
-    };
-    if (!batch[b].accept && per_row > 0) {
-      res.hidden.assign(outputs->hidden.begin() + hidden_base[b],
-                        outputs->hidden.begin() + hidden_base[b] + int64_t{n} * per_row);
-    }
-    if (!batch[b].accept) {
-      // Prefill chunk: every row is committed; bonus = the prediction after the last row.
-      res.bonus = res.predictions.back();
-      res.kept_slots = batch[b].tail_slots;
-      continue;
-    }
-    const int32_t indptr[2] = {0, n};
-    std::vector<int32_t> accepted(n), kept(n), freed(n);
-    int32_t num_accepted = 0, bonus = -1;
-    kernels::TreeAcceptParams ap;
-    ap.batch = 1;
-    ap.row_indptr = indptr;
-    ap.tokens = p.tokens.data() + row0;
-    ap.parents = p.parents.data() + row0;
-    ap.predictions = preds.data() + row0;
-    ap.tail_slots = p.tail_slots.data() + row0;
-    ap.accepted = accepted.data();
-    ap.num_accepted = &num_accepted;
-    ap.bonus = &bonus;
-    ap.kept_slots = kept.data();
-    ap.freed_slots = freed.data();
-    if (absl::Status s = kernels::TreeAcceptReference(ap); !s.ok()) {
-      return absl::InternalError(absl::StrCat("tree acceptance of batch[", b, "]: ", s.message()));
-    }
-    res.accepted_rows.assign(accepted.begin(), accepted.begin() + num_accepted);
-    res.bonus = bonus;
-    res.kept_slots.assign(kept.begin(), kept.begin() + 1 + num_accepted);
-    res.freed_slots.assign(freed.begin(), freed.begin() + (n - 1 - num_accepted));
-    if (per_row > 0) {
-      std::vector<int32_t> path = {0};
-      path.insert(path.end(), res.accepted_rows.begin(), res.accepted_rows.end());
-      copy_hidden(path);
+    if (batch[b].top_logprobs < 0) continue;
+    for (int32_t r = p.q_indptr[b]; r < p.q_indptr[b + 1]; ++r) {
+      if (logit_index[r] < 0) continue;
+      kernels::ref::TokenLogprobs lp = kernels::ref::ComputeLogprobs(
+          row_logits.data() + logit_index[r] * V, V, batch[b].sampling.temperature,
+          batch[b].sampling.sampled(), preds[r], batch[b].top_logprobs);
+      results[b].logprobs.push_back(
+          RowLogprobs{lp.token, lp.logprob, std::move(lp.top_tokens), std::move(lp.top_logprobs)});
     }
   }
   if (timing) {

@@ -39,6 +39,7 @@
 #include "tp/engine.h"
 #include "tp/model_config.h"
 #include "tp/sharding.h"
+#include "tp/step.h"
 #include "tp/weight_source.h"
 #include "tp/weights.h"
 
@@ -102,11 +103,7 @@ struct ForwardExtras {
   std::vector<int32_t> logit_rows;
   // Hidden-state capture: the residual stream after a decoder layer is the same on every rank
   // (it is updated only by all-reduced sums), so only the rank given `hidden_out` copies it.
-  struct Capture {
-    int32_t row0 = 0, rows = 0;  // plan rows [row0, row0 + rows)
-    int64_t offset = 0;          // where row row0 goes in hidden_out (floats)
-    int64_t stride = 0;          // floats from one row to the next in hidden_out
-  };
+  using Capture = HiddenCapture;               // tp/step.h
   std::vector<std::vector<Capture>> by_layer;  // [num_hidden_layers] (empty: no capture)
   int64_t hidden_floats = 0;                   // size of hidden_out
 };

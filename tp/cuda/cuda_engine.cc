@@ -41,6 +41,7 @@
 #include "tp/presets.h"
 #include "tp/rank_group.h"
 #include "tp/sharding.h"
+#include "tp/step.h"
 #include "tp/weights.h"
 
 namespace verifyd::tp {
@@ -120,12 +121,8 @@ absl::Status CheckCudaSupports(const ModelConfig& c) {
 struct StepExtras {
   std::vector<kc::SampleRowSpec> specs;  // rows to draw and / or give logprobs for
   std::vector<int32_t> spec_request;     // [specs] the request of each spec
-  // Hidden-state capture on rank 0: after layer l, rows [row0, row0 + rows) of the residual
-  // stream go to hidden + offset with `stride` floats between rows.
-  struct Capture {
-    int32_t row0 = 0, rows = 0;
-    int64_t offset = 0, stride = 0;
-  };
+  // Hidden-state capture on rank 0 (tp/step.h PlanHiddenCaptures).
+  using Capture = HiddenCapture;
   std::vector<std::vector<Capture>> by_layer;  // [layers] or empty
   std::vector<int64_t> hidden_base;            // [batch] first float of each request
   int64_t hidden_floats = 0;
@@ -440,7 +437,6 @@ absl::StatusOr<std::vector<StepResult>> CudaEngine::Impl::RunStep(
   // Sampling / logprobs specs and hidden-state captures (tp/engine.h: a prefill chunk draws
   // and gives logprobs for its last row only).
   auto extras = std::make_shared<StepExtras>();
-  extras->hidden_base.assign(batch.size(), 0);
   for (size_t b = 0; b < batch.size(); ++b) {
     const StepRequest& q = batch[b];
     const int32_t row0 = plan.q_indptr[b], n = plan.q_indptr[b + 1] - row0;
@@ -460,16 +456,12 @@ absl::StatusOr<std::vector<StepResult>> CudaEngine::Impl::RunStep(
         extras->spec_request.push_back(static_cast<int32_t>(b));
       }
     }
-    if (!q.hidden_layers.empty()) {
-      if (extras->by_layer.empty()) extras->by_layer.resize(config.num_hidden_layers);
-      const int64_t hid = config.hidden_size, nl = static_cast<int64_t>(q.hidden_layers.size());
-      extras->hidden_base[b] = extras->hidden_floats;
-      for (int64_t li = 0; li < nl; ++li) {
-        extras->by_layer[q.hidden_layers[li]].push_back(
-            {row0, n, extras->hidden_floats + li * hid, nl * hid});
-      }
-      extras->hidden_floats += int64_t{n} * nl * hid;
-    }
+  }
+  {
+    HiddenCapturePlan captures = PlanHiddenCaptures(batch, plan, config);
+    extras->by_layer = std::move(captures.by_layer);
+    extras->hidden_base = std::move(captures.base);
+    extras->hidden_floats = captures.floats;
   }
   const int64_t nspecs = static_cast<int64_t>(extras->specs.size());
   const PlanLayout lay = PlanLayout::For(R, B, static_cast<int64_t>(plan.kv_indptr.back()), nspecs);
@@ -534,35 +526,9 @@ absl::StatusOr<std::vector<StepResult>> CudaEngine::Impl::RunStep(
       return absl::InternalError(absl::StrCat("cuda forward: row ", r, " has no finite logit"));
     }
   }
-  std::vector<StepResult> results(batch.size());
-  for (int64_t b = 0; b < B; ++b) {
-    const int32_t row0 = plan.q_indptr[b], n = plan.q_indptr[b + 1] - row0;
-    StepResult& res = results[b];
-    res.predictions.assign(preds + row0, preds + row0 + n);
-    // Hidden states (tp/engine.h): every row of a prefill chunk, the committed rows of a tree.
-    const int64_t per_row =
-        static_cast<int64_t>(batch[b].hidden_layers.size()) * config.hidden_size;
-    const float* hidden = r0.hidden_host + extras->hidden_base[b];
-    if (!batch[b].accept && per_row > 0) res.hidden.assign(hidden, hidden + n * per_row);
-    if (!batch[b].accept) {
-      // Prefill chunk: every row is committed; bonus = the prediction after the last row.
-      res.bonus = res.predictions.back();
-      res.kept_slots = batch[b].tail_slots;
-      continue;
-    }
-    const int32_t na = num_acc[b];
-    res.accepted_rows.assign(accepted + row0, accepted + row0 + na);
-    res.bonus = bonus[b];
-    res.kept_slots.assign(kept + row0, kept + row0 + 1 + na);
-    res.freed_slots.assign(freed + row0, freed + row0 + (n - 1 - na));
-    if (per_row > 0) {
-      res.hidden.reserve((1 + na) * per_row);
-      res.hidden.assign(hidden, hidden + per_row);  // the root
-      for (int32_t r : res.accepted_rows) {
-        res.hidden.insert(res.hidden.end(), hidden + r * per_row, hidden + (r + 1) * per_row);
-      }
-    }
-  }
+  const StepAcceptance acceptance{accepted, kept, freed, num_acc, bonus};
+  std::vector<StepResult> results = AssembleStepResults(
+      batch, plan, preds, acceptance, r0.hidden_host, extras->hidden_base, config.hidden_size);
   // Logprobs, per request in row order (the specs were made in that order).
   for (int64_t i = 0; i < nspecs; ++i) {
     const kc::SampleRowSpec& spec = extras->specs[i];
