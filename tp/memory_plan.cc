@@ -97,56 +97,64 @@ int64_t FindPart(const std::vector<MemoryPart>& parts, const std::string& name) 
   return 0;
 }
 
-}  // namespace
+// The rank's slices and counts (InitRankContext's sharding and path choices).
+struct RankShape {
+  ShardRange heads, vocab, inter, erows, moe_inter, shared;
+  int64_t Hl = 0, h0 = 0, Il = 0, vmax = 0, El = 0, Iel = 0, Sl = 0;
+  int64_t moe_layers = 0, dense_layers = 0;
+};
 
-int64_t MemoryPlan::WeightBytes(const std::string& part) const { return FindPart(weights, part); }
-int64_t MemoryPlan::BufferBytes(const std::string& part) const { return FindPart(buffers, part); }
-
-absl::StatusOr<MemoryPlan> PlanRankMemory(const ModelConfig& c, const MemoryPlanOptions& o) {
-  if (absl::Status s = ValidateModelConfig(c); !s.ok()) return s;
-  if (absl::Status s = ValidateOptions(c, o); !s.ok()) return s;
-  MemoryPlan p;
-  p.config = c;
-  p.options = o;
+RankShape RankShapeOf(const ModelConfig& c, const MemoryPlanOptions& o) {
   const int tp = o.tp, rank = o.rank;
-  const int64_t hid = c.hidden_size, ql = c.q_lora_rank, qk = c.qk_head_dim();
-  const int64_t nope = c.qk_nope_head_dim, v = c.v_head_dim, kvl = c.kv_lora_rank;
-  const int64_t lat = c.latent_dim(), rope = c.qk_rope_head_dim, L = c.num_hidden_layers;
-  const int64_t E = c.moe.n_routed_experts, K = c.moe.num_experts_per_tok;
-
-  // The rank's shards (InitRankContext).
-  const ShardRange heads = HeadShard(c.num_attention_heads, tp, rank);
-  const ShardRange vocab = VocabShard(c.vocab_size, tp, rank);
-  const ShardRange inter = IntermediateShard(c.intermediate_size, tp, rank);
-  const ShardRange erows = tp > 1 ? vocab : ShardRange{0, c.vocab_size};
-  const int64_t Hl = heads.size, h0 = heads.begin, Il = inter.size;
-  const int64_t vmax = CeilShardMax(c.vocab_size, tp);
+  const int64_t E = c.moe.n_routed_experts;
+  RankShape r;
+  r.heads = HeadShard(c.num_attention_heads, tp, rank);
+  r.vocab = VocabShard(c.vocab_size, tp, rank);
+  r.inter = IntermediateShard(c.intermediate_size, tp, rank);
+  r.erows = tp > 1 ? r.vocab : ShardRange{0, c.vocab_size};
+  r.Hl = r.heads.size;
+  r.h0 = r.heads.begin;
+  r.Il = r.inter.size;
+  r.vmax = CeilShardMax(c.vocab_size, tp);
   const bool ep = o.expert_parallel && tp > 1 && E > 0 && E % tp == 0;
-  const int64_t El = ep ? E / tp : E;
-  const ShardRange moe_inter = ep ? ShardRange{0, c.moe.moe_intermediate_size}
-                                  : IntermediateShard(c.moe.moe_intermediate_size, tp, rank);
-  const ShardRange shared =
-      IntermediateShard(c.moe.moe_intermediate_size * c.moe.n_shared_experts, tp, rank);
-  const int64_t Iel = moe_inter.size, Sl = shared.size;
-  int64_t moe_layers = 0;
-  for (int64_t l = 0; l < L; ++l) moe_layers += c.IsMoeLayer(l) ? 1 : 0;
-  const int64_t dense_layers = L - moe_layers;
-  p.local_heads = Hl;
-  p.local_experts = moe_layers > 0 ? El : 0;
-  p.vocab_rows = vocab.size;
+  r.El = ep ? E / tp : E;
+  r.moe_inter = ep ? ShardRange{0, c.moe.moe_intermediate_size}
+                   : IntermediateShard(c.moe.moe_intermediate_size, tp, rank);
+  r.shared = IntermediateShard(c.moe.moe_intermediate_size * c.moe.n_shared_experts, tp, rank);
+  r.Iel = r.moe_inter.size;
+  r.Sl = r.shared.size;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) r.moe_layers += c.IsMoeLayer(l) ? 1 : 0;
+  r.dense_layers = c.num_hidden_layers - r.moe_layers;
+  return r;
+}
 
-  // Which FP8-stored weights stay FP8 (Fp8WeightsCanStayFp8, ChooseFp8Attention, ChooseFp8Mlps,
-  // ChooseExpertPath on sm_90).
+// Which FP8-stored weights stay FP8 (Fp8WeightsCanStayFp8, ChooseFp8Attention, ChooseFp8Mlps,
+// ChooseExpertPath on sm_90) into p's fp8_* fields.
+void PlanFp8Choices(const ModelConfig& c, const MemoryPlanOptions& o, const RankShape& r,
+                    MemoryPlan& p) {
+  const int64_t hid = c.hidden_size, ql = c.q_lora_rank, qk = c.qk_head_dim(), v = c.v_head_dim;
   const bool fp8_ok = o.fp8_weights && c.quant.method == "fp8" && c.quant.block_rows == 128 &&
                       c.quant.block_cols == 128 && hid % 128 == 0;
-  p.fp8_attention = fp8_ok && L > 0 && Hl > 0 && ql % 128 == 0 && (Hl * qk) % 128 == 0 &&
-                    (h0 * qk) % 128 == 0 && (Hl * v) % 128 == 0 && (h0 * v) % 128 == 0;
-  p.fp8_dense = fp8_ok && dense_layers > 0 && Aligned128(inter);
-  p.fp8_shared = fp8_ok && moe_layers > 0 && Aligned128(shared);
+  p.fp8_attention = fp8_ok && c.num_hidden_layers > 0 && r.Hl > 0 && ql % 128 == 0 &&
+                    (r.Hl * qk) % 128 == 0 && (r.h0 * qk) % 128 == 0 && (r.Hl * v) % 128 == 0 &&
+                    (r.h0 * v) % 128 == 0;
+  p.fp8_dense = fp8_ok && r.dense_layers > 0 && Aligned128(r.inter);
+  p.fp8_shared = fp8_ok && r.moe_layers > 0 && Aligned128(r.shared);
   p.fp8_experts =
-      fp8_ok && moe_layers > 0 && Iel > 0 && Iel % 128 == 0 && moe_inter.begin % 128 == 0;
+      fp8_ok && r.moe_layers > 0 && r.Iel > 0 && r.Iel % 128 == 0 && r.moe_inter.begin % 128 == 0;
+}
 
-  // Weights.
+// The weight shard by part (rank_weights.cc FillRankWeights) into p.weights / weight_bytes.
+void PlanWeights(const ModelConfig& c, const MemoryPlanOptions& o, const RankShape& r,
+                 MemoryPlan& p) {
+  const int tp = o.tp;
+  const int64_t hid = c.hidden_size, ql = c.q_lora_rank, qk = c.qk_head_dim();
+  const int64_t nope = c.qk_nope_head_dim, v = c.v_head_dim, kvl = c.kv_lora_rank;
+  const int64_t lat = c.latent_dim(), L = c.num_hidden_layers, E = c.moe.n_routed_experts;
+  const int64_t Hl = r.Hl, Il = r.Il, El = r.El, Iel = r.Iel, Sl = r.Sl;
+  const int64_t moe_layers = r.moe_layers, dense_layers = r.dense_layers;
+  const ShardRange& vocab = r.vocab;
+  const ShardRange& erows = r.erows;
   const int64_t na = ql + (lat + 127) / 128 * 128, qin = ql > 0 ? ql : hid;
   int64_t attn_layer = Hl * (nope + v) * kvl * kBf16;  // kv_b: always bf16
   if (p.fp8_attention) {
@@ -191,8 +199,19 @@ absl::StatusOr<MemoryPlan> PlanRankMemory(const ModelConfig& c, const MemoryPlan
                   : absl::StrCat(vocab.size, " vocab rows, bf16")},
   };
   p.weight_bytes = SumParts(p.weights);
+}
 
-  // Activations and workspaces for R rows (InitRankContext, AllocMoeBuffers, AllocFp8Buffers).
+// Activations and workspaces for R rows (InitRankContext, AllocMoeBuffers, AllocFp8Buffers)
+// into p.buffers / buffer_bytes.
+void PlanBuffers(const ModelConfig& c, const MemoryPlanOptions& o, const RankShape& r,
+                 MemoryPlan& p) {
+  const int tp = o.tp;
+  const int64_t hid = c.hidden_size, ql = c.q_lora_rank, qk = c.qk_head_dim();
+  const int64_t v = c.v_head_dim, kvl = c.kv_lora_rank, lat = c.latent_dim();
+  const int64_t rope = c.qk_rope_head_dim, E = c.moe.n_routed_experts;
+  const int64_t K = c.moe.num_experts_per_tok;
+  const int64_t Hl = r.Hl, Il = r.Il, Iel = r.Iel, Sl = r.Sl, vmax = r.vmax;
+  const int64_t na = ql + (lat + 127) / 128 * 128;
   const int64_t R = static_cast<int64_t>(o.max_batch) * o.max_tail_rows;
   const int64_t R4 = (R + 3) / 4 * 4;  // kc::Fp8LtRows
   const int64_t B = o.max_batch, Ilm = std::max<int64_t>(Il, 1);
@@ -203,7 +222,7 @@ absl::StatusOr<MemoryPlan> PlanRankMemory(const ModelConfig& c, const MemoryPlan
   if (ql > 0) act += R * ql * (p.fp8_attention ? kBf16 : kF32 + kBf16);
   if (!p.fp8_attention) act += R * lat * kF32;
   int64_t moe = 0;
-  if (moe_layers > 0) {
+  if (r.moe_layers > 0) {
     const int64_t P = R * K;
     moe = R * hid * kF32 + R * E * kF32 + 4 * P * kI32 + (E + 1) * kI32 +
           std::max<int64_t>((P + kMoePermuteChunk - 1) / kMoePermuteChunk, 1) * E * kI32 +
@@ -241,8 +260,14 @@ absl::StatusOr<MemoryPlan> PlanRankMemory(const ModelConfig& c, const MemoryPlan
       {"logits_gather", gather, "all-gathered logits of sampling / logprobs (on first use)"},
   };
   p.buffer_bytes = SumParts(p.buffers);
+}
 
-  // KV.
+// KV bytes a token, the tokens that fit beside the weights, workspaces and reserve, and
+// whether the requested pool fits (p.fit).
+void PlanKv(const ModelConfig& c, const MemoryPlanOptions& o, MemoryPlan& p) {
+  const int tp = o.tp, rank = o.rank;
+  const int64_t kvl = c.kv_lora_rank, lat = c.latent_dim(), rope = c.qk_rope_head_dim;
+  const int64_t L = c.num_hidden_layers;
   const int64_t row =
       o.kv_fp8 ? kernels::KvFp8RowBytes(kvl, rope, kernels::kKvFp8Group) : lat * kBf16;
   p.kv_bytes_per_token = L * row;
@@ -267,6 +292,27 @@ absl::StatusOr<MemoryPlan> PlanRankMemory(const ModelConfig& c, const MemoryPlan
         Gb(p.kv_tokens * p.kv_bytes_per_token), Gb(o.device_memory_bytes), Gb(p.reserve_bytes),
         p.kv_tokens, p.kv_bytes_per_token, p.kv_capacity_tokens));
   }
+}
+
+}  // namespace
+
+int64_t MemoryPlan::WeightBytes(const std::string& part) const { return FindPart(weights, part); }
+int64_t MemoryPlan::BufferBytes(const std::string& part) const { return FindPart(buffers, part); }
+
+absl::StatusOr<MemoryPlan> PlanRankMemory(const ModelConfig& c, const MemoryPlanOptions& o) {
+  if (absl::Status s = ValidateModelConfig(c); !s.ok()) return s;
+  if (absl::Status s = ValidateOptions(c, o); !s.ok()) return s;
+  MemoryPlan p;
+  p.config = c;
+  p.options = o;
+  const RankShape r = RankShapeOf(c, o);
+  p.local_heads = r.Hl;
+  p.local_experts = r.moe_layers > 0 ? r.El : 0;
+  p.vocab_rows = r.vocab.size;
+  PlanFp8Choices(c, o, r, p);
+  PlanWeights(c, o, r, p);
+  PlanBuffers(c, o, r, p);
+  PlanKv(c, o, p);
   return p;
 }
 
