@@ -264,9 +264,9 @@ int PrintMemoryPlan(const verifyd::tp::EngineOptions& engine, double device_memo
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// Usage, flag parsing, --help and the log level. Returns the exit code when verifyd is to stop
+// here (help: 0; a usage error: 2), else -1.
+int ParseCommandLine(int argc, char** argv) {
   // --help lists every verifyd flag (Abseil's default lists only flags of source files named
   // like the program: "No flags matched"), file names without the build machine's directories;
   // help exits 0 (Abseil's internal parse entry point: its public one exits 1 after help).
@@ -304,13 +304,11 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(parsed);
 
-  // Every thread inherits this mask; one thread takes the signals with sigwait.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  return -1;
+}
 
+// The engine to load, from the flags; InvalidArgument with the message for a bad value.
+absl::StatusOr<verifyd::server::EngineSpec> EngineSpecFromFlags() {
   verifyd::server::EngineSpec spec;
   spec.backend = absl::GetFlag(FLAGS_backend);
   spec.engine.model = absl::GetFlag(FLAGS_model);
@@ -321,10 +319,7 @@ int main(int argc, char** argv) {
   {
     absl::StatusOr<verifyd::tp::KvDtype> kv =
         verifyd::tp::ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype));
-    if (!kv.ok()) {
-      std::fprintf(stderr, "verifyd: --%s\n", std::string(kv.status().message()).c_str());
-      return 2;
-    }
+    if (!kv.ok()) return absl::InvalidArgumentError(absl::StrCat("--", kv.status().message()));
     spec.engine.kv_dtype = *kv;
   }
   spec.engine.limits.max_batch = absl::GetFlag(FLAGS_max_batch);
@@ -332,9 +327,8 @@ int main(int argc, char** argv) {
        absl::StrSplit(absl::GetFlag(FLAGS_cuda_devices), ',', absl::SkipEmpty())) {
     int dev = -1;
     if (!absl::SimpleAtoi(d, &dev) || dev < 0) {
-      std::fprintf(stderr, "verifyd: --cuda_devices: '%s' is not a device number\n",
-                   std::string(d).c_str());
-      return 2;
+      return absl::InvalidArgumentError(
+          absl::StrCat("--cuda_devices: '", d, "' is not a device number"));
     }
     spec.engine.cuda.devices.push_back(dev);
   }
@@ -344,10 +338,11 @@ int main(int argc, char** argv) {
   spec.engine.cuda.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   spec.engine.cuda.slice_rank = absl::GetFlag(FLAGS_slice_rank);
   spec.testing_fault = absl::GetFlag(FLAGS_testing_fault);
-  if (absl::GetFlag(FLAGS_print_memory_plan)) {
-    return PrintMemoryPlan(spec.engine, absl::GetFlag(FLAGS_device_memory_gb));
-  }
-  StopState stop;
+  return spec;
+}
+
+// The server's options from the flags; an engine failure asks `stop` to stop with exit code 1.
+verifyd::server::ServerOptions ServerOptionsFromFlags(StopState* stop) {
   verifyd::server::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.served_model_name = absl::GetFlag(FLAGS_served_model_name).empty()
@@ -370,7 +365,97 @@ int main(int argc, char** argv) {
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.max_threads = absl::GetFlag(FLAGS_max_threads);
   options.max_metadata_bytes = absl::GetFlag(FLAGS_max_metadata_bytes);
-  options.on_engine_failure = [&stop] { RequestStop(&stop, 1, "engine failed"); };
+  options.on_engine_failure = [stop] { RequestStop(stop, 1, "engine failed"); };
+  return options;
+}
+
+// The systemd watchdog (pings while the engine makes progress) and the --stall_timeout_s
+// monitor (health NOT_SERVING while a step runs longer than it).
+void StartMonitors(verifyd::server::Server* srv, int stall_timeout_s,
+                   verifyd::SystemdNotifier& systemd, verifyd::SystemdNotifier& stall_monitor) {
+  // systemd (Type=notify): STATUS and EXTEND_TIMEOUT_USEC while loading, READY once serving;
+  // the watchdog pings while the engine makes progress (a load counts as progress; no step
+  // running longer than WatchdogSec, engine not failed).
+  if (systemd.watchdog_timeout() > absl::ZeroDuration()) {
+    spdlog::info("systemd watchdog: interval {} ms",
+                 absl::ToInt64Milliseconds(systemd.watchdog_timeout()));
+  }
+  if (auto st = systemd.StartWatchdogOnHealth(
+          [srv, limit = systemd.watchdog_timeout()] { return srv->engine_progressing(limit); });
+      !st.ok()) {
+    spdlog::warn("systemd watchdog: {}", st.ToString());
+  }
+  // --stall_timeout_s: health NOT_SERVING while a step runs longer (a monitor of its own: it
+  // sends no watchdog pings).
+  if (stall_timeout_s > 0) {
+    const absl::Duration bound = absl::Seconds(stall_timeout_s);
+    verifyd::SystemdNotifier::WatchdogOptions wo;
+    wo.stall_after = bound;
+    wo.ping_interval = std::min(bound / 4, absl::Seconds(1));
+    wo.send_pings = false;
+    wo.on_stall_change = [srv](bool stalled) { srv->SetStalled(stalled); };
+    if (auto st = stall_monitor.StartWatchdogOnHealth(
+            [srv, bound] { return srv->engine_progressing(bound); }, std::move(wo));
+        !st.ok()) {
+      spdlog::warn("--stall_timeout_s: {}", st.ToString());
+    }
+  }
+}
+
+// Waits for a stop request, then drains and returns the exit code (after an engine failure:
+// answers UNAVAILABLE for the linger and exits at once).
+int WaitAndStop(StopState& stop, verifyd::server::Server* srv,
+                const verifyd::server::ServerOptions& options, verifyd::SystemdNotifier& systemd,
+                verifyd::SystemdNotifier& stall_monitor) {
+  int code = 0;
+  {
+    absl::MutexLock lock(&stop.mu);
+    stop.mu.Await(absl::Condition(&stop.stop));
+    code = stop.exit_code;
+    spdlog::info("stopping: {}", stop.reason);
+  }
+  if (code != 0 && srv->engine_failed()) {
+    // Nothing left to drain: every call is answered UNAVAILABLE (the gate refuses them). Keep
+    // answering for the linger, then exit without gRPC's shutdown, which would answer calls
+    // arriving during it CANCELLED; the closed connections read as UNAVAILABLE to clients.
+    (void)systemd.NotifyStopping("engine failed");
+    spdlog::info("engine failed: answering UNAVAILABLE for {} ms, then exit code={}",
+                 absl::ToInt64Milliseconds(options.failure_linger), code);
+    absl::SleepFor(options.failure_linger);
+    spdlog::default_logger()->flush();
+    std::_Exit(code);
+  }
+  (void)systemd.NotifyStopping("draining");
+  srv->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)));
+  stall_monitor.StopWatchdog();
+  systemd.StopWatchdog();
+  spdlog::info("exit code={}", code);
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (const int code = ParseCommandLine(argc, argv); code >= 0) return code;
+
+  // Every thread inherits this mask; one thread takes the signals with sigwait.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  absl::StatusOr<verifyd::server::EngineSpec> spec_or = EngineSpecFromFlags();
+  if (!spec_or.ok()) {
+    std::fprintf(stderr, "verifyd: %s\n", std::string(spec_or.status().message()).c_str());
+    return 2;
+  }
+  verifyd::server::EngineSpec& spec = *spec_or;
+  if (absl::GetFlag(FLAGS_print_memory_plan)) {
+    return PrintMemoryPlan(spec.engine, absl::GetFlag(FLAGS_device_memory_gb));
+  }
+  StopState stop;
+  const verifyd::server::ServerOptions options = ServerOptionsFromFlags(&stop);
   const int stall_timeout_s = absl::GetFlag(FLAGS_stall_timeout_s);
   if (stall_timeout_s < 0) {
     std::fprintf(stderr, "verifyd: --stall_timeout_s: must be >= 0 (0 disables)\n");
@@ -385,35 +470,9 @@ int main(int argc, char** argv) {
   }
   verifyd::server::Server* srv = server->get();
 
-  // systemd (Type=notify): STATUS and EXTEND_TIMEOUT_USEC while loading, READY once serving;
-  // the watchdog pings while the engine makes progress (a load counts as progress; no step
-  // running longer than WatchdogSec, engine not failed).
   verifyd::SystemdNotifier systemd;  // no-op outside systemd
-  if (systemd.watchdog_timeout() > absl::ZeroDuration()) {
-    spdlog::info("systemd watchdog: interval {} ms",
-                 absl::ToInt64Milliseconds(systemd.watchdog_timeout()));
-  }
-  if (auto st = systemd.StartWatchdogOnHealth(
-          [srv, limit = systemd.watchdog_timeout()] { return srv->engine_progressing(limit); });
-      !st.ok()) {
-    spdlog::warn("systemd watchdog: {}", st.ToString());
-  }
-  // --stall_timeout_s: health NOT_SERVING while a step runs longer (a monitor of its own: it
-  // sends no watchdog pings).
   verifyd::SystemdNotifier stall_monitor;
-  if (stall_timeout_s > 0) {
-    const absl::Duration bound = absl::Seconds(stall_timeout_s);
-    verifyd::SystemdNotifier::WatchdogOptions wo;
-    wo.stall_after = bound;
-    wo.ping_interval = std::min(bound / 4, absl::Seconds(1));
-    wo.send_pings = false;
-    wo.on_stall_change = [srv](bool stalled) { srv->SetStalled(stalled); };
-    if (auto st = stall_monitor.StartWatchdogOnHealth(
-            [srv, bound] { return srv->engine_progressing(bound); }, std::move(wo));
-        !st.ok()) {
-      spdlog::warn("--stall_timeout_s: {}", st.ToString());
-    }
-  }
+  StartMonitors(srv, stall_timeout_s, systemd, stall_monitor);
 
   // A signal during the load stops verifyd at once (nothing is served yet, nothing to drain).
   static std::atomic<bool> loading{true};
@@ -467,28 +526,5 @@ int main(int argc, char** argv) {
     spdlog::warn("systemd: {}", st.ToString());
   }
 
-  int code = 0;
-  {
-    absl::MutexLock lock(&stop.mu);
-    stop.mu.Await(absl::Condition(&stop.stop));
-    code = stop.exit_code;
-    spdlog::info("stopping: {}", stop.reason);
-  }
-  if (code != 0 && srv->engine_failed()) {
-    // Nothing left to drain: every call is answered UNAVAILABLE (the gate refuses them). Keep
-    // answering for the linger, then exit without gRPC's shutdown, which would answer calls
-    // arriving during it CANCELLED; the closed connections read as UNAVAILABLE to clients.
-    (void)systemd.NotifyStopping("engine failed");
-    spdlog::info("engine failed: answering UNAVAILABLE for {} ms, then exit code={}",
-                 absl::ToInt64Milliseconds(options.failure_linger), code);
-    absl::SleepFor(options.failure_linger);
-    spdlog::default_logger()->flush();
-    std::_Exit(code);
-  }
-  (void)systemd.NotifyStopping("draining");
-  srv->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)));
-  stall_monitor.StopWatchdog();
-  systemd.StopWatchdog();
-  spdlog::info("exit code={}", code);
-  return code;
+  return WaitAndStop(stop, srv, options, systemd, stall_monitor);
 }
