@@ -92,117 +92,107 @@ bool ClosedLoop(const BenchOptions& o) {
   return !(o.request_rate > 0) || std::isinf(o.request_rate);
 }
 
-}  // namespace
-
-absl::StatusOr<BenchReport> RunBench(VerifyClient& client, const BenchOptions& o) {
-  if (o.concurrency < 1) return absl::InvalidArgumentError("--concurrency: must be >= 1");
-  if ((o.duration_s > 0) == (o.num_rounds > 0)) {
-    return absl::InvalidArgumentError("give one of --duration_s and --num_rounds (> 0)");
-  }
-  if (o.drafter != "oracle" && o.drafter != "random") {
-    return absl::InvalidArgumentError("--drafter: oracle or random");
-  }
-  const bool oracle = o.drafter == "oracle";
-  const bool closed = ClosedLoop(o);
-  auto info = client.GetInfo();
-  if (!info.ok()) return info.status();
+// What the setup and the timed part share.
+struct BenchRun {
+  VerifyClient& client;
+  const BenchOptions& o;
+  bool oracle = false, closed = false;
+  int64_t vocab = 0;
+  int max_nodes = 0, max_batch = 1;
+  int64_t max_context = 0;
+  std::vector<BenchSession> sessions;
+  std::vector<std::vector<int32_t>> prompts;
   BenchReport rep;
-  rep.model = info->model().name();
-  rep.backend = info->backend();
-  const int64_t vocab = info->model().vocab_size();
-  const int max_nodes = info->limits().max_draft_nodes();
-  const int max_batch = std::max(1, info->limits().max_batch());
-
-  // --- Setup: sessions, prefill, the oracle's continuations. ----------------------------------
-  const absl::Time setup_start = absl::Now();
-  std::vector<BenchSession> sessions(o.concurrency);
-  std::vector<double> ttft_ms(o.concurrency, 0);
-  std::vector<absl::Status> open_status(o.concurrency);
-  std::vector<std::vector<int32_t>> prompts(o.concurrency);
-  {
-    std::vector<std::thread> threads;
-    for (int s = 0; s < o.concurrency; ++s) {
-      sessions[s].rng.seed(o.seed * 1000003 + s);
-      prompts[s].resize(std::max(1, o.prompt_len));
-      for (auto& t : prompts[s]) {
-        t = static_cast<int32_t>(
-            std::uniform_int_distribution<int64_t>(0, vocab - 1)(sessions[s].rng));
-      }
-      threads.emplace_back([&, s] {
-        const absl::Time t0 = absl::Now();
-        auto r = client.Open(prompts[s], "", o.session);
-        ttft_ms[s] = absl::ToDoubleMilliseconds(absl::Now() - t0);
-        if (!r.ok()) {
-          open_status[s] = r.status();
-          return;
-        }
-        sessions[s].id = r->session_id;
-        sessions[s].truth = {r->next_token};
-      });
-    }
-    for (auto& t : threads) t.join();
-  }
-  rep.setup_open_calls = o.concurrency;
-  auto close_all = [&] {
+  void CloseAll() {
     for (auto& s : sessions) {
       if (!s.id.empty()) (void)client.Close(s.id);
     }
-  };
-  for (const auto& st : open_status) {
-    if (!st.ok()) {
-      close_all();
-      return st;
-    }
   }
-  rep.ttft_ms = Summarize(ttft_ms);
+};
 
-  if (closed && o.num_rounds > 0) {
-    for (int s = 0; s < o.concurrency; ++s) {
-      sessions[s].quota = o.num_rounds / o.concurrency + (s < o.num_rounds % o.concurrency);
+// Opens o.concurrency sessions with random prompts, in parallel (their OpenSession latency is
+// the report's TTFT).
+absl::Status OpenSessions(BenchRun& b) {
+  const BenchOptions& o = b.o;
+  std::vector<double> ttft_ms(o.concurrency, 0);
+  std::vector<absl::Status> open_status(o.concurrency);
+  b.sessions.resize(o.concurrency);
+  b.prompts.resize(o.concurrency);
+  std::vector<std::thread> threads;
+  for (int s = 0; s < o.concurrency; ++s) {
+    b.sessions[s].rng.seed(o.seed * 1000003 + s);
+    b.prompts[s].resize(std::max(1, o.prompt_len));
+    for (auto& t : b.prompts[s]) {
+      t = static_cast<int32_t>(
+          std::uniform_int_distribution<int64_t>(0, b.vocab - 1)(b.sessions[s].rng));
     }
-  }
-  if (oracle) {
-    int64_t horizon = o.oracle_tokens;
-    if (horizon <= 0) {
-      // Rounds a session may run: its quota (closed loop), else a generous share.
-      const int64_t share = (o.num_rounds + o.concurrency - 1) / o.concurrency;
-      const int64_t rounds = o.num_rounds <= 0 ? 512 / (o.depth + 1) + 1
-                             : closed          ? share
-                                               : std::min<int64_t>(o.num_rounds, 2 * share + 4);
-      horizon = rounds * (o.depth + 1) + o.depth + 1;
-    }
-    horizon = std::min<int64_t>(horizon, info->limits().max_context() - o.prompt_len - 1);
-    // Decode ahead with empty trees, max_batch sessions per call, then truncate back.
-    for (int64_t k = 1; k < horizon; ++k) {
-      for (int first = 0; first < o.concurrency; first += max_batch) {
-        const int n = std::min(max_batch, o.concurrency - first);
-        std::vector<std::string> ids;
-        for (int s = first; s < first + n; ++s) ids.push_back(sessions[s].id);
-        auto r = client.VerifyMany(ids, std::vector<DraftTree>(n));
-        ++rep.setup_verify_calls;
-        if (!r.ok()) {
-          close_all();
-          return r.status();
-        }
-        for (int i = 0; i < n; ++i) sessions[first + i].truth.push_back((*r)[i].bonus_token);
-      }
-    }
-    for (int s = 0; s < o.concurrency; ++s) {
-      auto r = client.Truncate(sessions[s].id, static_cast<int64_t>(prompts[s].size()));
-      ++rep.setup_truncate_calls;
-      if (r.ok() && r->next_token != sessions[s].truth[0]) {
-        r = absl::InternalError("TruncateSession did not restore the pending token");
-      }
+    threads.emplace_back([&, s] {
+      const absl::Time t0 = absl::Now();
+      auto r = b.client.Open(b.prompts[s], "", o.session);
+      ttft_ms[s] = absl::ToDoubleMilliseconds(absl::Now() - t0);
       if (!r.ok()) {
-        close_all();
-        return r.status();
+        open_status[s] = r.status();
+        return;
       }
+      b.sessions[s].id = r->session_id;
+      b.sessions[s].truth = {r->next_token};
+    });
+  }
+  for (auto& t : threads) t.join();
+  b.rep.setup_open_calls = o.concurrency;
+  for (const auto& st : open_status) {
+    if (!st.ok()) return st;
+  }
+  b.rep.ttft_ms = Summarize(ttft_ms);
+  return absl::OkStatus();
+}
+
+// The oracle's continuations: decodes ahead with empty trees (max_batch sessions a call), then
+// truncates every session back to its prompt.
+absl::Status DecodeOracle(BenchRun& b) {
+  const BenchOptions& o = b.o;
+  auto& sessions = b.sessions;
+  int64_t horizon = o.oracle_tokens;
+  if (horizon <= 0) {
+    // Rounds a session may run: its quota (closed loop), else a generous share.
+    const int64_t share = (o.num_rounds + o.concurrency - 1) / o.concurrency;
+    const int64_t rounds = o.num_rounds <= 0 ? 512 / (o.depth + 1) + 1
+                           : b.closed        ? share
+                                             : std::min<int64_t>(o.num_rounds, 2 * share + 4);
+    horizon = rounds * (o.depth + 1) + o.depth + 1;
+  }
+  horizon = std::min<int64_t>(horizon, b.max_context - o.prompt_len - 1);
+  for (int64_t k = 1; k < horizon; ++k) {
+    for (int first = 0; first < o.concurrency; first += b.max_batch) {
+      const int n = std::min(b.max_batch, o.concurrency - first);
+      std::vector<std::string> ids;
+      for (int s = first; s < first + n; ++s) ids.push_back(sessions[s].id);
+      auto r = b.client.VerifyMany(ids, std::vector<DraftTree>(n));
+      ++b.rep.setup_verify_calls;
+      if (!r.ok()) return r.status();
+      for (int i = 0; i < n; ++i) sessions[first + i].truth.push_back((*r)[i].bonus_token);
     }
   }
-  for (auto& s : sessions) s.collected = {s.truth[0]};
-  rep.setup_s = absl::ToDoubleSeconds(absl::Now() - setup_start);
+  for (int s = 0; s < o.concurrency; ++s) {
+    auto r = b.client.Truncate(sessions[s].id, static_cast<int64_t>(b.prompts[s].size()));
+    ++b.rep.setup_truncate_calls;
+    if (r.ok() && r->next_token != sessions[s].truth[0]) {
+      r = absl::InternalError("TruncateSession did not restore the pending token");
+    }
+    if (!r.ok()) return r.status();
+  }
+  return absl::OkStatus();
+}
 
-  // --- Timed part. ----------------------------------------------------------------------------
+// The timed part: one thread a session sends its rounds (closed loop, or at Poisson arrivals);
+// fills the report's counters, latencies and duration.
+void RunTimedRounds(BenchRun& b) {
+  const BenchOptions& o = b.o;
+  const bool oracle = b.oracle, closed = b.closed;
+  const int64_t vocab = b.vocab;
+  const int max_nodes = b.max_nodes;
+  VerifyClient& client = b.client;
+  BenchReport& rep = b.rep;
   std::mutex mu;
   std::vector<double> latencies_ms;
   double latency_sum_ms = 0;
@@ -264,25 +254,65 @@ absl::StatusOr<BenchReport> RunBench(VerifyClient& client, const BenchOptions& o
   };
   {
     std::vector<std::thread> threads;
-    for (auto& s : sessions) threads.emplace_back(worker, std::ref(s));
+    for (auto& s : b.sessions) threads.emplace_back(worker, std::ref(s));
     for (auto& t : threads) t.join();
   }
   rep.duration_s = absl::ToDoubleSeconds(last_response - start);
-  close_all();
+  b.rep.latency_ms = Summarize(latencies_ms);
+  if (b.rep.duration_s > 0) {
+    b.rep.rounds_per_s = b.rep.rounds / b.rep.duration_s;
+    b.rep.tokens_per_s = b.rep.output_tokens / b.rep.duration_s;
+  }
+  if (b.rep.drafts > 0) {
+    b.rep.mean_acceptance_length = MeanAcceptanceLength(b.rep.accepted_tokens, b.rep.drafts);
+  }
+  if (b.rep.draft_tokens > 0) {
+    b.rep.acceptance_rate = static_cast<double>(b.rep.accepted_tokens) / b.rep.draft_tokens;
+  }
+  if (b.rep.output_tokens > 0) b.rep.mean_tpot_ms = latency_sum_ms / b.rep.output_tokens;
+}
 
-  rep.latency_ms = Summarize(latencies_ms);
-  if (rep.duration_s > 0) {
-    rep.rounds_per_s = rep.rounds / rep.duration_s;
-    rep.tokens_per_s = rep.output_tokens / rep.duration_s;
+}  // namespace
+
+absl::StatusOr<BenchReport> RunBench(VerifyClient& client, const BenchOptions& o) {
+  if (o.concurrency < 1) return absl::InvalidArgumentError("--concurrency: must be >= 1");
+  if ((o.duration_s > 0) == (o.num_rounds > 0)) {
+    return absl::InvalidArgumentError("give one of --duration_s and --num_rounds (> 0)");
   }
-  if (rep.drafts > 0) {
-    rep.mean_acceptance_length = MeanAcceptanceLength(rep.accepted_tokens, rep.drafts);
+  if (o.drafter != "oracle" && o.drafter != "random") {
+    return absl::InvalidArgumentError("--drafter: oracle or random");
   }
-  if (rep.draft_tokens > 0) {
-    rep.acceptance_rate = static_cast<double>(rep.accepted_tokens) / rep.draft_tokens;
+  auto info = client.GetInfo();
+  if (!info.ok()) return info.status();
+  BenchRun b{client, o};
+  b.oracle = o.drafter == "oracle";
+  b.closed = ClosedLoop(o);
+  b.rep.model = info->model().name();
+  b.rep.backend = info->backend();
+  b.vocab = info->model().vocab_size();
+  b.max_nodes = info->limits().max_draft_nodes();
+  b.max_batch = std::max(1, info->limits().max_batch());
+  b.max_context = info->limits().max_context();
+
+  // Setup (untimed): sessions, prefill, the oracle's continuations.
+  const absl::Time setup_start = absl::Now();
+  absl::Status st = OpenSessions(b);
+  if (st.ok() && b.closed && o.num_rounds > 0) {
+    for (int s = 0; s < o.concurrency; ++s) {
+      b.sessions[s].quota = o.num_rounds / o.concurrency + (s < o.num_rounds % o.concurrency);
+    }
   }
-  if (rep.output_tokens > 0) rep.mean_tpot_ms = latency_sum_ms / rep.output_tokens;
-  return rep;
+  if (st.ok() && b.oracle) st = DecodeOracle(b);
+  if (!st.ok()) {
+    b.CloseAll();
+    return st;
+  }
+  for (auto& s : b.sessions) s.collected = {s.truth[0]};
+  b.rep.setup_s = absl::ToDoubleSeconds(absl::Now() - setup_start);
+
+  RunTimedRounds(b);
+  b.CloseAll();
+  return b.rep;
 }
 
 std::string BenchTable(const BenchOptions& o, const BenchReport& r) {
