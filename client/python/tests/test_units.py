@@ -1,8 +1,10 @@
 """Pieces that need no server: retry policy, request builders, n-gram drafter, hidden-state
-decoding, health wire format, session bookkeeping."""
+decoding, health wire format, session bookkeeping, the asyncio classes' API against the sync
+ones."""
 
 from __future__ import annotations
 
+import inspect
 import random
 import struct
 from types import SimpleNamespace
@@ -199,3 +201,32 @@ def test_hidden_states_to_torch_fp32() -> None:
     hs.data = hs.data[:-4]
     with pytest.raises(ValueError):
         verifyd.hidden_states_to_torch(hs)
+
+
+@pytest.mark.parametrize(
+    "sync_cls, async_cls",
+    [
+        (verifyd.Client, verifyd.AsyncClient),
+        (verifyd.Session, verifyd.AsyncSession),
+        (verifyd.VerifyStream, verifyd.AsyncVerifyStream),
+    ],
+)
+def test_asyncio_classes_mirror_the_sync_ones(sync_cls, async_cls) -> None:
+    """Every public method of a sync class exists on its asyncio counterpart with the same
+    parameters (names, kinds, defaults), as a coroutine where it calls the server."""
+    names = [n for n in dir(sync_cls) if not n.startswith("_")] + ["__init__"]
+    for name in names:
+        sync_attr, async_attr = getattr(sync_cls, name), getattr(async_cls, name, None)
+        assert async_attr is not None, f"{async_cls.__name__}.{name} is missing"
+        if isinstance(inspect.getattr_static(sync_cls, name), property):
+            assert isinstance(inspect.getattr_static(async_cls, name), property), name
+            continue
+        params = [
+            (p.name, p.kind, p.default) for p in inspect.signature(sync_attr).parameters.values()
+        ]
+        async_params = [
+            (p.name, p.kind, p.default) for p in inspect.signature(async_attr).parameters.values()
+        ]
+        assert async_params == params, f"{async_cls.__name__}.{name}"
+        blocking = name not in ("__init__", "verify_stream")
+        assert inspect.iscoroutinefunction(async_attr) == blocking, name

@@ -263,6 +263,17 @@ class ChannelConfig:
             )
         return creds
 
+    def make_channel(
+        self, secure: Callable[..., Any], insecure: Callable[..., Any], **kw: Any
+    ) -> Any:
+        """A channel to the target, made by ``secure`` (with the credentials) or ``insecure``
+        (plaintext): grpc's or grpc.aio's channel constructors; ``kw`` goes to them."""
+        creds = self.credentials()
+        opts = self.channel_options()
+        if creds is not None:
+            return secure(self.target, creds, options=opts, **kw)
+        return insecure(self.target, options=opts, **kw)
+
     def channel_options(self) -> List[Tuple[str, Any]]:
         opts: List[Tuple[str, Any]] = [
             ("grpc.max_receive_message_length", self.max_message_bytes),

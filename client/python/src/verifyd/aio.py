@@ -8,90 +8,42 @@ An :class:`AsyncSession` or :class:`AsyncVerifyStream` is for one task at a time
 from __future__ import annotations
 
 import asyncio
-import random
-import time
-from typing import Any, Awaitable, Callable, List, Mapping, Optional, Sequence, Tuple, TypeVar
+import contextlib
+from typing import Any, Awaitable, Callable, List, Mapping, Optional, Sequence, TypeVar
 
 import grpc
 import grpc.aio
 
+from . import _base
 from . import _common as c
-from ._common import (
-    ItemLike,
-    Metadata,
-    OnRetry,
-    PemSource,
-    RetryEvent,
-    RetryPolicy,
-    TreeLike,
-)
+from ._common import ItemLike, RetryPolicy, TreeLike
 from ._proto import verify_pb2 as pb
-from ._proto import verify_pb2_grpc as pb_grpc
-from .client import _sessions_request
-from .errors import NotFound, Unavailable, VerifydError, from_rpc_error
+from .errors import NotFound, VerifydError, from_rpc_error
 
 __all__ = ["AsyncClient", "AsyncSession", "AsyncVerifyStream"]
 
 R = TypeVar("R")
 
 
-class AsyncClient:
+class AsyncClient(_base.ClientBase[grpc.aio.Channel]):
     """The asyncio counterpart of :class:`verifyd.Client` (same arguments; ``interceptors``
     are grpc.aio client interceptors)."""
 
-    def __init__(
+    def _channel(
         self,
-        target: str = "127.0.0.1:50051",
-        *,
-        tls: Optional[bool] = None,
-        root_certificates: Optional[PemSource] = None,
-        client_certificate: Optional[PemSource] = None,
-        client_key: Optional[PemSource] = None,
-        token: Optional[str] = None,
-        server_name_override: Optional[str] = None,
-        timeout: Optional[float] = 60.0,
-        retry: Optional[RetryPolicy] = None,
-        metadata: Metadata = (),
-        max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
-        channel_options: Sequence[Tuple[str, Any]] = (),
-        interceptors: Sequence[Any] = (),
-        channel: Optional[grpc.aio.Channel] = None,
-        on_retry: Optional[OnRetry] = None,
-        wait_for_ready: bool = False,
-    ) -> None:
-        self.target = target
-        self.timeout = timeout
-        self.retry = retry if retry is not None else RetryPolicy()
-        self.metadata = list(metadata)
-        self.on_retry = on_retry
-        self.wait_for_ready = wait_for_ready
-        self._rng = random.Random()
-        self._owns_channel = channel is None
-        if channel is not None and interceptors:
-            raise ValueError("grpc.aio channels take their interceptors when created")
-        if channel is None:
-            cfg = c.ChannelConfig(
-                target=target,
-                tls=tls,
-                root_certificates=root_certificates,
-                client_certificate=client_certificate,
-                client_key=client_key,
-                token=token,
-                server_name_override=server_name_override,
-                max_message_bytes=max_message_bytes,
-                options=channel_options,
-            )
-            creds = cfg.credentials()
-            opts = cfg.channel_options()
-            ics = list(interceptors) or None
-            channel = (
-                grpc.aio.secure_channel(target, creds, options=opts, interceptors=ics)
-                if creds is not None
-                else grpc.aio.insecure_channel(target, options=opts, interceptors=ics)
-            )
-        self.channel: grpc.aio.Channel = channel
-        self._stub = pb_grpc.VerifyServiceStub(channel)
-        self._health = c.health_check(channel)
+        given: Optional[grpc.aio.Channel],
+        cfg: c.ChannelConfig,
+        interceptors: Sequence[Any],
+    ) -> grpc.aio.Channel:
+        if given is not None:
+            if interceptors:
+                raise ValueError("grpc.aio channels take their interceptors when created")
+            return given
+        return cfg.make_channel(
+            grpc.aio.secure_channel,
+            grpc.aio.insecure_channel,
+            interceptors=list(interceptors) or None,
+        )
 
     async def close(self) -> None:
         """Closes the channel (when the client created it)."""
@@ -114,77 +66,43 @@ class AsyncClient:
         retry: Optional[RetryPolicy],
         on_retry_not_found: Optional[Callable[[], R]] = None,
     ) -> R:
-        loop = c.RetryLoop(
-            retry if retry is not None else c.NO_RETRY,
-            self.timeout if timeout is None else timeout,
-            self._rng,
-        )
+        """The retry loop of :meth:`verifyd.Client._invoke`, awaiting."""
+        attempts = self._attempts(name, timeout, retry, on_retry_not_found)
         while True:
-            attempt_timeout = loop.next_attempt_timeout()
             try:
-                return await fn(
-                    request,
-                    timeout=attempt_timeout,
-                    metadata=self.metadata or None,
-                    wait_for_ready=self.wait_for_ready,
-                )
+                return await fn(request, **attempts.options())
             except grpc.RpcError as e:
-                code, details = e.code(), e.details() or ""
-                if (
-                    loop.attempt > 1
-                    and on_retry_not_found is not None
-                    and code == grpc.StatusCode.NOT_FOUND
-                ):
-                    return on_retry_not_found()
-                delay = loop.pause_before_retry(code)
-                if delay is None:
-                    c.log_failure(name, code, details, loop.attempt)
-                    raise from_rpc_error(e, method=name, attempts=loop.attempt) from e
-                event = RetryEvent(name, loop.attempt, code, details, delay)
-                c.log_retry(event, loop.policy.max_attempts)
-                if self.on_retry is not None:
-                    self.on_retry(event)
-                await asyncio.sleep(delay)
+                pause = attempts.failed(e)
+            if pause is None:
+                assert on_retry_not_found is not None
+                return on_retry_not_found()
+            await asyncio.sleep(pause)
 
-    def _retry_for(self, safe: bool, retry: Optional[RetryPolicy]) -> RetryPolicy:
-        if not safe:
-            return c.NO_RETRY
-        return self.retry if retry is None else retry
+    async def _call(self, call: _base.Call) -> Any:
+        return call.result(await self._invoke(**call.invoke_args()))
 
     async def get_info(
         self, *, timeout: Optional[float] = None, retry: Optional[RetryPolicy] = None
     ) -> pb.GetInfoResponse:
         """See :meth:`verifyd.Client.get_info`."""
-        return await self._invoke(
-            "GetInfo",
-            self._stub.GetInfo,
-            pb.GetInfoRequest(),
-            timeout=timeout,
-            retry=self._retry_for(True, retry),
-        )
+        return await self._call(self._get_info_call(timeout, retry))
 
     async def health(self, service: str = "", *, timeout: Optional[float] = None) -> str:
         """See :meth:`verifyd.Client.health`."""
-        return await self._invoke(
-            "Health.Check", self._health, service, timeout=timeout, retry=c.NO_RETRY
-        )
+        return await self._call(self._health_call(service, timeout))
 
     async def wait_until_serving(self, timeout: float = 30.0, interval: float = 0.05) -> None:
         """See :meth:`verifyd.Client.wait_until_serving`."""
-        deadline = time.monotonic() + timeout
-        last: Optional[BaseException] = None
-        while time.monotonic() < deadline:
+        wait = _base.ServingWait(self.target, timeout)
+        while wait.pending():
             try:
-                t = max(0.05, min(1.0, deadline - time.monotonic()))
-                if await self.health(timeout=t) == "SERVING":
+                if await self.health(timeout=wait.probe_timeout()) == "SERVING":
                     return
-                last = None
+                wait.last = None
             except VerifydError as e:
-                last = e
+                wait.last = e
             await asyncio.sleep(interval)
-        if last is not None:
-            raise last
-        raise Unavailable(f"{self.target} not SERVING after {timeout} s", method="Health.Check")
+        wait.give_up()
 
     async def open_session(
         self,
@@ -198,11 +116,16 @@ class AsyncClient:
         **fields: Any,
     ) -> pb.OpenSessionResponse:
         """See :meth:`verifyd.Client.open_session` (never retried)."""
-        req = c.open_request(
-            prompt_tokens, prefix_session_id, sampling, top_logprobs, hidden_states, fields
-        )
-        return await self._invoke(
-            "OpenSession", self._stub.OpenSession, req, timeout=timeout, retry=c.NO_RETRY
+        return await self._call(
+            self._open_session_call(
+                prompt_tokens,
+                prefix_session_id,
+                sampling,
+                top_logprobs,
+                hidden_states,
+                timeout,
+                fields,
+            )
         )
 
     async def verify(
@@ -213,15 +136,7 @@ class AsyncClient:
         retry: Optional[RetryPolicy] = None,
     ) -> List[pb.VerifyResult]:
         """See :meth:`verifyd.Client.verify` (retried only when every item has a request_id)."""
-        req = items if isinstance(items, pb.VerifyRequest) else c.verify_request(items)
-        resp = await self._invoke(
-            "Verify",
-            self._stub.Verify,
-            req,
-            timeout=timeout,
-            retry=self._retry_for(c.retry_safe(req), retry),
-        )
-        return list(resp.results)
+        return await self._call(self._verify_call(items, timeout, retry))
 
     async def verify_one(
         self,
@@ -235,13 +150,7 @@ class AsyncClient:
         **fields: Any,
     ) -> pb.VerifyResult:
         """See :meth:`verifyd.Client.verify_one`."""
-        it = c.item(
-            session_id,
-            draft,
-            request_id=request_id,
-            expected_committed_len=expected_committed_len,
-            **fields,
-        )
+        it = _base.one_item(session_id, draft, request_id, expected_committed_len, fields)
         return (await self.verify([it], timeout=timeout, retry=retry))[0]
 
     async def close_session(
@@ -252,14 +161,7 @@ class AsyncClient:
         retry: Optional[RetryPolicy] = None,
     ) -> None:
         """See :meth:`verifyd.Client.close_session`."""
-        await self._invoke(
-            "CloseSession",
-            self._stub.CloseSession,
-            pb.CloseSessionRequest(session_id=session_id),
-            timeout=timeout,
-            retry=self._retry_for(True, retry),
-            on_retry_not_found=pb.CloseSessionResponse,
-        )
+        await self._call(self._close_session_call(session_id, timeout, retry))
 
     async def truncate_session(
         self,
@@ -270,25 +172,14 @@ class AsyncClient:
         retry: Optional[RetryPolicy] = None,
     ) -> pb.TruncateSessionResponse:
         """See :meth:`verifyd.Client.truncate_session`."""
-        return await self._invoke(
-            "TruncateSession",
-            self._stub.TruncateSession,
-            pb.TruncateSessionRequest(session_id=session_id, committed_len=committed_len),
-            timeout=timeout,
-            retry=self._retry_for(True, retry),
-        )
+        call = self._truncate_session_call(session_id, committed_len, timeout, retry)
+        return await self._call(call)
 
     async def fork_session(
         self, session_id: str, *, timeout: Optional[float] = None
     ) -> pb.ForkSessionResponse:
         """See :meth:`verifyd.Client.fork_session` (never retried)."""
-        return await self._invoke(
-            "ForkSession",
-            self._stub.ForkSession,
-            pb.ForkSessionRequest(session_id=session_id),
-            timeout=timeout,
-            retry=c.NO_RETRY,
-        )
+        return await self._call(self._fork_session_call(session_id, timeout))
 
     def verify_stream(
         self, *, timeout: Optional[float] = None, retry: Optional[RetryPolicy] = None
@@ -308,22 +199,12 @@ class AsyncClient:
         **fields: Any,
     ) -> "AsyncSession":
         """See :meth:`verifyd.Client.session`."""
-        prefix_id, prefix_tokens = c.known_prefix(prefix)
+        prefix_id, known = c.known_prefix(prefix)
+        opts = dict(sampling=sampling, top_logprobs=top_logprobs, hidden_states=hidden_states)
         resp = await self.open_session(
-            prompt_tokens,
-            prefix_session_id=prefix_id,
-            sampling=sampling,
-            top_logprobs=top_logprobs,
-            hidden_states=hidden_states,
-            timeout=timeout,
-            **fields,
+            prompt_tokens, prefix_session_id=prefix_id, timeout=timeout, **opts, **fields
         )
-        state = c.SessionState(
-            resp.session_id,
-            prefix_tokens + list(prompt_tokens) + [resp.next_token],
-            resp.committed_len,
-        )
-        return AsyncSession(self, state, resp)
+        return AsyncSession(self, self._session_state(known, prompt_tokens, resp), resp)
 
     async def verify_sessions(
         self,
@@ -335,38 +216,14 @@ class AsyncClient:
         retry: Optional[RetryPolicy] = None,
     ) -> List[pb.VerifyResult]:
         """See :meth:`verifyd.Client.verify_sessions`."""
-        req = _sessions_request(sessions, drafts, item_fields)
-        results = await self.verify(req, timeout=timeout, retry=retry)
-        for s, r in zip(sessions, results):
-            s._state.apply(r)
-            s.last_result = r
-        return results
+        req = _base.sessions_request(sessions, drafts, item_fields)
+        return _base.record_all(sessions, await self.verify(req, timeout=timeout, retry=retry))
 
 
-class AsyncSession:
+class AsyncSession(_base.SessionBase[AsyncClient]):
     """The asyncio counterpart of :class:`verifyd.Session`."""
 
-    def __init__(self, client: AsyncClient, state: c.SessionState, opened: Any) -> None:
-        self.client = client
-        self._state = state
-        self.opened = opened
-        self.last_result: Optional[pb.VerifyResult] = None
-
-    @property
-    def session_id(self) -> str:
-        return self._state.session_id
-
-    @property
-    def next_token(self) -> int:
-        return self._state.next_token
-
-    @property
-    def committed_len(self) -> int:
-        return self._state.committed_len
-
-    @property
-    def history(self) -> List[int]:
-        return list(self._state.history)
+    _kind = "AsyncSession"
 
     async def verify(
         self,
@@ -379,17 +236,13 @@ class AsyncSession:
     ) -> pb.VerifyResult:
         """See :meth:`verifyd.Session.verify`."""
         it = self._state.item(draft, request_id, fields)
-        r = (await self.client.verify([it], timeout=timeout, retry=retry))[0]
-        self._state.apply(r)
-        self.last_result = r
-        return r
+        return self._record((await self.client.verify([it], timeout=timeout, retry=retry))[0])
 
     async def truncate(
         self, committed_len: int, *, timeout: Optional[float] = None
     ) -> pb.TruncateSessionResponse:
         r = await self.client.truncate_session(self.session_id, committed_len, timeout=timeout)
-        self._state.apply_truncate(r.committed_len, r.next_token)
-        return r
+        return self._truncated(r)
 
     async def resync(self, *, timeout: Optional[float] = None) -> None:
         await self.truncate(self.committed_len, timeout=timeout)
@@ -399,13 +252,10 @@ class AsyncSession:
         return AsyncSession(self.client, self._state.fork_state(r.session_id), r)
 
     async def close(self, *, timeout: Optional[float] = None) -> None:
-        if self._state.closed:
-            return
-        try:
-            await self.client.close_session(self.session_id, timeout=timeout)
-        except NotFound:
-            pass
-        self._state.closed = True
+        if not self._state.closed:
+            with contextlib.suppress(NotFound):
+                await self.client.close_session(self.session_id, timeout=timeout)
+            self._state.closed = True
 
     async def __aenter__(self) -> "AsyncSession":
         return self
@@ -413,41 +263,12 @@ class AsyncSession:
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    def __repr__(self) -> str:
-        return (
-            f"AsyncSession({self.session_id!r}, committed_len={self.committed_len}, "
-            f"next_token={self.next_token})"
-        )
 
-
-class AsyncVerifyStream:
+class AsyncVerifyStream(_base.StreamBase[AsyncClient]):
     """The asyncio counterpart of :class:`verifyd.VerifyStream`."""
 
-    def __init__(
-        self,
-        client: AsyncClient,
-        *,
-        timeout: Optional[float] = None,
-        retry: Optional[RetryPolicy] = None,
-    ) -> None:
-        self._client = client
-        self._timeout = timeout
-        self._retry = retry
-        self._call: Any = None
-        self.streams_opened = 0
-
     def _open(self) -> None:
-        if self.streams_opened:
-            c.log.info(
-                "VerifyStream: reconnecting to %s (stream %d)",
-                self._client.target,
-                self.streams_opened + 1,
-            )
-        self._call = self._client._stub.VerifyStream(
-            timeout=self._timeout,
-            metadata=self._client.metadata or None,
-            wait_for_ready=self._client.wait_for_ready,
-        )
+        self._call = self._client._stub.VerifyStream(**self._stream_options())
         self.streams_opened += 1
 
     def _drop(self) -> None:
@@ -457,10 +278,9 @@ class AsyncVerifyStream:
 
     async def send(self, request: pb.VerifyRequest) -> pb.VerifyResponse:
         """One request, one response (retried like :meth:`verifyd.VerifyStream.send`)."""
-        policy = self._client._retry_for(c.retry_safe(request), self._retry)
-        attempt = 0
+        attempts = self._attempts(request)
         while True:
-            attempt += 1
+            attempts.start()
             if self._call is None:
                 self._open()
             err: Optional[grpc.RpcError] = None
@@ -480,23 +300,10 @@ class AsyncVerifyStream:
                 code = await self._call.code()
                 details = await self._call.details() or ""
             self._drop()
-            if attempt >= policy.max_attempts or code not in policy.retryable_codes:
-                c.log_failure("VerifyStream", code, details, attempt)
-                if err is not None:
-                    raise from_rpc_error(err, method="VerifyStream", attempts=attempt) from err
-                raise from_rpc_error(
-                    _Status(code, details), method="VerifyStream", attempts=attempt
-                )
-            delay = policy.backoff_s(attempt, self._client._rng)
-            event = RetryEvent("VerifyStream", attempt, code, details, delay)
-            c.log_retry(event, policy.max_attempts)
-            if self._client.on_retry is not None:
-                self._client.on_retry(event)
-            await asyncio.sleep(delay)
+            await asyncio.sleep(attempts.failed(code, details, err))
 
     async def verify(self, items: Sequence[ItemLike]) -> List[pb.VerifyResult]:
-        req = items if isinstance(items, pb.VerifyRequest) else c.verify_request(items)
-        return list((await self.send(req)).results)
+        return list((await self.send(_base.as_verify_request(items))).results)
 
     async def verify_sessions(
         self,
@@ -505,11 +312,8 @@ class AsyncVerifyStream:
         *,
         item_fields: Optional[Sequence[Mapping[str, Any]]] = None,
     ) -> List[pb.VerifyResult]:
-        results = list((await self.send(_sessions_request(sessions, drafts, item_fields))).results)
-        for s, r in zip(sessions, results):
-            s._state.apply(r)
-            s.last_result = r
-        return results
+        req = _base.sessions_request(sessions, drafts, item_fields)
+        return _base.record_all(sessions, list((await self.send(req)).results))
 
     async def close(self) -> None:
         """Half-closes the stream and waits for the server to end it."""
@@ -519,7 +323,8 @@ class AsyncVerifyStream:
         await call.done_writing()
         code = await call.code()
         if code not in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED):
-            raise from_rpc_error(_Status(code, await call.details() or ""), method="VerifyStream")
+            details = await call.details() or ""
+            raise from_rpc_error(_base.Status(code, details), method="VerifyStream")
 
     async def __aenter__(self) -> "AsyncVerifyStream":
         return self
@@ -529,16 +334,3 @@ class AsyncVerifyStream:
             self._drop()
         else:
             await self.close()
-
-
-class _Status:
-    """A (code, details) pair shaped like an RpcError for from_rpc_error."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        self._code, self._details = code, details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details

@@ -6,33 +6,25 @@ thread-safe). A :class:`Session` or a :class:`VerifyStream` is for one thread at
 
 from __future__ import annotations
 
+import contextlib
 import queue
-import random
 import time
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, TypeVar
 
 import grpc
 
+from . import _base
 from . import _common as c
-from ._common import (
-    ItemLike,
-    Metadata,
-    OnRetry,
-    PemSource,
-    RetryEvent,
-    RetryPolicy,
-    TreeLike,
-)
+from ._common import ItemLike, RetryPolicy, TreeLike
 from ._proto import verify_pb2 as pb
-from ._proto import verify_pb2_grpc as pb_grpc
-from .errors import NotFound, Unavailable, VerifydError, from_rpc_error
+from .errors import NotFound, VerifydError, from_rpc_error
 
 __all__ = ["Client", "Session", "VerifyStream"]
 
 R = TypeVar("R")
 
 
-class Client:
+class Client(_base.ClientBase[grpc.Channel]):
     """A connection to verifyd with one method per RPC, plus session and stream helpers.
 
     Args:
@@ -65,59 +57,16 @@ class Client:
             with UNAVAILABLE.
     """
 
-    def __init__(
-        self,
-        target: str = "127.0.0.1:50051",
-        *,
-        tls: Optional[bool] = None,
-        root_certificates: Optional[PemSource] = None,
-        client_certificate: Optional[PemSource] = None,
-        client_key: Optional[PemSource] = None,
-        token: Optional[str] = None,
-        server_name_override: Optional[str] = None,
-        timeout: Optional[float] = 60.0,
-        retry: Optional[RetryPolicy] = None,
-        metadata: Metadata = (),
-        max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
-        channel_options: Sequence[Tuple[str, Any]] = (),
-        interceptors: Sequence[Any] = (),
-        channel: Optional[grpc.Channel] = None,
-        on_retry: Optional[OnRetry] = None,
-        wait_for_ready: bool = False,
-    ) -> None:
-        self.target = target
-        self.timeout = timeout
-        self.retry = retry if retry is not None else RetryPolicy()
-        self.metadata = list(metadata)
-        self.on_retry = on_retry
-        self.wait_for_ready = wait_for_ready
-        self._rng = random.Random()
-        self._owns_channel = channel is None
+    def _channel(
+        self, given: Optional[grpc.Channel], cfg: c.ChannelConfig, interceptors: Sequence[Any]
+    ) -> grpc.Channel:
+        channel = given
         if channel is None:
-            cfg = c.ChannelConfig(
-                target=target,
-                tls=tls,
-                root_certificates=root_certificates,
-                client_certificate=client_certificate,
-                client_key=client_key,
-                token=token,
-                server_name_override=server_name_override,
-                max_message_bytes=max_message_bytes,
-                options=channel_options,
-            )
-            creds = cfg.credentials()
-            opts = cfg.channel_options()
-            channel = (
-                grpc.secure_channel(target, creds, options=opts)
-                if creds is not None
-                else grpc.insecure_channel(target, options=opts)
-            )
+            channel = cfg.make_channel(grpc.secure_channel, grpc.insecure_channel)
         self._base_channel = channel
         if interceptors:
             channel = grpc.intercept_channel(channel, *interceptors)
-        self.channel: grpc.Channel = channel
-        self._stub = pb_grpc.VerifyServiceStub(channel)
-        self._health = c.health_check(channel)
+        return channel
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -132,7 +81,7 @@ class Client:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    # -- the retry loop ----------------------------------------------------------------------
+    # -- the retry loop (the decisions are _base.CallAttempts') ------------------------------
 
     def _invoke(
         self,
@@ -144,42 +93,19 @@ class Client:
         retry: Optional[RetryPolicy],
         on_retry_not_found: Optional[Callable[[], R]] = None,
     ) -> R:
-        loop = c.RetryLoop(
-            retry if retry is not None else c.NO_RETRY,
-            self.timeout if timeout is None else timeout,
-            self._rng,
-        )
+        attempts = self._attempts(name, timeout, retry, on_retry_not_found)
         while True:
-            attempt_timeout = loop.next_attempt_timeout()
             try:
-                return fn(
-                    request,
-                    timeout=attempt_timeout,
-                    metadata=self.metadata or None,
-                    wait_for_ready=self.wait_for_ready,
-                )
+                return fn(request, **attempts.options())
             except grpc.RpcError as e:
-                code, details = e.code(), e.details() or ""
-                if (
-                    loop.attempt > 1
-                    and on_retry_not_found is not None
-                    and code == grpc.StatusCode.NOT_FOUND
-                ):
-                    return on_retry_not_found()
-                delay = loop.pause_before_retry(code)
-                if delay is None:
-                    c.log_failure(name, code, details, loop.attempt)
-                    raise from_rpc_error(e, method=name, attempts=loop.attempt) from e
-                event = RetryEvent(name, loop.attempt, code, details, delay)
-                c.log_retry(event, loop.policy.max_attempts)
-                if self.on_retry is not None:
-                    self.on_retry(event)
-                time.sleep(delay)
+                pause = attempts.failed(e)
+            if pause is None:  # a retry found the session gone: done
+                assert on_retry_not_found is not None
+                return on_retry_not_found()
+            time.sleep(pause)
 
-    def _retry_for(self, safe: bool, retry: Optional[RetryPolicy]) -> RetryPolicy:
-        if not safe:
-            return c.NO_RETRY
-        return self.retry if retry is None else retry
+    def _call(self, call: _base.Call) -> Any:
+        return call.result(self._invoke(**call.invoke_args()))
 
     # -- RPCs --------------------------------------------------------------------------------
 
@@ -187,37 +113,24 @@ class Client:
         self, *, timeout: Optional[float] = None, retry: Optional[RetryPolicy] = None
     ) -> pb.GetInfoResponse:
         """Model, parallelism and limits of the server (retried: read-only)."""
-        return self._invoke(
-            "GetInfo",
-            self._stub.GetInfo,
-            pb.GetInfoRequest(),
-            timeout=timeout,
-            retry=self._retry_for(True, retry),
-        )
+        return self._call(self._get_info_call(timeout, retry))
 
     def health(self, service: str = "", *, timeout: Optional[float] = None) -> str:
         """grpc.health.v1 status: "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN" or "UNKNOWN"."""
-        return self._invoke(
-            "Health.Check", self._health, service, timeout=timeout, retry=c.NO_RETRY
-        )
+        return self._call(self._health_call(service, timeout))
 
     def wait_until_serving(self, timeout: float = 30.0, interval: float = 0.05) -> None:
         """Polls health until SERVING; raises the last error (or Unavailable) on timeout."""
-        deadline = time.monotonic() + timeout
-        last: Optional[BaseException] = None
-        while time.monotonic() < deadline:
+        wait = _base.ServingWait(self.target, timeout)
+        while wait.pending():
             try:
-                if self.health(timeout=max(0.05, min(1.0, deadline - time.monotonic()))) == (
-                    "SERVING"
-                ):
+                if self.health(timeout=wait.probe_timeout()) == "SERVING":
                     return
-                last = None
+                wait.last = None
             except VerifydError as e:
-                last = e
+                wait.last = e
             time.sleep(interval)
-        if last is not None:
-            raise last
-        raise Unavailable(f"{self.target} not SERVING after {timeout} s", method="Health.Check")
+        wait.give_up()
 
     def open_session(
         self,
@@ -245,12 +158,10 @@ class Client:
         The optional fields exist only when the installed stubs' verify.proto has them;
         otherwise :class:`~verifyd.errors.UnsupportedField` is raised.
         """
-        req = c.open_request(
-            prompt_tokens, prefix_session_id, sampling, top_logprobs, hidden_states, fields
+        call = self._open_session_call(
+            prompt_tokens, prefix_session_id, sampling, top_logprobs, hidden_states, timeout, fields
         )
-        return self._invoke(
-            "OpenSession", self._stub.OpenSession, req, timeout=timeout, retry=c.NO_RETRY
-        )
+        return self._call(call)
 
     def verify(
         self,
@@ -264,15 +175,7 @@ class Client:
         Items are VerifyItem messages (see :func:`verifyd.item`) or dicts. The call is
         retried (same message) only when every item carries a ``request_id``.
         """
-        req = items if isinstance(items, pb.VerifyRequest) else c.verify_request(items)
-        resp = self._invoke(
-            "Verify",
-            self._stub.Verify,
-            req,
-            timeout=timeout,
-            retry=self._retry_for(c.retry_safe(req), retry),
-        )
-        return list(resp.results)
+        return self._call(self._verify_call(items, timeout, retry))
 
     def verify_one(
         self,
@@ -286,13 +189,7 @@ class Client:
         **fields: Any,
     ) -> pb.VerifyResult:
         """Verify with one item (see :func:`verifyd.item` for the arguments)."""
-        it = c.item(
-            session_id,
-            draft,
-            request_id=request_id,
-            expected_committed_len=expected_committed_len,
-            **fields,
-        )
+        it = _base.one_item(session_id, draft, request_id, expected_committed_len, fields)
         return self.verify([it], timeout=timeout, retry=retry)[0]
 
     def close_session(
@@ -303,14 +200,7 @@ class Client:
         retry: Optional[RetryPolicy] = None,
     ) -> None:
         """Frees the session. Retried; a retry that finds the session gone counts as done."""
-        self._invoke(
-            "CloseSession",
-            self._stub.CloseSession,
-            pb.CloseSessionRequest(session_id=session_id),
-            timeout=timeout,
-            retry=self._retry_for(True, retry),
-            on_retry_not_found=pb.CloseSessionResponse,
-        )
+        self._call(self._close_session_call(session_id, timeout, retry))
 
     def truncate_session(
         self,
@@ -322,25 +212,13 @@ class Client:
     ) -> pb.TruncateSessionResponse:
         """Rolls the session back to its first ``committed_len`` tokens (retried: the same
         truncation twice has the same result)."""
-        return self._invoke(
-            "TruncateSession",
-            self._stub.TruncateSession,
-            pb.TruncateSessionRequest(session_id=session_id, committed_len=committed_len),
-            timeout=timeout,
-            retry=self._retry_for(True, retry),
-        )
+        return self._call(self._truncate_session_call(session_id, committed_len, timeout, retry))
 
     def fork_session(
         self, session_id: str, *, timeout: Optional[float] = None
     ) -> pb.ForkSessionResponse:
         """A new session continuing from the same point (shared KV). Never retried."""
-        return self._invoke(
-            "ForkSession",
-            self._stub.ForkSession,
-            pb.ForkSessionRequest(session_id=session_id),
-            timeout=timeout,
-            retry=c.NO_RETRY,
-        )
+        return self._call(self._fork_session_call(session_id, timeout))
 
     def verify_stream(
         self, *, timeout: Optional[float] = None, retry: Optional[RetryPolicy] = None
@@ -368,22 +246,12 @@ class Client:
         """Opens a session and returns a :class:`Session` that tracks its tokens and sends
         every Verify with a request_id and expected_committed_len (exactly-once retries).
         ``prefix``: a Session or session id to continue from (shared KV)."""
-        prefix_id, prefix_tokens = c.known_prefix(prefix)
+        prefix_id, known = c.known_prefix(prefix)
+        opts = dict(sampling=sampling, top_logprobs=top_logprobs, hidden_states=hidden_states)
         resp = self.open_session(
-            prompt_tokens,
-            prefix_session_id=prefix_id,
-            sampling=sampling,
-            top_logprobs=top_logprobs,
-            hidden_states=hidden_states,
-            timeout=timeout,
-            **fields,
+            prompt_tokens, prefix_session_id=prefix_id, timeout=timeout, **opts, **fields
         )
-        state = c.SessionState(
-            resp.session_id,
-            prefix_tokens + list(prompt_tokens) + [resp.next_token],
-            resp.committed_len,
-        )
-        return Session(self, state, resp)
+        return Session(self, self._session_state(known, prompt_tokens, resp), resp)
 
     def verify_sessions(
         self,
@@ -395,28 +263,11 @@ class Client:
         retry: Optional[RetryPolicy] = None,
     ) -> List[pb.VerifyResult]:
         """One Verify call for several sessions (one draft each); updates every Session."""
-        req = _sessions_request(sessions, drafts, item_fields)
-        results = self.verify(req, timeout=timeout, retry=retry)
-        for s, r in zip(sessions, results):
-            s._state.apply(r)
-            s.last_result = r
-        return results
+        req = _base.sessions_request(sessions, drafts, item_fields)
+        return _base.record_all(sessions, self.verify(req, timeout=timeout, retry=retry))
 
 
-def _sessions_request(
-    sessions: Sequence[Any],
-    drafts: Sequence[TreeLike],
-    item_fields: Optional[Sequence[Mapping[str, Any]]],
-) -> pb.VerifyRequest:
-    if len(sessions) != len(drafts):
-        raise ValueError("one draft per session")
-    fields = item_fields if item_fields is not None else [{}] * len(sessions)
-    return pb.VerifyRequest(
-        items=[s._state.item(d, None, f) for s, d, f in zip(sessions, drafts, fields)]
-    )
-
-
-class Session:
+class Session(_base.SessionBase[Client]):
     """One verifyd session seen from the client (returned by :meth:`Client.session`).
 
     ``history`` holds the tokens the client knows: the prompt (with the prefix session's
@@ -425,30 +276,6 @@ class Session:
     committed length, so it is retried safely; if it still fails (the server may or may not
     have applied it), :meth:`resync` rolls the server back to what this object knows.
     """
-
-    def __init__(self, client: Client, state: c.SessionState, opened: Any) -> None:
-        self.client = client
-        self._state = state
-        self.opened = opened  # the OpenSessionResponse (or ForkSessionResponse)
-        self.last_result: Optional[pb.VerifyResult] = None
-
-    @property
-    def session_id(self) -> str:
-        return self._state.session_id
-
-    @property
-    def next_token(self) -> int:
-        """The pending token (emitted; its KV is computed by the next Verify)."""
-        return self._state.next_token
-
-    @property
-    def committed_len(self) -> int:
-        return self._state.committed_len
-
-    @property
-    def history(self) -> List[int]:
-        """Known tokens up to and including the pending token (a copy)."""
-        return list(self._state.history)
 
     def verify(
         self,
@@ -461,18 +288,14 @@ class Session:
     ) -> pb.VerifyResult:
         """Verifies one draft tree; returns the result and records its emitted tokens."""
         it = self._state.item(draft, request_id, fields)
-        r = self.client.verify([it], timeout=timeout, retry=retry)[0]
-        self._state.apply(r)
-        self.last_result = r
-        return r
+        return self._record(self.client.verify([it], timeout=timeout, retry=retry)[0])
 
     def truncate(
         self, committed_len: int, *, timeout: Optional[float] = None
     ) -> pb.TruncateSessionResponse:
         """Rolls the session back to its first ``committed_len`` tokens."""
         r = self.client.truncate_session(self.session_id, committed_len, timeout=timeout)
-        self._state.apply_truncate(r.committed_len, r.next_token)
-        return r
+        return self._truncated(r)
 
     def resync(self, *, timeout: Optional[float] = None) -> None:
         """After a failed verify: rolls the server back to this object's committed length
@@ -486,13 +309,10 @@ class Session:
 
     def close(self, *, timeout: Optional[float] = None) -> None:
         """Frees the session (a session already gone counts as closed)."""
-        if self._state.closed:
-            return
-        try:
-            self.client.close_session(self.session_id, timeout=timeout)
-        except NotFound:
-            pass
-        self._state.closed = True
+        if not self._state.closed:
+            with contextlib.suppress(NotFound):
+                self.client.close_session(self.session_id, timeout=timeout)
+            self._state.closed = True
 
     def __enter__(self) -> "Session":
         return self
@@ -500,14 +320,8 @@ class Session:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return (
-            f"Session({self.session_id!r}, committed_len={self.committed_len}, "
-            f"next_token={self.next_token})"
-        )
 
-
-class VerifyStream:
+class VerifyStream(_base.StreamBase[Client]):
     """One VerifyStream: :meth:`verify` writes a request and reads its response.
 
     A failed request ends the stream with its status. When every item of the failed
@@ -517,20 +331,7 @@ class VerifyStream:
     """
 
     _END: Any = object()
-
-    def __init__(
-        self,
-        client: Client,
-        *,
-        timeout: Optional[float] = None,
-        retry: Optional[RetryPolicy] = None,
-    ) -> None:
-        self._client = client
-        self._timeout = timeout
-        self._retry = retry
-        self._queue: Optional["queue.SimpleQueue[Any]"] = None
-        self._call: Any = None
-        self.streams_opened = 0
+    _queue: Optional["queue.SimpleQueue[Any]"] = None
 
     def _open(self) -> None:
         q: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
@@ -542,19 +343,9 @@ class VerifyStream:
                     return
                 yield r
 
-        if self.streams_opened:
-            c.log.info(
-                "VerifyStream: reconnecting to %s (stream %d)",
-                self._client.target,
-                self.streams_opened + 1,
-            )
+        options = self._stream_options()
         self._queue = q
-        self._call = self._client._stub.VerifyStream(
-            requests(),
-            timeout=self._timeout,
-            metadata=self._client.metadata or None,
-            wait_for_ready=self._client.wait_for_ready,
-        )
+        self._call = self._client._stub.VerifyStream(requests(), **options)
         self.streams_opened += 1
 
     def _drop(self) -> None:
@@ -567,10 +358,9 @@ class VerifyStream:
 
     def send(self, request: pb.VerifyRequest) -> pb.VerifyResponse:
         """One request, one response (retried as described in the class doc)."""
-        policy = self._client._retry_for(c.retry_safe(request), self._retry)
-        attempt = 0
+        attempts = self._attempts(request)
         while True:
-            attempt += 1
+            attempts.start()
             if self._call is None:
                 self._open()
             assert self._queue is not None
@@ -584,22 +374,11 @@ class VerifyStream:
             except grpc.RpcError as e:
                 self._drop()
                 code, details, err = e.code(), e.details() or "", e
-            if attempt >= policy.max_attempts or code not in policy.retryable_codes:
-                c.log_failure("VerifyStream", code, details, attempt)
-                if err is not None:
-                    raise from_rpc_error(err, method="VerifyStream", attempts=attempt) from err
-                raise Unavailable(details, method="VerifyStream", attempts=attempt)
-            delay = policy.backoff_s(attempt, self._client._rng)
-            event = RetryEvent("VerifyStream", attempt, code, details, delay)
-            c.log_retry(event, policy.max_attempts)
-            if self._client.on_retry is not None:
-                self._client.on_retry(event)
-            time.sleep(delay)
+            time.sleep(attempts.failed(code, details, err))
 
     def verify(self, items: Sequence[ItemLike]) -> List[pb.VerifyResult]:
         """Like :meth:`Client.verify`, over the stream."""
-        req = items if isinstance(items, pb.VerifyRequest) else c.verify_request(items)
-        return list(self.send(req).results)
+        return list(self.send(_base.as_verify_request(items)).results)
 
     def verify_sessions(
         self,
@@ -609,11 +388,8 @@ class VerifyStream:
         item_fields: Optional[Sequence[Mapping[str, Any]]] = None,
     ) -> List[pb.VerifyResult]:
         """Like :meth:`Client.verify_sessions`, over the stream."""
-        results = list(self.send(_sessions_request(sessions, drafts, item_fields)).results)
-        for s, r in zip(sessions, results):
-            s._state.apply(r)
-            s.last_result = r
-        return results
+        req = _base.sessions_request(sessions, drafts, item_fields)
+        return _base.record_all(sessions, list(self.send(req).results))
 
     def close(self) -> None:
         """Half-closes the stream and waits for the server to end it."""
