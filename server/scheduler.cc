@@ -197,11 +197,43 @@ void Scheduler::Loop() {
   }
 }
 
-void Scheduler::RunBatch(std::vector<Job*>& batch) {
-  const absl::Time start = absl::Now();
-  // Build one StepRequest per prefill chunk / verify item, remembering where it came from.
-  std::vector<tp::StepRequest> reqs;
-  std::vector<std::pair<Job*, int>> origin;  // (job, item index or -1 for a prefill)
+// Requests that begin with the same context slot (forked sessions, a shared system prompt)
+// side by side: the CUDA verify attention reads a prefix once for adjacent requests that share
+// it (kernels/cuda/verify_attention/api.h "Shared prefixes"). A stable order by the first
+// context slot; `origin` is permuted alike.
+void Scheduler::OrderBySharedPrefix(std::vector<tp::StepRequest>* reqs_io,
+                                    std::vector<std::pair<Job*, int>>* origin_io) {
+  std::vector<tp::StepRequest>& reqs = *reqs_io;
+  std::vector<std::pair<Job*, int>>& origin = *origin_io;
+  {
+    std::vector<size_t> order(reqs.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    auto first_slot = [&](size_t k) {
+      return reqs[k].context_slots.empty() ? int64_t{-1} : int64_t{reqs[k].context_slots[0]};
+    };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return first_slot(a) < first_slot(b); });
+    std::vector<tp::StepRequest> sorted_reqs;
+    std::vector<std::pair<Job*, int>> sorted_origin;
+    sorted_reqs.reserve(reqs.size());
+    sorted_origin.reserve(origin.size());
+    for (size_t k : order) {
+      sorted_reqs.push_back(std::move(reqs[k]));
+      sorted_origin.push_back(origin[k]);
+    }
+    reqs = std::move(sorted_reqs);
+    origin = std::move(sorted_origin);
+  }
+}
+
+// One StepRequest per prefill chunk / verify item of `batch`, and where each came from (job,
+// item index or -1 for a prefill). Verify items' context slots are moved into the requests
+// (contexts reach 200k slots) and moved back right after the step (RunBatch).
+void Scheduler::FormStepRequests(const std::vector<Job*>& batch, absl::Time start,
+                                 std::vector<tp::StepRequest>* reqs_out,
+                                 std::vector<std::pair<Job*, int>>* origin_out) {
+  std::vector<tp::StepRequest>& reqs = *reqs_out;
+  std::vector<std::pair<Job*, int>>& origin = *origin_out;
   for (Job* job : batch) {
     if (!job->started) {
       job->started = true;
@@ -249,30 +281,99 @@ void Scheduler::RunBatch(std::vector<Job*>& batch) {
       }
     }
   }
+}
 
-  // Requests that begin with the same context slot (forked sessions, a shared system prompt)
-  // side by side: the CUDA verify attention reads a prefix once for adjacent requests that
-  // share it (kernels/cuda/verify_attention/api.h "Shared prefixes"). A stable order by the
-  // first context slot; results follow `origin`, permuted alike.
-  {
-    std::vector<size_t> order(reqs.size());
-    std::iota(order.begin(), order.end(), size_t{0});
-    auto first_slot = [&](size_t k) {
-      return reqs[k].context_slots.empty() ? int64_t{-1} : int64_t{reqs[k].context_slots[0]};
-    };
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return first_slot(a) < first_slot(b); });
-    std::vector<tp::StepRequest> sorted_reqs;
-    std::vector<std::pair<Job*, int>> sorted_origin;
-    sorted_reqs.reserve(reqs.size());
-    sorted_origin.reserve(origin.size());
-    for (size_t k : order) {
-      sorted_reqs.push_back(std::move(reqs[k]));
-      sorted_origin.push_back(origin[k]);
+// A failed step: the batch's jobs fail (UNAVAILABLE when the engine failed, then every active
+// and queued job too and the server is told), INTERNAL otherwise. Appends to *finished and
+// may clear *still_active.
+void Scheduler::FailStep(const absl::Status& error, size_t requests, const std::vector<Job*>& batch,
+                         std::vector<Job*>* finished_io, std::vector<Job*>* still_active_io) {
+  std::vector<Job*>& finished = *finished_io;
+  std::vector<Job*>& still_active = *still_active_io;
+  const bool failed = engine_->failed();
+  spdlog::error("engine step failed (batch={} engine_failed={}): {}", requests, failed,
+                error.ToString());
+  const absl::Status job_status =
+      failed ? absl::UnavailableError("engine failed")
+             : absl::InternalError(absl::StrCat("engine step failed: ", error.message()));
+  for (Job* job : batch) job->status = job_status;
+  finished = batch;
+  if (failed) {
+    for (Job* job : still_active) job->status = job_status;
+    finished.insert(finished.end(), still_active.begin(), still_active.end());
+    still_active.clear();
+    std::deque<Job*> rejected;
+    {
+      absl::MutexLock lock(&mu_);
+      failed_ = true;
+      rejected.swap(queue_);
+      metrics_->SetQueueDepth(0);
     }
-    reqs = std::move(sorted_reqs);
-    origin = std::move(sorted_origin);
+    for (Job* job : rejected) {
+      job->status = absl::UnavailableError("engine failed");
+      finished.push_back(job);
+    }
+    if (on_engine_failure_) on_engine_failure_();
   }
+}
+
+// A successful step: each request's result applied to its job (a prefill advances its offset
+// and collects outputs; a verify item updates its session, ApplyVerify), then the jobs that
+// are done appended to *finished, the prefills with rows left to *still_active.
+void Scheduler::ApplyStepResults(const std::vector<tp::StepRequest>& reqs,
+                                 const std::vector<std::pair<Job*, int>>& origin,
+                                 const std::vector<tp::StepResult>& results,
+                                 const std::vector<Job*>& batch, std::vector<Job*>* finished_io,
+                                 std::vector<Job*>* still_active_io) {
+  std::vector<Job*>& finished = *finished_io;
+  std::vector<Job*>& still_active = *still_active_io;
+  // Verify jobs: all items or none (a bad result for one item fails the call, but the
+  // items already applied stay applied: their sessions moved forward consistently).
+  for (size_t k = 0; k < reqs.size(); ++k) {
+    auto [job, item] = origin[k];
+    const tp::StepResult& res = results[k];
+    if (job->kind == Job::Kind::kPrefill) {
+      job->offset += static_cast<int64_t>(reqs[k].tokens.size());
+      job->next_token = res.predictions.empty() ? -1 : res.predictions.back();
+      if (res.predictions.size() != reqs[k].tokens.size()) {
+        job->status = absl::InternalError("engine returned a wrong prediction count");
+      }
+      const size_t hidden_floats = reqs[k].tokens.size() * reqs[k].hidden_layers.size() *
+                                   static_cast<size_t>(engine_->config().hidden_size);
+      if (res.hidden.size() != hidden_floats ||
+          res.logprobs.size() != (reqs[k].top_logprobs >= 0 ? 1u : 0u)) {
+        job->status = absl::InternalError("engine returned wrong logprobs / hidden states");
+      }
+      job->outputs.logprobs = res.logprobs;
+      job->outputs.hidden.insert(job->outputs.hidden.end(), res.hidden.begin(), res.hidden.end());
+    } else if (job->status.ok()) {
+      job->status = ApplyVerify(reqs[k], res, (*job->items)[item]);
+    }
+  }
+  for (Job* job : batch) {
+    if (job->kind == Job::Kind::kPrefill && job->status.ok() &&
+        job->offset < static_cast<int64_t>(job->prompt->size())) {
+      still_active.push_back(job);
+      continue;
+    }
+    if (job->kind == Job::Kind::kPrefill && job->status.ok()) {
+      Session& ps = *job->session;
+      ps.context_slots.insert(ps.context_slots.end(), job->prompt_slots->begin(),
+                              job->prompt_slots->end());
+      ps.history.insert(ps.history.end(), job->prompt->begin(), job->prompt->end());
+      ps.history.push_back(job->next_token);
+      ps.pending = job->next_token;
+    }
+    finished.push_back(job);
+  }
+}
+
+void Scheduler::RunBatch(std::vector<Job*>& batch) {
+  const absl::Time start = absl::Now();
+  std::vector<tp::StepRequest> reqs;
+  std::vector<std::pair<Job*, int>> origin;  // (job, item index or -1 for a prefill)
+  FormStepRequests(batch, start, &reqs, &origin);
+  OrderBySharedPrefix(&reqs, &origin);
 
   tp::StepTiming timing;
   step_start_ns_.store(absl::ToUnixNanos(start));
@@ -301,72 +402,9 @@ void Scheduler::RunBatch(std::vector<Job*>& batch) {
     if (std::find(batch.begin(), batch.end(), job) == batch.end()) still_active.push_back(job);
   }
   if (!results.ok()) {
-    const bool failed = engine_->failed();
-    spdlog::error("engine step failed (batch={} engine_failed={}): {}", reqs.size(), failed,
-                  results.status().ToString());
-    const absl::Status job_status =
-        failed
-            ? absl::UnavailableError("engine failed")
-            : absl::InternalError(absl::StrCat("engine step failed: ", results.status().message()));
-    for (Job* job : batch) job->status = job_status;
-    finished = batch;
-    if (failed) {
-      for (Job* job : still_active) job->status = job_status;
-      finished.insert(finished.end(), still_active.begin(), still_active.end());
-      still_active.clear();
-      std::deque<Job*> rejected;
-      {
-        absl::MutexLock lock(&mu_);
-        failed_ = true;
-        rejected.swap(queue_);
-        metrics_->SetQueueDepth(0);
-      }
-      for (Job* job : rejected) {
-        job->status = absl::UnavailableError("engine failed");
-        finished.push_back(job);
-      }
-      if (on_engine_failure_) on_engine_failure_();
-    }
+    FailStep(results.status(), reqs.size(), batch, &finished, &still_active);
   } else {
-    // Verify jobs: all items or none (a bad result for one item fails the call, but the
-    // items already applied stay applied: their sessions moved forward consistently).
-    for (size_t k = 0; k < reqs.size(); ++k) {
-      auto [job, item] = origin[k];
-      const tp::StepResult& res = (*results)[k];
-      if (job->kind == Job::Kind::kPrefill) {
-        job->offset += static_cast<int64_t>(reqs[k].tokens.size());
-        job->next_token = res.predictions.empty() ? -1 : res.predictions.back();
-        if (res.predictions.size() != reqs[k].tokens.size()) {
-          job->status = absl::InternalError("engine returned a wrong prediction count");
-        }
-        const size_t hidden_floats = reqs[k].tokens.size() * reqs[k].hidden_layers.size() *
-                                     static_cast<size_t>(engine_->config().hidden_size);
-        if (res.hidden.size() != hidden_floats ||
-            res.logprobs.size() != (reqs[k].top_logprobs >= 0 ? 1u : 0u)) {
-          job->status = absl::InternalError("engine returned wrong logprobs / hidden states");
-        }
-        job->outputs.logprobs = res.logprobs;
-        job->outputs.hidden.insert(job->outputs.hidden.end(), res.hidden.begin(), res.hidden.end());
-      } else if (job->status.ok()) {
-        job->status = ApplyVerify(reqs[k], res, (*job->items)[item]);
-      }
-    }
-    for (Job* job : batch) {
-      if (job->kind == Job::Kind::kPrefill && job->status.ok() &&
-          job->offset < static_cast<int64_t>(job->prompt->size())) {
-        still_active.push_back(job);
-        continue;
-      }
-      if (job->kind == Job::Kind::kPrefill && job->status.ok()) {
-        Session& ps = *job->session;
-        ps.context_slots.insert(ps.context_slots.end(), job->prompt_slots->begin(),
-                                job->prompt_slots->end());
-        ps.history.insert(ps.history.end(), job->prompt->begin(), job->prompt->end());
-        ps.history.push_back(job->next_token);
-        ps.pending = job->next_token;
-      }
-      finished.push_back(job);
-    }
+    ApplyStepResults(reqs, origin, *results, batch, &finished, &still_active);
   }
   active_ = std::move(still_active);
   // The session and KV gauges follow every change where it happens (SessionManager and

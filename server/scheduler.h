@@ -129,7 +129,20 @@ class Scheduler {
   struct Job;
   absl::Status SubmitAndWait(Job* job);
   void Loop();
+  // One engine step over `batch`, in steps: FormStepRequests, OrderBySharedPrefix, the step,
+  // then FailStep or ApplyStepResults.
   void RunBatch(std::vector<Job*>& batch);
+  void FormStepRequests(const std::vector<Job*>& batch, absl::Time start,
+                        std::vector<tp::StepRequest>* reqs,
+                        std::vector<std::pair<Job*, int>>* origin);
+  static void OrderBySharedPrefix(std::vector<tp::StepRequest>* reqs,
+                                  std::vector<std::pair<Job*, int>>* origin);
+  void FailStep(const absl::Status& error, size_t requests, const std::vector<Job*>& batch,
+                std::vector<Job*>* finished, std::vector<Job*>* still_active);
+  void ApplyStepResults(const std::vector<tp::StepRequest>& reqs,
+                        const std::vector<std::pair<Job*, int>>& origin,
+                        const std::vector<tp::StepResult>& results, const std::vector<Job*>& batch,
+                        std::vector<Job*>* finished, std::vector<Job*>* still_active);
   // Checks an engine result against its request and applies it to the item's session.
   absl::Status ApplyVerify(const tp::StepRequest& req, const tp::StepResult& res, VerifyWork& item);
 
