@@ -19,8 +19,6 @@ namespace verifyd::kernels::cuda {
 namespace detail {
 namespace {
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 size_t AlignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 // VERIFYD_VA_KERNEL=mma: kAuto picks kM16 everywhere (what non-sm_90 devices run).
@@ -160,288 +158,8 @@ const char* VerifyKernelConfigName(VerifyKernelConfig config) {
   return "unknown";
 }
 
-int64_t PositionalSplitKeys(int64_t n, const PositionalSplitRule& rule) {
-  constexpr int64_t kAlign = 128;  // whole tile pairs of the seesaw kernel (split groups)
-  if (n <= 0) return kAlign;
-  const int64_t splits = std::min<int64_t>(detail::CeilDiv(n, std::max(1, rule.chunk_keys)),
-                                           std::max(1, rule.max_splits));
-  return detail::CeilDiv(detail::CeilDiv(n, splits), kAlign) * kAlign;
-}
-
-int64_t PositionalSharedSplitKeys(int64_t n, const PositionalSplitRule& rule) {
-  const int64_t rounded =
-      std::max<int64_t>(1, detail::CeilDiv(n, kPositionalSharedRound)) * kPositionalSharedRound;
-  return PositionalSplitKeys(rounded, rule);
-}
-
 namespace detail {
 namespace {
-
-// What both positional planners share: the checks, the plan's header, the pass bookkeeping
-// (partial rows and index entries handed out per pass; a unit of work is never split across
-// passes), the visible key count of a node, index tasks, and the final capacity check.
-struct PositionalBuilder {
-  const VerifyAttentionParams& params;
-  const VerifyAttentionWorkspace& ws;
-  const VerifyPlanOptions& options;
-  VerifyAttentionPlan plan;
-  VerifyPass pass;
-  int64_t pass_partial = 0, pass_entries = 0;
-
-  PositionalBuilder(const VerifyAttentionParams& p, const VariantInfo& variant,
-                    const VerifyAttentionWorkspace& w, const VerifyPlanOptions& o)
-      : params(p), ws(w), options(o) {
-    plan.config = variant.config;
-    plan.kv_fp8 = p.kv_fp8;
-    plan.rows_per_cta = variant.rows;
-    plan.keys_per_tile = variant.keys;
-    plan.num_heads = p.num_heads;
-    plan.batch = p.batch;
-    plan.total_rows = p.total_rows;
-    plan.positional = true;
-  }
-
-  absl::Status Check() const {
-    if (64 % plan.keys_per_tile != 0) {
-      return absl::InternalError("verify plan: positional splits need key tiles dividing 64");
-    }
-    if (params.total_rows > 0 && options.host_tree_mask == nullptr) {
-      return absl::InvalidArgumentError(
-          "verify plan: host_tree_mask is required by positional plans");
-    }
-    return absl::OkStatus();
-  }
-
-  // Visible keys of row `row` of a request with n_b rows and ctx context keys.
-  int Visible(int row, int n_b, int ctx) const {
-    const uint64_t* m = options.host_tree_mask + static_cast<int64_t>(row) * params.mask_words;
-    int tail = 0;
-    for (int j = 0; j < n_b; ++j) tail += static_cast<int>((m[j / 64] >> (j % 64)) & 1u);
-    return ctx + tail;
-  }
-
-  void ClosePass() {
-    pass.work_count = static_cast<int32_t>(plan.work.size()) - pass.work_begin;
-    pass.combine_count = static_cast<int32_t>(plan.combine.size()) - pass.combine_begin;
-    pass.task_count = static_cast<int32_t>(plan.index_tasks.size()) - pass.task_begin;
-    if (pass.work_count > 0) plan.passes.push_back(pass);
-    plan.partial_rows = std::max(plan.partial_rows, pass_partial);
-    plan.index_entries = std::max(plan.index_entries, pass_entries);
-    pass = VerifyPass{};
-    pass.work_begin = static_cast<int32_t>(plan.work.size());
-    pass.combine_begin = static_cast<int32_t>(plan.combine.size());
-    pass.task_begin = static_cast<int32_t>(plan.index_tasks.size());
-    pass_partial = 0;
-    pass_entries = 0;
-  }
-
-  // Makes room in the current pass (or a new one) for a unit of work.
-  absl::Status Reserve(int64_t need_partial, int64_t need_entries) {
-    if (need_partial > ws.max_partial_rows || need_entries > ws.max_index_entries) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("verify plan: one node needs ", need_partial, " partial rows and ",
-                       need_entries, " index entries; the workspace holds ", ws.max_partial_rows,
-                       " and ", ws.max_index_entries));
-    }
-    if (pass_partial + need_partial > ws.max_partial_rows ||
-        pass_entries + need_entries > ws.max_index_entries) {
-      ClosePass();
-    }
-    return absl::OkStatus();
-  }
-
-  // An index list for keys [begin, end) of row `row` (request b); returns the work item's
-  // kv_off for it (the list's first entry, encoded as < 0).
-  int32_t AddList(int b, int row, int n_b, int ctx, int64_t begin, int64_t end,
-                  const int32_t* hkv) {
-    VerifyIndexTask task{};
-    task.dst = static_cast<int32_t>(pass_entries);
-    task.src = hkv[b];
-    task.ctx = ctx;
-    task.mask_row = row;
-    task.num_nodes = n_b;
-    task.begin = static_cast<int32_t>(begin);
-    task.end = static_cast<int32_t>(end);
-    plan.index_tasks.push_back(task);
-    const int32_t kv_off = -static_cast<int32_t>(pass_entries) - 1;
-    pass_entries += end - begin;
-    return kv_off;
-  }
-
-  absl::StatusOr<VerifyAttentionPlan> Finish() {
-    ClosePass();
-    if (static_cast<int64_t>(plan.work.size()) > ws.max_work_items ||
-        static_cast<int64_t>(plan.combine.size()) > ws.max_combine_items ||
-        static_cast<int64_t>(plan.index_tasks.size()) > ws.max_index_tasks) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("verify plan: the positional plan needs ", plan.work.size(), " work items, ",
-                       plan.combine.size(), " combine items and ", plan.index_tasks.size(),
-                       " index tasks; the workspace holds ", ws.max_work_items, ", ",
-                       ws.max_combine_items, " and ", ws.max_index_tasks));
-    }
-    if (plan.passes.size() == 1) plan.passes.clear();  // one pass: the plain layout
-    return std::move(plan);
-  }
-};
-
-// Positional plans. Every work item holds the rows of whole nodes (num_nodes = the last
-// node + 1 makes the kernels' row count end there, and kv_len = kv_end + num_nodes puts the
-// whole range before the "tail": nothing is masked but the range's end). Units of work: one
-// node and its head tiles; or, for shared-context plans (positional_shared_context) when the
-// rows per CTA are a multiple of the head count (H < BM), runs of up to BM / H consecutive
-// nodes of a request with the same split length, one tile of rows. Splits [0, i0) of a unit
-// (i0 = ctx / len) lie wholly in the context: one work item per tile reads them for all the
-// unit's nodes from the request's own slot list. Splits [i0, S_t) of node t reach its tail:
-// per node, through an index list built on the GPU (VerifyIndexTask). A node's split s (of
-// S_t) is in partial row base + s * BM + (its row within the tile), whoever wrote it, and one
-// combine item per node (per head tile) merges its S_t splits by the left fold of fold.cuh,
-// continuing after the splits the first split group folded already (the group starting at
-// key 0; folded_splits). A row's keys, split boundaries (PositionalSplitKeys, or
-// PositionalSharedSplitKeys) and merge order (splits 0, 1, ... left to right) depend on the
-// row alone: a CTA's other rows never enter its arithmetic. Partial rows and index entries are
-// handed out in passes that fit the workspace; a unit's work is never split across passes.
-// (The head tiles of one split are adjacent, so they stream the same keys together.)
-absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& params,
-                                                   const int32_t* hq, const int32_t* hkv,
-                                                   const VariantInfo& variant,
-                                                   const VerifyAttentionDeviceInfo& device,
-                                                   const VerifyAttentionWorkspace& ws,
-                                                   const VerifyPlanOptions& options) {
-  PositionalBuilder pb(params, variant, ws, options);
-  VERIFYD_RETURN_IF_ERROR(pb.Check());
-  VerifyAttentionPlan& plan = pb.plan;
-  const int B = params.batch;
-  const int H = params.num_heads;
-  const int BM = variant.rows;
-  const bool shared = options.positional_shared_context;
-  const bool group = shared && H < BM && BM % H == 0;
-  const int head_tiles = group ? 1 : static_cast<int>(CeilDiv(H, BM));
-  // Every node's visible key count, split length and split count (per request, flattened).
-  std::vector<int> all_visible(params.total_rows), all_splits(params.total_rows);
-  std::vector<int64_t> all_lens(params.total_rows);
-  int64_t items = 0;    // work items with one split per item
-  int64_t partial = 0;  // partial rows the whole plan writes (passes hand them out)
-  for (int b = 0; b < B; ++b) {
-    const int n_b = hq[b + 1] - hq[b];
-    const int ctx = (hkv[b + 1] - hkv[b]) - n_b;
-    for (int t = 0; t < n_b; ++t) {
-      const int r = hq[b] + t;
-      all_visible[r] = pb.Visible(r, n_b, ctx);
-      all_lens[r] = shared ? PositionalSharedSplitKeys(all_visible[r], options.positional_split)
-                           : PositionalSplitKeys(all_visible[r], options.positional_split);
-      all_splits[r] = static_cast<int>(std::max<int64_t>(1, CeilDiv(all_visible[r], all_lens[r])));
-      plan.max_splits = std::max(plan.max_splits, all_splits[r]);
-      items += static_cast<int64_t>(all_splits[r]) * head_tiles;
-      if (all_splits[r] > 1) partial += static_cast<int64_t>(all_splits[r]) * head_tiles * BM;
-    }
-  }
-  // Split groups: a function of the batch, which changes no bits (api.h).
-  int split_group = 1;
-  if (variant.split_groups) {
-    if (options.positional_split_group > 1) {
-      split_group = options.positional_split_group;
-    } else if (options.positional_split_group < 0 && device.num_sms > 0) {
-      // The work items of one pass (a plan larger than the workspace's partial rows runs in
-      // passes, one launch each), grouped down to about kPositionalGroupWaves per SM.
-      const int64_t passes =
-          ws.max_partial_rows > 0 ? std::max<int64_t>(1, CeilDiv(partial, ws.max_partial_rows)) : 1;
-      split_group = static_cast<int>(std::max<int64_t>(
-          1, items / passes / (static_cast<int64_t>(kPositionalGroupWaves) * device.num_sms)));
-    }
-  }
-  for (int b = 0; b < B; ++b) {
-    const int n_b = hq[b + 1] - hq[b];
-    const int ctx = (hkv[b + 1] - hkv[b]) - n_b;
-    // This request's nodes.
-    const int* visible = all_visible.data() + hq[b];
-    const int* splits = all_splits.data() + hq[b];
-    const int64_t* lens = all_lens.data() + hq[b];
-    for (int t0 = 0; t0 < n_b;) {
-      int t1 = t0 + 1;  // the unit: nodes [t0, t1)
-      if (group) {
-        while (t1 < n_b && (t1 - t0) * H < BM && lens[t1] == lens[t0]) ++t1;
-      }
-      const int64_t len = lens[t0];
-      const int i0 = static_cast<int>(ctx / len);
-      int max_s = 0;
-      int64_t need_entries = 0;
-      for (int t = t0; t < t1; ++t) {
-        max_s = std::max(max_s, splits[t]);
-        for (int i = i0; i < splits[t]; ++i) {
-          const int64_t end = std::min<int64_t>(visible[t], (i + 1) * len);
-          if (end > ctx) need_entries += end - i * len;
-        }
-      }
-      const int64_t need_partial = max_s > 1 ? static_cast<int64_t>(max_s) * head_tiles * BM : 0;
-      VERIFYD_RETURN_IF_ERROR(pb.Reserve(need_partial, need_entries));
-      // Tile k of the unit: its first folded row and its partial block.
-      auto fold_of = [&](int k) { return t0 * H + k * BM; };
-      auto base_of = [&](int k) { return pb.pass_partial + static_cast<int64_t>(k) * max_s * BM; };
-      VerifyWorkItem w{};
-      w.q_row0 = hq[b];
-      // Splits [0, i0): the context only, one work item per tile for all the unit's nodes
-      // (runs of up to split_group splits per item when the kernel takes split groups and the
-      // split length is whole tile pairs).
-      const int group_of = len % 128 == 0 ? split_group : 1;
-      // The first group starts at key 0: the kernel folds its splits (api.h, split_keys).
-      const int folded = std::min(i0, group_of) > 1 ? std::min(i0, group_of) : 0;
-      for (int i = 0; i < i0; i += group_of) {
-        const int i1 = std::min(i0, i + group_of);
-        for (int k = 0; k < head_tiles; ++k) {
-          w.num_nodes = t1;  // rows: up to the unit's last node
-          w.kv_off = hkv[b];
-          w.kv_begin = static_cast<int32_t>(i * len);
-          w.kv_end = static_cast<int32_t>(i1 * len);
-          w.kv_len = w.kv_end + w.num_nodes;
-          w.fold_begin = fold_of(k);
-          w.partial_row = static_cast<int32_t>(base_of(k) + i * BM);
-          w.split_keys = i1 - i > 1 ? static_cast<int32_t>(len) : 0;
-          plan.work.push_back(w);
-        }
-      }
-      w.split_keys = 0;
-      // Splits [i0, S_t): node by node.
-      for (int t = t0; t < t1; ++t) {
-        for (int i = i0; i < splits[t]; ++i) {
-          const int64_t begin = i * len;
-          const int64_t end = std::min<int64_t>(visible[t], (i + 1) * len);
-          w.num_nodes = t + 1;  // rows: this node's
-          if (end > ctx) {
-            w.kv_off = pb.AddList(b, hq[b] + t, n_b, ctx, begin, end, hkv);
-            w.kv_begin = 0;
-            w.kv_end = static_cast<int32_t>(end - begin);
-          } else {  // a row that sees no tail key
-            w.kv_off = hkv[b];
-            w.kv_begin = static_cast<int32_t>(begin);
-            w.kv_end = static_cast<int32_t>(end);
-          }
-          w.kv_len = w.kv_end + w.num_nodes;
-          for (int k = 0; k < head_tiles; ++k) {
-            const int row_in_tile = group ? (t - t0) * H : 0;
-            w.fold_begin = group ? t * H : fold_of(k);
-            w.partial_row =
-                splits[t] > 1 ? static_cast<int32_t>(base_of(k) + i * BM + row_in_tile) : -1;
-            plan.work.push_back(w);
-          }
-        }
-        if (splits[t] > 1) {
-          for (int k = 0; k < head_tiles; ++k) {
-            VerifyCombineItem ci{};
-            ci.out_row0 = (hq[b] + t) * H + (group ? 0 : k * BM);
-            ci.num_rows = group ? H : std::min(BM, H - k * BM);
-            ci.num_splits = splits[t];
-            ci.partial_row0 = static_cast<int32_t>(base_of(k) + (group ? (t - t0) * H : 0));
-            ci.folded_splits = folded;
-            plan.combine.push_back(ci);
-          }
-        }
-      }
-      pb.pass_partial += need_partial;
-      t0 = t1;
-    }
-  }
-  return pb.Finish();
-}
 
 // Shared prefixes of a default plan (api.h "Shared prefixes"): the work and combine items of
 // the packed requests, their partial rows numbered from 0 (the caller offsets them), and which
@@ -638,18 +356,25 @@ absl::Status SupportsVerifyAttentionCuda(const VerifyAttentionParams& p,
   return detail::ResolveVariant(VerifyKernelConfig::kM16, device, p.kv_fp8).status();
 }
 
-absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionParams& params,
-                                                        const int32_t* hq, const int32_t* hkv,
-                                                        const VerifyAttentionDeviceInfo& device,
-                                                        const VerifyAttentionWorkspace& ws,
-                                                        const VerifyPlanOptions& options) {
-  VERIFYD_RETURN_IF_ERROR(SupportsVerifyAttentionCuda(params, device));
+namespace detail {
+namespace {
+
+// The batch's rows and keys per request from the host index copies, validated.
+struct BatchShape {
+  std::vector<int> n, L;  // rows, visible keys (context + tree) per request
+  int max_rows = 0;       // most rows x heads of one request
+  int64_t total_keys = 0;
+};
+
+absl::StatusOr<BatchShape> ReadBatchShape(const VerifyAttentionParams& params, const int32_t* hq,
+                                          const int32_t* hkv) {
   const int B = params.batch;
   const int H = params.num_heads;
-  if (B > 0 && (hq == nullptr || hkv == nullptr)) {
-    return absl::InvalidArgumentError("verify plan: q_indptr / kv_indptr host copies are null");
-  }
-  std::vector<int> n(B), L(B);
+  BatchShape shape;
+  std::vector<int>& n = shape.n;
+  std::vector<int>& L = shape.L;
+  n.resize(B);
+  L.resize(B);
   int max_rows = 0;
   if (B > 0 && (hq[0] != 0 || hkv[0] != 0)) {
     return absl::InvalidArgumentError("verify plan: q_indptr[0] and kv_indptr[0] must be 0");
@@ -675,6 +400,183 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionPar
 
   int64_t total_keys = 0;
   for (int b = 0; b < B; ++b) total_keys += L[b];
+  shape.max_rows = max_rows;
+  shape.total_keys = total_keys;
+  return shape;
+}
+
+// Candidate split lengths for the makespan search (the search below).
+std::vector<int64_t> SplitCandidates(const std::vector<int>& tiles, const std::vector<int>& L,
+                                     int slots, int BN, int64_t min_split) {
+  const int B = static_cast<int>(L.size());
+  // Candidate split lengths: the keys one slot would stream if the work filled 1, 2, 3, ...
+  // waves exactly (the makespan below adds the per-split overhead), plus no split at all.
+  double total_tile_keys = 0.0;
+  for (int b = 0; b < B; ++b) total_tile_keys += static_cast<double>(tiles[b]) * L[b];
+  std::vector<int64_t> candidates = {std::numeric_limits<int32_t>::max()};
+  for (double waves : {0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0}) {
+    const double target = total_tile_keys / (waves * slots);
+    candidates.push_back(
+        std::max<int64_t>(min_split, detail::CeilDiv(static_cast<int64_t>(target), BN) * BN));
+  }
+  // When there are fewer row tiles than CTA slots, how many ways the longest request is
+  // split decides how many SMs work: also try every split count of it up to two waves
+  // (the wave targets above can miss the one that fills the SMs, e.g. 16 row tiles x 8
+  // splits = 128 CTAs where they gave 7 x 16 = 112).
+  int64_t all_tiles = 0;
+  int max_len = 0;
+  for (int b = 0; b < B; ++b) {
+    all_tiles += tiles[b];
+    max_len = std::max(max_len, L[b]);
+  }
+  if (all_tiles < slots) {
+    const int64_t max_s = std::min<int64_t>(2 * slots / std::max<int64_t>(1, all_tiles) + 1,
+                                            detail::CeilDiv(max_len, BN));
+    for (int64_t s = 2; s <= max_s; ++s) {
+      candidates.push_back(
+          std::max<int64_t>(min_split, detail::CeilDiv(detail::CeilDiv(max_len, s), BN) * BN));
+    }
+  }
+  return candidates;
+}
+
+// The split count of every request that gives the shortest makespan on `slots` CTA slots
+// within the workspace room left (items, partial rows, combine items); empty when none fits.
+std::vector<int> ChooseSplits(const std::vector<int64_t>& candidates, const std::vector<int>& tiles,
+                              const std::vector<int>& L, int slots, int BM, int BN, double ov,
+                              const VerifyPlanOptions& options, int64_t room_items,
+                              int64_t room_partial, int64_t room_combine) {
+  const int B = static_cast<int>(L.size());
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<int> best_splits;
+  std::vector<int> splits(B);
+  std::vector<double> costs;
+  for (int64_t chunk : candidates) {
+    int64_t items = 0, partial = 0, combine = 0;
+    costs.clear();
+    for (int b = 0; b < B; ++b) {
+      if (tiles[b] == 0) {
+        splits[b] = 0;
+        continue;
+      }
+      int64_t s = std::max<int64_t>(1, detail::CeilDiv(L[b], chunk));
+      s = std::min<int64_t>(s, detail::CeilDiv(L[b], BN));
+      if (options.max_splits > 0) s = std::min<int64_t>(s, options.max_splits);
+      s = std::min<int64_t>(s, detail::kMaxCombineSplits);
+      const int64_t len = detail::CeilDiv(detail::CeilDiv(L[b], s), BN) * BN;
+      s = detail::CeilDiv(L[b], len);
+      splits[b] = static_cast<int>(s);
+      items += s * tiles[b];
+      if (s > 1) {
+        partial += s * tiles[b] * BM;
+        combine += tiles[b];
+      }
+      for (int64_t i = 0; i < s; ++i) {
+        const double c = std::min<int64_t>(len, L[b] - i * len) + ov;
+        for (int t = 0; t < tiles[b]; ++t) costs.push_back(c);
+      }
+    }
+    if (items > room_items || partial > room_partial || combine > room_combine) continue;
+    std::stable_sort(costs.begin(), costs.end(), std::greater<double>());
+    const double m = detail::Makespan(costs, slots) * (1.0 + 1e-6 * static_cast<double>(items));
+    if (m < best) {
+      best = m;
+      best_splits = splits;
+    }
+  }
+  return best_splits;
+}
+
+// The plan's work list and combine items: per request, split, row tile, then the shared-prefix
+// packs' items; longest first.
+void BuildWorkList(const std::vector<int>& best_splits, const std::vector<int>& tiles,
+                   const std::vector<int>& n, const std::vector<int>& L, const int32_t* hq,
+                   const int32_t* hkv, int H, int BM, int BN, const SharedPrefixPlan* shared,
+                   VerifyAttentionPlan& plan) {
+  const int B = static_cast<int>(L.size());
+  const bool use_shared = shared != nullptr;
+  // Work list: per request, split, row tile; then longest first (stable: the row tiles of
+  // one key range stay adjacent, so they run together and share the KV tile in L2).
+  int64_t partial_cursor = 0;
+  struct Keyed {
+    int32_t len;
+    VerifyWorkItem item;
+  };
+  std::vector<Keyed> keyed;
+  for (int b = 0; b < B; ++b) {
+    const int s = best_splits[b];
+    if (s == 0) continue;
+    const int64_t len = detail::CeilDiv(detail::CeilDiv(L[b], s), BN) * BN;
+    plan.max_splits = std::max(plan.max_splits, s);
+    for (int t = 0; t < tiles[b]; ++t) {
+      int32_t prow = -1;
+      if (s > 1) {
+        prow = static_cast<int32_t>(partial_cursor);
+        VerifyCombineItem ci{};
+        ci.out_row0 = hq[b] * H + t * BM;
+        ci.num_rows =
+            static_cast<int32_t>(std::min<int64_t>(BM, static_cast<int64_t>(n[b]) * H - t * BM));
+        ci.num_splits = s;
+        ci.partial_row0 = prow;
+        plan.combine.push_back(ci);
+        partial_cursor += static_cast<int64_t>(s) * BM;
+      }
+      for (int i = 0; i < s; ++i) {
+        VerifyWorkItem w{};
+        w.q_row0 = hq[b];
+        w.num_nodes = n[b];
+        w.kv_off = hkv[b];
+        w.kv_len = L[b];
+        w.fold_begin = t * BM;
+        w.kv_begin = static_cast<int32_t>(i * len);
+        w.kv_end = static_cast<int32_t>(std::min<int64_t>(L[b], (i + 1) * len));
+        w.partial_row = s > 1 ? prow + i * BM : -1;
+        keyed.push_back({w.kv_end - w.kv_begin, w});
+      }
+    }
+  }
+  // The shared-prefix items, their partial rows after the others'.
+  if (use_shared) {
+    for (VerifyWorkItem w : shared->work) {
+      w.partial_row += static_cast<int32_t>(partial_cursor);
+      keyed.push_back({w.kv_end - w.kv_begin, w});
+    }
+    for (VerifyCombineItem c : shared->combine) {
+      c.partial_row0 += static_cast<int32_t>(partial_cursor);
+      plan.combine.push_back(c);
+    }
+    partial_cursor += shared->partial_rows;
+    plan.max_splits = std::max(plan.max_splits, shared->max_splits);
+    plan.shared_packs = shared->packs;
+    plan.shared_reads_saved = shared->reads_saved;
+  }
+  // Row tiles of the same key range are adjacent; sort by key count only.
+  std::stable_sort(keyed.begin(), keyed.end(),
+                   [](const Keyed& a, const Keyed& b) { return a.len > b.len; });
+  plan.work.reserve(keyed.size());
+  for (const Keyed& k : keyed) plan.work.push_back(k.item);
+  plan.partial_rows = partial_cursor;
+}
+
+}  // namespace
+}  // namespace detail
+
+absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionParams& params,
+                                                        const int32_t* hq, const int32_t* hkv,
+                                                        const VerifyAttentionDeviceInfo& device,
+                                                        const VerifyAttentionWorkspace& ws,
+                                                        const VerifyPlanOptions& options) {
+  VERIFYD_RETURN_IF_ERROR(SupportsVerifyAttentionCuda(params, device));
+  const int B = params.batch;
+  const int H = params.num_heads;
+  if (B > 0 && (hq == nullptr || hkv == nullptr)) {
+    return absl::InvalidArgumentError("verify plan: q_indptr / kv_indptr host copies are null");
+  }
+  VERIFYD_ASSIGN_OR_RETURN(const detail::BatchShape shape, detail::ReadBatchShape(params, hq, hkv));
+  const std::vector<int>& n = shape.n;
+  const std::vector<int>& L = shape.L;
+  const int max_rows = shape.max_rows;
+  const int64_t total_keys = shape.total_keys;
   if (options.positional) {
     // The configuration depends on the device only (never on the batch).
     VERIFYD_ASSIGN_OR_RETURN(
@@ -748,72 +650,10 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionPar
   }
   if (total_cost == 0.0 && !use_shared) return plan;
 
-  // Candidate split lengths: the keys one slot would stream if the work filled 1, 2, 3, ...
-  // waves exactly (the makespan below adds the per-split overhead), plus no split at all.
-  double total_tile_keys = 0.0;
-  for (int b = 0; b < B; ++b) total_tile_keys += static_cast<double>(tiles[b]) * L[b];
   const int64_t min_split = static_cast<int64_t>(std::max(1, options.min_split_tiles)) * BN;
-  std::vector<int64_t> candidates = {std::numeric_limits<int32_t>::max()};
-  for (double waves : {0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0}) {
-    const double target = total_tile_keys / (waves * slots);
-    candidates.push_back(
-        std::max<int64_t>(min_split, detail::CeilDiv(static_cast<int64_t>(target), BN) * BN));
-  }
-  // When there are fewer row tiles than CTA slots, how many ways the longest request is
-  // split decides how many SMs work: also try every split count of it up to two waves
-  // (the wave targets above can miss the one that fills the SMs, e.g. 16 row tiles x 8
-  // splits = 128 CTAs where they gave 7 x 16 = 112).
-  int64_t all_tiles = 0;
-  int max_len = 0;
-  for (int b = 0; b < B; ++b) {
-    all_tiles += tiles[b];
-    max_len = std::max(max_len, L[b]);
-  }
-  if (all_tiles < slots) {
-    const int64_t max_s = std::min<int64_t>(2 * slots / std::max<int64_t>(1, all_tiles) + 1,
-                                            detail::CeilDiv(max_len, BN));
-    for (int64_t s = 2; s <= max_s; ++s) {
-      candidates.push_back(
-          std::max<int64_t>(min_split, detail::CeilDiv(detail::CeilDiv(max_len, s), BN) * BN));
-    }
-  }
-  double best = std::numeric_limits<double>::infinity();
-  std::vector<int> best_splits;
-  std::vector<int> splits(B);
-  std::vector<double> costs;
-  for (int64_t chunk : candidates) {
-    int64_t items = 0, partial = 0, combine = 0;
-    costs.clear();
-    for (int b = 0; b < B; ++b) {
-      if (tiles[b] == 0) {
-        splits[b] = 0;
-        continue;
-      }
-      int64_t s = std::max<int64_t>(1, detail::CeilDiv(L[b], chunk));
-      s = std::min<int64_t>(s, detail::CeilDiv(L[b], BN));
-      if (options.max_splits > 0) s = std::min<int64_t>(s, options.max_splits);
-      s = std::min<int64_t>(s, detail::kMaxCombineSplits);
-      const int64_t len = detail::CeilDiv(detail::CeilDiv(L[b], s), BN) * BN;
-      s = detail::CeilDiv(L[b], len);
-      splits[b] = static_cast<int>(s);
-      items += s * tiles[b];
-      if (s > 1) {
-        partial += s * tiles[b] * BM;
-        combine += tiles[b];
-      }
-      for (int64_t i = 0; i < s; ++i) {
-        const double c = std::min<int64_t>(len, L[b] - i * len) + ov;
-        for (int t = 0; t < tiles[b]; ++t) costs.push_back(c);
-      }
-    }
-    if (items > room_items || partial > room_partial || combine > room_combine) continue;
-    std::stable_sort(costs.begin(), costs.end(), std::greater<double>());
-    const double m = detail::Makespan(costs, slots) * (1.0 + 1e-6 * static_cast<double>(items));
-    if (m < best) {
-      best = m;
-      best_splits = splits;
-    }
-  }
+  const std::vector<int64_t> candidates = detail::SplitCandidates(tiles, L, slots, BN, min_split);
+  std::vector<int> best_splits = detail::ChooseSplits(
+      candidates, tiles, L, slots, BM, BN, ov, options, room_items, room_partial, room_combine);
   if (best_splits.empty() && total_cost == 0.0) best_splits.assign(B, 0);  // all shared
   if (best_splits.empty()) {
     return absl::ResourceExhaustedError(
@@ -821,67 +661,8 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionPar
                      " work items, ", ws.max_partial_rows, " partial rows)"));
   }
 
-  // Work list: per request, split, row tile; then longest first (stable: the row tiles of
-  // one key range stay adjacent, so they run together and share the KV tile in L2).
-  int64_t partial_cursor = 0;
-  struct Keyed {
-    int32_t len;
-    VerifyWorkItem item;
-  };
-  std::vector<Keyed> keyed;
-  for (int b = 0; b < B; ++b) {
-    const int s = best_splits[b];
-    if (s == 0) continue;
-    const int64_t len = detail::CeilDiv(detail::CeilDiv(L[b], s), BN) * BN;
-    plan.max_splits = std::max(plan.max_splits, s);
-    for (int t = 0; t < tiles[b]; ++t) {
-      int32_t prow = -1;
-      if (s > 1) {
-        prow = static_cast<int32_t>(partial_cursor);
-        VerifyCombineItem ci{};
-        ci.out_row0 = hq[b] * H + t * BM;
-        ci.num_rows =
-            static_cast<int32_t>(std::min<int64_t>(BM, static_cast<int64_t>(n[b]) * H - t * BM));
-        ci.num_splits = s;
-        ci.partial_row0 = prow;
-        plan.combine.push_back(ci);
-        partial_cursor += static_cast<int64_t>(s) * BM;
-      }
-      for (int i = 0; i < s; ++i) {
-        VerifyWorkItem w{};
-        w.q_row0 = hq[b];
-        w.num_nodes = n[b];
-        w.kv_off = hkv[b];
-        w.kv_len = L[b];
-        w.fold_begin = t * BM;
-        w.kv_begin = static_cast<int32_t>(i * len);
-        w.kv_end = static_cast<int32_t>(std::min<int64_t>(L[b], (i + 1) * len));
-        w.partial_row = s > 1 ? prow + i * BM : -1;
-        keyed.push_back({w.kv_end - w.kv_begin, w});
-      }
-    }
-  }
-  // The shared-prefix items, their partial rows after the others'.
-  if (use_shared) {
-    for (VerifyWorkItem w : shared.work) {
-      w.partial_row += static_cast<int32_t>(partial_cursor);
-      keyed.push_back({w.kv_end - w.kv_begin, w});
-    }
-    for (VerifyCombineItem c : shared.combine) {
-      c.partial_row0 += static_cast<int32_t>(partial_cursor);
-      plan.combine.push_back(c);
-    }
-    partial_cursor += shared.partial_rows;
-    plan.max_splits = std::max(plan.max_splits, shared.max_splits);
-    plan.shared_packs = shared.packs;
-    plan.shared_reads_saved = shared.reads_saved;
-  }
-  // Row tiles of the same key range are adjacent; sort by key count only.
-  std::stable_sort(keyed.begin(), keyed.end(),
-                   [](const Keyed& a, const Keyed& b) { return a.len > b.len; });
-  plan.work.reserve(keyed.size());
-  for (const Keyed& k : keyed) plan.work.push_back(k.item);
-  plan.partial_rows = partial_cursor;
+  detail::BuildWorkList(best_splits, tiles, n, L, hq, hkv, H, BM, BN,
+                        use_shared ? &shared : nullptr, plan);
   return plan;
 }
 

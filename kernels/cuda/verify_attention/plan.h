@@ -1,4 +1,5 @@
-// Internal planner pieces of the CUDA verify attention shared by plan.cc (the planner), the
+// Internal planner pieces of the CUDA verify attention shared by plan.cc (the planner),
+// plan_positional.cc (its positional plans), the
 // CUDA launcher (launch.cu) and the host-only tests: variant resolution against a device and
 // the workspace layout. Plain C++. Thread-safety: pure functions.
 #pragma once
@@ -46,5 +47,16 @@ bool PlanFitsWorkspace(const VerifyAttentionPlan& plan, const VerifyAttentionWor
 
 // Upper bound on splits of one request (the combine kernel's shared weight array).
 inline constexpr int kMaxCombineSplits = 1024;
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The positional (batch-invariant) plan of a batch for `variant` (plan_positional.cc; what
+// PlanVerifyAttention returns for VerifyPlanOptions::positional).
+absl::StatusOr<VerifyAttentionPlan> PlanPositional(const VerifyAttentionParams& params,
+                                                   const int32_t* hq, const int32_t* hkv,
+                                                   const VariantInfo& variant,
+                                                   const VerifyAttentionDeviceInfo& device,
+                                                   const VerifyAttentionWorkspace& ws,
+                                                   const VerifyPlanOptions& options);
 
 }  // namespace verifyd::kernels::cuda::detail
