@@ -283,7 +283,11 @@ absl::Status CudaEngine::FillLatentCacheRandom(uint64_t seed) {
       .status;
 }
 
-absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptions& o) {
+namespace {
+
+// The options CudaEngine::Create checks before touching a device: InvalidArgument naming the
+// field.
+absl::Status ValidateCudaEngineOptions(const EngineOptions& o) {
   auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
   if (o.tp < 1) return bad("tp: ", o.tp, " must be >= 1");
   const EngineLimits& lim = o.limits;
@@ -316,6 +320,18 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
         "(batch-invariant steps run positional plans on the device's own kernel)");
   }
 
+  return absl::OkStatus();
+}
+
+// The device of each local rank (every rank of tp, or the one rank of a slice) and whether the
+// ranks share one device (loopback); InvalidArgument naming the field, FailedPrecondition
+// without a device, Unimplemented for TP across GPUs without NCCL.
+struct RankDevices {
+  std::vector<int> devices;
+  bool shared = false;
+};
+absl::StatusOr<RankDevices> ResolveRankDevices(const EngineOptions& o) {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
   // A slice (cuda.slice_rank) runs one rank of the tp ranks, alone on one device.
   const bool slice = o.cuda.slice_rank >= 0;
   if (slice && (o.tp < 2 || o.cuda.slice_rank >= o.tp || o.tp > kMaxRankOrderSources)) {
@@ -351,6 +367,22 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptio
   } else if (!slice && o.tp > 1 && !NcclCommunicator::Available()) {
     return absl::UnimplementedError("tp > 1 on distinct GPUs needs a build with NCCL");
   }
+
+  return RankDevices{std::move(devices), shared_device};
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineOptions& o) {
+  VERIFYD_RETURN_IF_ERROR(ValidateCudaEngineOptions(o));
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  const EngineLimits& lim = o.limits;
+  const double kv_fraction = o.cuda.kv_memory_fraction;
+  const bool slice = o.cuda.slice_rank >= 0;
+  const int nranks = slice ? 1 : o.tp;
+  VERIFYD_ASSIGN_OR_RETURN(RankDevices placed, ResolveRankDevices(o));
+  const std::vector<int>& devices = placed.devices;
+  const bool shared_device = placed.shared;
 
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
