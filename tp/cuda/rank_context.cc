@@ -242,9 +242,11 @@ absl::Status AllocFp8Buffers(const RankSetup& setup, const ModelConfig& c, int64
 
 }  // namespace
 
-absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
-  const ModelConfig& c = *setup.config;
-  const int tp = rk.world;
+namespace {
+
+// The rank's device, stream and cuBLAS handle with a fixed workspace (pinned GEMM algorithms
+// in batch-invariant steps).
+absl::Status InitDevice(const RankSetup& setup, CudaRankContext& rk) {
   VERIFYD_CUDA_RETURN_IF_ERROR(cudaSetDevice(rk.device));
   VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&rk.stream, cudaStreamNonBlocking));
   VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasCreate(&rk.cublas));
@@ -263,6 +265,14 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
           kc::EnableFixedGemmAlgorithms(rk.cublas, *ws, kCublasWs, setup.max_rows));
     }
   }
+  return absl::OkStatus();
+}
+
+// The rank's communicator (TP > 1): the recording stand-in of a slice, loopback ranks on one
+// GPU, or NCCL (with the rank-order reduction of batch-invariant steps).
+absl::Status CreateCommunicator(const RankSetup& setup, CudaRankContext& rk) {
+  const ModelConfig& c = *setup.config;
+  const int tp = rk.world;
   if (tp > 1 && setup.recording) {
     const size_t rank_order_bytes =
         setup.batch_invariant ? static_cast<size_t>(setup.max_rows * c.hidden_size) * sizeof(float)
@@ -284,6 +294,14 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
     }
     rk.comm = std::move(nccl);
   }
+  return absl::OkStatus();
+}
+
+// The rank's slices (heads, vocabulary, MLP columns, routed experts) and how it runs its FP8
+// weights (expert path, FP8 MLPs / attention, cuBLASLt).
+absl::Status ShardRank(const RankSetup& setup, CudaRankContext& rk) {
+  const ModelConfig& c = *setup.config;
+  const int tp = rk.world;
   rk.heads = HeadShard(c.num_attention_heads, tp, rk.rank);
   rk.vocab = VocabShard(c.vocab_size, tp, rk.rank);
   rk.inter = IntermediateShard(c.intermediate_size, tp, rk.rank);
@@ -316,15 +334,18 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
       return lt.status();
     }  // else: the grouped kernel (CudaEngine::fp8_gemm says which)
   }
-  const int64_t hid = c.hidden_size, qk = c.qk_head_dim(), nope = c.qk_nope_head_dim;
+  return absl::OkStatus();
+}
+
+// Activations and scratch for the largest step (see the top of rank_context.h), the RoPE
+// frequencies and the pinned result buffer.
+absl::Status AllocActivations(const RankSetup& setup, CudaRankContext& rk) {
+  const ModelConfig& c = *setup.config;
+  const int tp = rk.world;
+  const int64_t hid = c.hidden_size, qk = c.qk_head_dim();
   const int64_t v = c.v_head_dim, kvl = c.kv_lora_rank, lat = c.latent_dim();
-  const int64_t Hl = rk.heads.size, h0 = rk.heads.begin, Il = rk.inter.size;
+  const int64_t Hl = rk.heads.size, Il = rk.inter.size;
   const int64_t ql = c.q_lora_rank, R = setup.max_rows;
-
-  // Weights: the rank's shard of every tensor (rank_weights.h).
-  VERIFYD_RETURN_IF_ERROR(FillRankWeights(setup, rk));
-
-  // Activations for the largest step.
   VERIFYD_ASSIGN_OR_RETURN(rk.x, rk.Alloc<float>(R * hid));
   VERIFYD_ASSIGN_OR_RETURN(rk.xn, rk.Alloc<bf16>(R * hid));
   if (ql > 0) {
@@ -383,6 +404,11 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
     rk.host_allocs.push_back(h);
     rk.out_host = static_cast<char*>(h);
   }
+  return absl::OkStatus();
+}
+
+// The optimised verify attention's device info and workspace (when enabled).
+absl::Status SetUpVerifyAttention(const RankSetup& setup, CudaRankContext& rk) {
   if (setup.use_verify_kernel) {
     absl::StatusOr<kc::VerifyAttentionDeviceInfo> info = kc::VerifyAttentionDeviceInfo::Query();
     if (!info.ok()) return info.status();
@@ -405,6 +431,19 @@ absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
     rk.vk_ws = *ws;
     rk.have_vk = true;
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status InitRankContext(const RankSetup& setup, CudaRankContext& rk) {
+  VERIFYD_RETURN_IF_ERROR(InitDevice(setup, rk));
+  VERIFYD_RETURN_IF_ERROR(CreateCommunicator(setup, rk));
+  VERIFYD_RETURN_IF_ERROR(ShardRank(setup, rk));
+  // Weights: the rank's shard of every tensor (rank_weights.h).
+  VERIFYD_RETURN_IF_ERROR(FillRankWeights(setup, rk));
+  VERIFYD_RETURN_IF_ERROR(AllocActivations(setup, rk));
+  VERIFYD_RETURN_IF_ERROR(SetUpVerifyAttention(setup, rk));
   VERIFYD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rk.stream));
   size_t free_b = 0, total_b = 0;
   VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
