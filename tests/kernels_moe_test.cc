@@ -1,5 +1,5 @@
 // The DeepSeek-V3 reference ops beyond the dense MLA: MoE routing (kernels/reference/moe.h)
-// on hand-worked examples, YaRN RoPE (kernels/reference/yarn.h) against hand-computed values
+// on hand-worked examples, YaRN RoPE (kernels/yarn.h) against hand-computed values
 // and transformers' float32 table, and the exact float8_e4m3fn decoding (kernels/common.h).
 #include <cmath>
 #include <cstdint>
@@ -10,7 +10,7 @@
 #include "kernels/common.h"
 #include "kernels/reference/moe.h"
 #include "kernels/reference/ops.h"
-#include "kernels/reference/yarn.h"
+#include "kernels/yarn.h"
 
 namespace verifyd::kernels::ref {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/reference/yarn.h"
+#include "kernels/yarn.h"
 #include "kernels/status.h"
 
 namespace verifyd::tp {
@@ -491,13 +491,13 @@ namespace verifyd::tp {
 
 float AttentionSoftmaxScale(const ModelConfig& c) {
   if (c.rope_scaling.type == "yarn" && c.rope_scaling.mscale_all_dim != 0) {
-    return static_cast<float>(kernels::ref::YarnSoftmaxScale(YarnParamsOf(c), c.qk_head_dim()));
+    return static_cast<float>(kernels::YarnSoftmaxScale(YarnParamsOf(c), c.qk_head_dim()));
   }
   return 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
 }
 
-kernels::ref::YarnParams YarnParamsOf(const ModelConfig& c) {
-  kernels::ref::YarnParams p;
+kernels::YarnParams YarnParamsOf(const ModelConfig& c) {
+  kernels::YarnParams p;
   p.rope_dim = c.qk_rope_head_dim;
   p.theta = c.rope_theta;
   p.factor = c.rope_scaling.factor;

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "kernels/reference/yarn.h"
+#include "kernels/yarn.h"
 
 namespace verifyd::tp {
 
@@ -94,8 +94,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c);
 // qk_head_dim^-0.5 * get_mscale(factor, mscale_all_dim)^2 (double, rounded to float).
 float AttentionSoftmaxScale(const ModelConfig& c);
 
-// The YaRN parameters of a config with rope_scaling (kernels/reference/yarn.h), for both
+// The YaRN parameters of a config with rope_scaling (kernels/yarn.h), for both
 // engines' RoPE tables.
-kernels::ref::YarnParams YarnParamsOf(const ModelConfig& c);
+kernels::YarnParams YarnParamsOf(const ModelConfig& c);
 
 }  // namespace verifyd::tp

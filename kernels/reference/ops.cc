@@ -253,4 +253,33 @@ void ArgmaxRows(const float* logits, int64_t m, int64_t n, int64_t ld, int64_t i
   }
 }
 
+void ApplyRopeTable(float* x, int64_t m, int64_t heads, int64_t head_stride, int64_t offset,
+                    int64_t rope_dim, const int32_t* positions, const float* inv_freq,
+                    float attention_factor) {
+  if (rope_dim <= 0 || rope_dim % 2 != 0) return;
+  const int64_t half = rope_dim / 2;
+  std::vector<float> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half));
+  std::vector<float> deint(static_cast<size_t>(rope_dim));
+  for (int64_t r = 0; r < m; ++r) {
+    const float pos = static_cast<float>(positions[r]);
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(pos * inv_freq[i]);
+      cos_t[i] = static_cast<float>(std::cos(angle)) * attention_factor;
+      sin_t[i] = static_cast<float>(std::sin(angle)) * attention_factor;
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + (r * heads + h) * head_stride + offset;
+      for (int64_t i = 0; i < half; ++i) {
+        deint[i] = v[2 * i];
+        deint[half + i] = v[2 * i + 1];
+      }
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = deint[i], b = deint[half + i];
+        v[i] = a * cos_t[i] - b * sin_t[i];
+        v[half + i] = b * cos_t[i] + a * sin_t[i];
+      }
+    }
+  }
+}
+
 }  // namespace verifyd::kernels::ref

@@ -39,4 +39,11 @@ void AddInPlace(float* y, const float* x, int64_t count);
 void ArgmaxRows(const float* logits, int64_t m, int64_t n, int64_t ld, int64_t index_offset,
                 float* max_value, int32_t* max_index);
 
+// Rotary embedding in place with a given inv_freq table (rope_dim / 2 floats) and cos / sin
+// factor; the same layout and rotation as ApplyRope (ops.h): the rope part of each head is
+// de-interleaved, then rotated.
+void ApplyRopeTable(float* x, int64_t m, int64_t heads, int64_t head_stride, int64_t offset,
+                    int64_t rope_dim, const int32_t* positions, const float* inv_freq,
+                    float attention_factor);
+
 }  // namespace verifyd::kernels::ref

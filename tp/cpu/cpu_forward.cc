@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/kv_fp8.h"
 #include "kernels/reference/ops.h"
-#include "kernels/reference/yarn.h"
+#include "kernels/yarn.h"
 #include "kernels/status.h"
 #include "kernels/verify_attention.h"
 
@@ -177,9 +177,9 @@ RankForward::RankForward(const ModelConfig& config, RankWeights weights, Communi
       kv_(config.num_hidden_layers * kv_slots * config.latent_dim(),
           std::numeric_limits<float>::quiet_NaN()) {
   if (config.rope_scaling.type == "yarn") {
-    const kernels::ref::YarnParams p = YarnParamsOf(config);
-    yarn_inv_freq_ = kernels::ref::YarnInvFreq(p);
-    yarn_attention_factor_ = static_cast<float>(kernels::ref::YarnAttentionFactor(p));
+    const kernels::YarnParams p = YarnParamsOf(config);
+    yarn_inv_freq_ = kernels::YarnInvFreq(p);
+    yarn_attention_factor_ = static_cast<float>(kernels::YarnAttentionFactor(p));
   }
 }
 

@@ -15,7 +15,7 @@
 //   x += AllReduceSum(down_local(silu(gate_local(h2)) * up_local(h2))), h2 = RMSNorm(x)
 //        (MoE layers: x += AllReduceSum(MoeForwardLocal(h2)), tp/cpu/cpu_moe.h: one
 //        all-reduce for the routed and shared experts together)
-// RoPE is YaRN's (kernels/reference/yarn.h: inv_freq table and cos / sin factor) when the
+// RoPE is YaRN's (kernels/yarn.h: inv_freq table and cos / sin factor) when the
 // config has rope_scaling, with the softmax scale of AttentionSoftmaxScale (model_config.h).
 // then RMSNorm → local LM-head rows → local argmax → AllGather → global argmax (largest value,
 // lowest token on ties), identical on every rank.
@@ -31,7 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/reference/yarn.h"
+#include "kernels/yarn.h"
 #include "kernels/verify_attention.h"
 #include "tp/batch_plan.h"
 #include "tp/communicator.h"

@@ -12,7 +12,7 @@
 #include "kernels/cuda/dense/moe.h"
 #include "kernels/cuda/dense/rope.h"
 #include "kernels/kv_fp8.h"
-#include "kernels/reference/yarn.h"
+#include "kernels/yarn.h"
 #include "kernels/status.h"
 #include "tp/cuda/rank_weights.h"
 
@@ -385,9 +385,9 @@ absl::Status AllocActivations(const RankSetup& setup, CudaRankContext& rk) {
     // Plain RoPE: RopeInvFreq (factor 1); YaRN: the reference's table and cos / sin factor.
     std::vector<float> inv;
     if (c.rope_scaling.type == "yarn") {
-      const kernels::ref::YarnParams y = YarnParamsOf(c);
-      inv = kernels::ref::YarnInvFreq(y);
-      rk.rope_attention_factor = static_cast<float>(kernels::ref::YarnAttentionFactor(y));
+      const kernels::YarnParams y = YarnParamsOf(c);
+      inv = kernels::YarnInvFreq(y);
+      rk.rope_attention_factor = static_cast<float>(kernels::YarnAttentionFactor(y));
     } else {
       inv = kc::RopeInvFreq(static_cast<int>(c.qk_rope_head_dim), c.rope_theta);
       rk.rope_attention_factor = 1.0f;

@@ -6,7 +6,7 @@
 // Plan once per step: RopeTableCuda computes cos/sin [rows, rope_dim/2] for the step's
 // positions (angle = float(pos) * inv_freq[i] as a float product, cos/sin in double then
 // rounded, then times attention_factor, exactly as the reference); every layer's QRopeCuda /
-// LatentKvWriteCuda reads it. YaRN (kernels/reference/yarn.h) is an inv_freq table from
+// LatentKvWriteCuda reads it. YaRN (kernels/yarn.h) is an inv_freq table from
 // YarnInvFreq and attention_factor = YarnAttentionFactor; plain RoPE is RopeInvFreq with
 // factor 1 (an exact multiply: the same table values as without the factor).
 // Host header (no CUDA code). Thread-safety: launchers are reentrant.

@@ -14,13 +14,15 @@
 // multiplied by float(attention_factor), attention_factor = get_mscale(factor, mscale) /
 // get_mscale(factor, mscale_all_dim) when both are non-zero, else get_mscale(factor), with
 // get_mscale(s, m) = 0.1 * m * ln(s) + 1 for s > 1, else 1.
+// The CUDA engine's RoPE tables and the CPU engine both use these (kernels/reference/ops.h
+// ApplyRopeTable applies a table on the CPU).
 // Thread-safe: pure functions.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-namespace verifyd::kernels::ref {
+namespace verifyd::kernels {
 
 struct YarnParams {
   int64_t rope_dim = 0;                          // qk_rope_head_dim (transformers' head_dim)
@@ -50,11 +52,4 @@ double YarnAttentionFactor(const YarnParams& p);
 // mscale_all_dim != 0, else qk_head_dim^-0.5 (in double, as Python; round to float on use).
 double YarnSoftmaxScale(const YarnParams& p, int64_t qk_head_dim);
 
-// Rotary embedding in place with a given inv_freq table (rope_dim / 2 floats) and cos / sin
-// factor; the same layout and rotation as ApplyRope (ops.h): the rope part of each head is
-// de-interleaved, then rotated.
-void ApplyRopeTable(float* x, int64_t m, int64_t heads, int64_t head_stride, int64_t offset,
-                    int64_t rope_dim, const int32_t* positions, const float* inv_freq,
-                    float attention_factor);
-
-}  // namespace verifyd::kernels::ref
+}  // namespace verifyd::kernels
