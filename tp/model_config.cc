@@ -6,8 +6,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/yarn.h"
 #include "kernels/status.h"
+#include "kernels/yarn.h"
 
 namespace verifyd::tp {
 namespace {

@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/kv_fp8.h"
 #include "kernels/reference/ops.h"
-#include "kernels/yarn.h"
 #include "kernels/status.h"
 #include "kernels/verify_attention.h"
+#include "kernels/yarn.h"
 
 namespace verifyd::tp {
 namespace {

@@ -31,8 +31,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/yarn.h"
 #include "kernels/verify_attention.h"
+#include "kernels/yarn.h"
 #include "tp/batch_plan.h"
 #include "tp/communicator.h"
 #include "tp/cpu/cpu_moe.h"

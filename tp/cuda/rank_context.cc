@@ -12,8 +12,8 @@
 #include "kernels/cuda/dense/moe.h"
 #include "kernels/cuda/dense/rope.h"
 #include "kernels/kv_fp8.h"
-#include "kernels/yarn.h"
 #include "kernels/status.h"
+#include "kernels/yarn.h"
 #include "tp/cuda/rank_weights.h"
 
 namespace verifyd::tp {
