@@ -21,15 +21,7 @@ constexpr VerifyAttentionDeviceInfo kH200{132, 9, 0, 232448, 233472};
 constexpr VerifyAttentionDeviceInfo kSm120{84, 12, 0, 101376, 102400};
 
 // A workspace of the default capacity, without device memory (the planner reads capacities).
-VerifyAttentionWorkspace CapacityOnly() {
-  VerifyAttentionWorkspace ws;
-  ws.max_work_items = 65536;
-  ws.max_combine_items = 16384;
-  ws.max_partial_rows = 32768;
-  ws.max_index_tasks = 16384;
-  ws.max_index_entries = int64_t{1} << 20;
-  return ws;
-}
+VerifyAttentionWorkspace CapacityOnly() { return VerifyAttentionWorkspace::DefaultCapacity(0); }
 
 // The planner splits a long single request over the SMs, leaves a batch that already fills
 // the device unsplit, and keeps every key covered exactly once.

@@ -183,39 +183,14 @@ void ApplyRope(float* x, int64_t m, int64_t heads, int64_t head_stride, int64_t 
                int64_t rope_dim, const int32_t* positions, float theta) {
   if (rope_dim <= 0 || rope_dim % 2 != 0) return;
   const int64_t half = rope_dim / 2;
-  // inv_freq[i] = theta^(-2i/rope_dim), rounded to float once (HF computes it in float32).
+  // inv_freq[i] = theta^(-2i/rope_dim), rounded to float once (HF computes it in float32);
+  // cos / sin times 1.0f are exact, so this is the table form with factor 1.
   std::vector<float> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) {
     inv_freq[i] = static_cast<float>(
         1.0 / std::pow(static_cast<double>(theta), static_cast<double>(2 * i) / rope_dim));
   }
-  std::vector<float> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half));
-  std::vector<float> deint(static_cast<size_t>(rope_dim));
-  for (int64_t r = 0; r < m; ++r) {
-    // angle = float(position) * inv_freq (a float32 product, as HF's outer(t, inv_freq));
-    // cos/sin of that float angle, correctly rounded via double.
-    const float pos = static_cast<float>(positions[r]);
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(pos * inv_freq[i]);
-      cos_t[i] = static_cast<float>(std::cos(angle));
-      sin_t[i] = static_cast<float>(std::sin(angle));
-    }
-    for (int64_t h = 0; h < heads; ++h) {
-      float* v = x + (r * heads + h) * head_stride + offset;
-      // De-interleave [x0 x1 x2 x3 ...] -> [x0 x2 x4 ... | x1 x3 x5 ...] (HF's
-      // view(d/2, 2).transpose), then out = v * cos + rotate_half(v) * sin, where
-      // rotate_half([a | b]) = [-b | a]. The result stays in the de-interleaved layout.
-      for (int64_t i = 0; i < half; ++i) {
-        deint[i] = v[2 * i];
-        deint[half + i] = v[2 * i + 1];
-      }
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = deint[i], b = deint[half + i];
-        v[i] = a * cos_t[i] - b * sin_t[i];
-        v[half + i] = b * cos_t[i] + a * sin_t[i];
-      }
-    }
-  }
+  ApplyRopeTable(x, m, heads, head_stride, offset, rope_dim, positions, inv_freq.data(), 1.0f);
 }
 
 void SwiGlu(const float* gate, const float* up, int64_t m, int64_t n, int64_t ld, float* out) {
@@ -261,6 +236,8 @@ void ApplyRopeTable(float* x, int64_t m, int64_t heads, int64_t head_stride, int
   std::vector<float> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half));
   std::vector<float> deint(static_cast<size_t>(rope_dim));
   for (int64_t r = 0; r < m; ++r) {
+    // angle = float(position) * inv_freq (a float32 product, as HF's outer(t, inv_freq));
+    // cos/sin of that float angle, correctly rounded via double.
     const float pos = static_cast<float>(positions[r]);
     for (int64_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(pos * inv_freq[i]);
@@ -269,6 +246,9 @@ void ApplyRopeTable(float* x, int64_t m, int64_t heads, int64_t head_stride, int
     }
     for (int64_t h = 0; h < heads; ++h) {
       float* v = x + (r * heads + h) * head_stride + offset;
+      // De-interleave [x0 x1 x2 x3 ...] -> [x0 x2 x4 ... | x1 x3 x5 ...] (HF's
+      // view(d/2, 2).transpose), then out = v * cos + rotate_half(v) * sin, where
+      // rotate_half([a | b]) = [-b | a]. The result stays in the de-interleaved layout.
       for (int64_t i = 0; i < half; ++i) {
         deint[i] = v[2 * i];
         deint[half + i] = v[2 * i + 1];
