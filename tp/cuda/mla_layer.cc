@@ -135,205 +135,252 @@ absl::Status EmbedTokens(const MlaStep& s, CudaRankContext& rk) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The per-layer sizes RunMlaLayer's phases share.
+struct LayerDims {
+  explicit LayerDims(const MlaStep& s, const CudaRankContext& rk)
+      : R(s.rows),
+        hid(s.config->hidden_size),
+        qk(s.config->qk_head_dim()),
+        nope(s.config->qk_nope_head_dim),
+        rope(s.config->qk_rope_head_dim),
+        v(s.config->v_head_dim),
+        kvl(s.config->kv_lora_rank),
+        lat(s.config->latent_dim()),
+        ql(s.config->q_lora_rank),
+        Hl(rk.heads.size),
+        Il(rk.inter.size) {}
+  int64_t R, hid, qk, nope, rope, v, kvl, lat, ql, Hl, Il;
+};
+
+// kv_a's output (fp32, row stride ld): its own buffer, or a column block of the fused FP8
+// q_a | kv_a output.
+struct KvaView {
+  const float* kva;
+  int64_t ld;
+};
+
+// q (bf16, [R, Hl * qk]) and kv_a's output from xn: the FP8 path (W8A8: one GEMM for q_a and
+// kv_a, xn quantized once; q_b's fp32 output rounded to bf16 as cuBLAS rounds the bf16
+// path's) or the bf16 GEMMs.
+absl::Status QueryAndKvA(const MlaStep& s, const LayerDims& d, const CudaLayerWeights& L,
+                         CudaRankContext& rk, KvaView* kv_a) {
+  MarkProfile(rk, ProfileCategory::kGemm);
+  if (rk.fp8_attention) {
+    const int64_t na = rk.fp8_qkv_a_cols;
+    VERIFYD_RETURN_IF_ERROR(Fp8Linear(s, rk, rk.xn, d.hid, L.qkv_a_fp8, L.qkv_a_scale,
+                                      rk.attn_gemm_qkv_a.get(), rk.qkva));
+    *kv_a = {rk.qkva + d.ql, na};
+    const bf16* q_in = rk.xn;
+    int64_t ld_q_in = d.hid;
+    if (d.ql > 0) {
+      MarkProfile(rk, ProfileCategory::kOther);
+      VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.qkva, F32, na, d.ql, L.q_a_norm, rk.qan, BF16, d.ql));
+      MarkProfile(rk, ProfileCategory::kGemm);
+      q_in = rk.qan;
+      ld_q_in = d.ql;
+    }
+    VERIFYD_RETURN_IF_ERROR(
+        Fp8Linear(s, rk, q_in, ld_q_in, L.q_b_fp8, L.q_b_scale, rk.attn_gemm_q_b.get(), rk.qf));
+    return kc::FloatToBf16Cuda(rk.qf, rk.q, d.R * d.Hl * d.qk, rk.stream);
+  }
+  *kv_a = {rk.kva, d.lat};
+  if (d.ql > 0) {
+    VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.xn, d.hid, L.q_a, d.ql, rk.qa, F32, 0.f));
+    MarkProfile(rk, ProfileCategory::kOther);
+    VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.qa, F32, d.ql, d.ql, L.q_a_norm, rk.qan, BF16, d.ql));
+    MarkProfile(rk, ProfileCategory::kGemm);
+    VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.qan, d.ql, L.q_b, d.Hl * d.qk, rk.q, BF16, 0.f));
+  } else {
+    VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.xn, d.hid, L.q_b, d.Hl * d.qk, rk.q, BF16, 0.f));
+  }
+  return Gemm(s, rk, rk.xn, d.hid, L.kv_a, d.lat, rk.kva, F32, 0.f);
+}
+
+// One batched GEMM a head through W_kv_b's per-head blocks: the absorbed query's latent part
+// (W_UK, !transposed) or the attention output's value projection (W_UV^T, transposed).
+absl::Status HeadBatchedGemm(const LayerDims& d, const CudaLayerWeights& L, CudaRankContext& rk,
+                             bool uv) {
+  kc::BatchedGemmParams p;
+  p.batch = static_cast<int>(d.Hl);
+  p.m = d.R;
+  p.ldw = d.kvl;
+  p.stride_w = (d.nope + d.v) * d.kvl;
+  if (!uv) {  // qatt[r, h, 0:kvl] = q_nope[r, h] . W_UK[h] ([nope, kvl])
+    p.n = d.kvl;
+    p.k = d.nope;
+    p.x = rk.q;
+    p.ldx = d.Hl * d.qk;
+    p.stride_x = d.qk;
+    p.w = L.kv_b;
+    p.w_transposed = false;
+    p.y = rk.qatt;
+    p.ldy = d.Hl * d.lat;
+    p.stride_y = d.lat;
+  } else {  // attn[r, h*v : (h+1)*v] = olat[r, h] . W_UV[h]^T (W_UV[h] [v, kvl])
+    p.n = d.v;
+    p.k = d.kvl;
+    p.x = rk.olat;
+    p.ldx = d.Hl * d.kvl;
+    p.stride_x = d.kvl;
+    p.w = L.kv_b + d.nope * d.kvl;
+    p.w_transposed = true;
+    p.y = rk.attn;
+    p.ldy = d.Hl * d.v;
+    p.stride_y = d.v;
+  }
+  return kc::GemmBf16Batched(rk.cublas, p);
+}
+
+// The step's latent KV rows into the layer's cache (kv_a norm + RoPE), and the absorbed
+// query's rope columns.
+absl::Status WriteLatentKvAndRopeQuery(const MlaStep& s, const LayerDims& d,
+                                       const CudaLayerWeights& L, int64_t layer,
+                                       CudaRankContext& rk, const KvaView& kv_a) {
+  MarkProfile(rk, ProfileCategory::kOther);
+  kc::LatentKvWriteParams p;
+  p.rows = static_cast<int>(d.R);
+  p.kv_lora = static_cast<int>(d.kvl);
+  p.rope_dim = static_cast<int>(d.rope);
+  p.kva = kv_a.kva;
+  p.ld_kva = kv_a.ld;
+  p.kv_norm_weight = L.kv_a_norm;
+  p.eps = static_cast<float>(s.config->rms_norm_eps);
+  p.cos_table = rk.cos_t;
+  p.sin_table = rk.sin_t;
+  p.slots = s.slots;
+  p.cache = rk.kv[layer];
+  p.fp8 = rk.kv_fp8;
+  p.kv_slots = s.kv_slots;
+  p.stream = rk.stream;
+  VERIFYD_RETURN_IF_ERROR(kc::LatentKvWriteCuda(p));
+  kc::QRopeParams q;
+  q.rows = static_cast<int>(d.R);
+  q.heads = static_cast<int>(d.Hl);
+  q.rope_dim = static_cast<int>(d.rope);
+  q.in = rk.q;
+  q.in_head_stride = d.qk;
+  q.in_offset = d.nope;
+  q.out = rk.qatt;
+  q.out_head_stride = d.lat;
+  q.out_offset = d.kvl;
+  q.cos_table = rk.cos_t;
+  q.sin_table = rk.sin_t;
+  q.stream = rk.stream;
+  return kc::QRopeCuda(q);
+}
+
+// Verify attention (or the fallback) over the layer's cache: qatt -> olat.
+absl::Status LayerAttention(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
+  MarkProfile(rk, ProfileCategory::kAttention);
+  kernels::VerifyAttentionParams ap = s.attention;
+  ap.kv = rk.kv[layer];
+  if (s.verify_plan != nullptr) return kc::VerifyAttentionCuda(ap, *s.verify_plan, rk.vk_ws);
+  return FallbackAttention(ap);
+}
+
+// x += o_proj(W_UV(olat)), reduced over the ranks.
+absl::Status AttentionOutput(const MlaStep& s, const LayerDims& d, const CudaLayerWeights& L,
+                             CudaRankContext& rk) {
+  MarkProfile(rk, ProfileCategory::kGemm);
+  VERIFYD_RETURN_IF_ERROR(HeadBatchedGemm(d, L, rk, /*uv=*/true));
+  const bool tp1 = s.tp == 1;
+  if (rk.fp8_attention) {
+    // The FP8 GEMM overwrites: its partial goes to part, added into x at TP = 1.
+    VERIFYD_RETURN_IF_ERROR(Fp8Linear(s, rk, rk.attn, d.Hl * d.v, L.o_proj_fp8, L.o_proj_scale,
+                                      rk.attn_gemm_o.get(), rk.part));
+    if (tp1) {
+      MarkProfile(rk, ProfileCategory::kOther);
+      VERIFYD_RETURN_IF_ERROR(kc::AddInPlaceCuda(rk.x, rk.part, d.R * d.hid, rk.stream));
+    }
+  } else {
+    VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.attn, d.Hl * d.v, L.o_proj, d.hid, tp1 ? rk.x : rk.part,
+                                 F32, tp1 ? 1.f : 0.f));
+  }
+  return ReduceIntoX(s, rk);
+}
+
+// The dense MLP with FP8 weights (W8A8, moe_mlp.h RunFp8Mlp; rk.fp8_offsets written by the
+// step): its partial goes to part, added into x at TP = 1.
+absl::Status DenseFp8Mlp(const MlaStep& s, const LayerDims& d, const CudaLayerWeights& L,
+                         CudaRankContext& rk) {
+  MarkProfile(rk, ProfileCategory::kGemm);
+  kc::Fp8MlpArgs f;
+  f.rows = d.R;
+  f.hidden = d.hid;
+  f.inter = d.Il;
+  f.x = rk.xn;
+  f.gate_up = L.gate_up_fp8;
+  f.gate_up_scale = L.gate_up_scale;
+  f.down = L.down_fp8;
+  f.down_scale = L.down_scale;
+  f.gemm_gate_up = rk.dense_gemm_gate_up.get();
+  f.gemm_down = rk.dense_gemm_down.get();
+  f.offsets = rk.fp8_offsets;
+  f.lt = rk.fp8_lt.get();
+  f.xq = rk.fp8_xq;
+  f.xq_scale = rk.fp8_xq_scale;
+  f.gu = rk.gu;
+  f.actq = rk.fp8_actq;
+  f.actq_scale = rk.fp8_actq_scale;
+  f.out = rk.part;
+  f.stream = rk.stream;
+  VERIFYD_RETURN_IF_ERROR(kc::RunFp8Mlp(f));
+  MarkProfile(rk, ProfileCategory::kOther);
+  if (s.tp == 1) return kc::AddInPlaceCuda(rk.x, rk.part, d.R * d.hid, rk.stream);
+  return absl::OkStatus();
+}
+
+// The dense MLP with bf16 weights: gate_up, SwiGLU, down (into x at TP = 1, else part).
+absl::Status DenseBf16Mlp(const MlaStep& s, const LayerDims& d, const CudaLayerWeights& L,
+                          CudaRankContext& rk) {
+  const bool tp1 = s.tp == 1;
+  MarkProfile(rk, ProfileCategory::kGemm);
+  VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.xn, d.hid, L.gate_up, 2 * d.Il, rk.gu, F32, 0.f));
+  MarkProfile(rk, ProfileCategory::kOther);
+  kc::SwiGluParams p;
+  p.rows = static_cast<int>(d.R);
+  p.n = d.Il;
+  p.gate_up = rk.gu;
+  p.ld_in = 2 * d.Il;
+  p.up_offset = d.Il;
+  p.out = rk.act;
+  p.ld_out = d.Il;
+  p.stream = rk.stream;
+  VERIFYD_RETURN_IF_ERROR(kc::SwiGluCuda(p));
+  MarkProfile(rk, ProfileCategory::kGemm);
+  return Gemm(s, rk, rk.act, d.Il, L.down, d.hid, tp1 ? rk.x : rk.part, F32, tp1 ? 1.f : 0.f);
+}
+
+}  // namespace
+
 absl::Status RunMlaLayer(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
-  const ModelConfig& c = *s.config;
-  const int64_t R = s.rows;
-  const int64_t hid = c.hidden_size, qk = c.qk_head_dim(), nope = c.qk_nope_head_dim;
-  const int64_t rope = c.qk_rope_head_dim, v = c.v_head_dim, kvl = c.kv_lora_rank;
-  const int64_t lat = c.latent_dim(), ql = c.q_lora_rank;
-  const int64_t Hl = rk.heads.size, Il = rk.inter.size;
+  const LayerDims d(s, rk);
   const CudaLayerWeights& L = rk.layers[layer];
 
   // Attention block: projections, absorbed query, latent KV write, attention, o_proj.
   MarkProfile(rk, ProfileCategory::kOther);
-  VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.x, F32, hid, hid, L.input_norm, rk.xn, BF16, hid));
-  MarkProfile(rk, ProfileCategory::kGemm);
-  // kv_a's output (fp32, row stride ld_kva): its own buffer, or a column block of the fused
-  // FP8 q_a | kv_a output.
-  const float* kva = rk.kva;
-  int64_t ld_kva = lat;
-  if (rk.fp8_attention) {
-    // FP8 weights (W8A8): one GEMM for q_a and kv_a (xn quantized once), q_b's fp32 output
-    // rounded to bf16 as cuBLAS rounds the bf16 path's.
-    const int64_t na = rk.fp8_qkv_a_cols;
-    VERIFYD_RETURN_IF_ERROR(Fp8Linear(s, rk, rk.xn, hid, L.qkv_a_fp8, L.qkv_a_scale,
-                                      rk.attn_gemm_qkv_a.get(), rk.qkva));
-    kva = rk.qkva + ql;
-    ld_kva = na;
-    const bf16* q_in = rk.xn;
-    int64_t ld_q_in = hid;
-    if (ql > 0) {
-      MarkProfile(rk, ProfileCategory::kOther);
-      VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.qkva, F32, na, ql, L.q_a_norm, rk.qan, BF16, ql));
-      MarkProfile(rk, ProfileCategory::kGemm);
-      q_in = rk.qan;
-      ld_q_in = ql;
-    }
-    VERIFYD_RETURN_IF_ERROR(
-        Fp8Linear(s, rk, q_in, ld_q_in, L.q_b_fp8, L.q_b_scale, rk.attn_gemm_q_b.get(), rk.qf));
-    VERIFYD_RETURN_IF_ERROR(kc::FloatToBf16Cuda(rk.qf, rk.q, R * Hl * qk, rk.stream));
-  } else if (ql > 0) {
-    VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.xn, hid, L.q_a, ql, rk.qa, F32, 0.f));
-    MarkProfile(rk, ProfileCategory::kOther);
-    VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.qa, F32, ql, ql, L.q_a_norm, rk.qan, BF16, ql));
-    MarkProfile(rk, ProfileCategory::kGemm);
-    VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.qan, ql, L.q_b, Hl * qk, rk.q, BF16, 0.f));
-  } else {
-    VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.xn, hid, L.q_b, Hl * qk, rk.q, BF16, 0.f));
-  }
-  if (!rk.fp8_attention) {
-    VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.xn, hid, L.kv_a, lat, rk.kva, F32, 0.f));
-  }
-  // Absorbed query, latent part: qatt[r, h, 0:kvl] = q_nope[r, h] . W_UK[h] ([nope, kvl]).
-  {
-    kc::BatchedGemmParams p;
-    p.batch = static_cast<int>(Hl);
-    p.m = R;
-    p.n = kvl;
-    p.k = nope;
-    p.x = rk.q;
-    p.ldx = Hl * qk;
-    p.stride_x = qk;
-    p.w = L.kv_b;
-    p.ldw = kvl;
-    p.stride_w = (nope + v) * kvl;
-    p.w_transposed = false;
-    p.y = rk.qatt;
-    p.ldy = Hl * lat;
-    p.stride_y = lat;
-    VERIFYD_RETURN_IF_ERROR(kc::GemmBf16Batched(rk.cublas, p));
-  }
-  MarkProfile(rk, ProfileCategory::kOther);
-  {
-    kc::LatentKvWriteParams p;
-    p.rows = static_cast<int>(R);
-    p.kv_lora = static_cast<int>(kvl);
-    p.rope_dim = static_cast<int>(rope);
-    p.kva = kva;
-    p.ld_kva = ld_kva;
-    p.kv_norm_weight = L.kv_a_norm;
-    p.eps = static_cast<float>(c.rms_norm_eps);
-    p.cos_table = rk.cos_t;
-    p.sin_table = rk.sin_t;
-    p.slots = s.slots;
-    p.cache = rk.kv[layer];
-    p.fp8 = rk.kv_fp8;
-    p.kv_slots = s.kv_slots;
-    p.stream = rk.stream;
-    VERIFYD_RETURN_IF_ERROR(kc::LatentKvWriteCuda(p));
-  }
-  {
-    kc::QRopeParams p;
-    p.rows = static_cast<int>(R);
-    p.heads = static_cast<int>(Hl);
-    p.rope_dim = static_cast<int>(rope);
-    p.in = rk.q;
-    p.in_head_stride = qk;
-    p.in_offset = nope;
-    p.out = rk.qatt;
-    p.out_head_stride = lat;
-    p.out_offset = kvl;
-    p.cos_table = rk.cos_t;
-    p.sin_table = rk.sin_t;
-    p.stream = rk.stream;
-    VERIFYD_RETURN_IF_ERROR(kc::QRopeCuda(p));
-  }
-  MarkProfile(rk, ProfileCategory::kAttention);
-  {
-    kernels::VerifyAttentionParams ap = s.attention;
-    ap.kv = rk.kv[layer];
-    if (s.verify_plan != nullptr) {
-      VERIFYD_RETURN_IF_ERROR(kc::VerifyAttentionCuda(ap, *s.verify_plan, rk.vk_ws));
-    } else {
-      VERIFYD_RETURN_IF_ERROR(FallbackAttention(ap));
-    }
-  }
-  MarkProfile(rk, ProfileCategory::kGemm);
-  // attn[r, h*v : (h+1)*v] = olat[r, h] . W_UV[h]^T (W_UV[h] [v, kvl]).
-  {
-    kc::BatchedGemmParams p;
-    p.batch = static_cast<int>(Hl);
-    p.m = R;
-    p.n = v;
-    p.k = kvl;
-    p.x = rk.olat;
-    p.ldx = Hl * kvl;
-    p.stride_x = kvl;
-    p.w = L.kv_b + nope * kvl;
-    p.ldw = kvl;
-    p.stride_w = (nope + v) * kvl;
-    p.w_transposed = true;
-    p.y = rk.attn;
-    p.ldy = Hl * v;
-    p.stride_y = v;
-    VERIFYD_RETURN_IF_ERROR(kc::GemmBf16Batched(rk.cublas, p));
-  }
-  const bool tp1 = s.tp == 1;
-  if (rk.fp8_attention) {
-    // The FP8 GEMM overwrites: its partial goes to part, added into x at TP = 1.
-    VERIFYD_RETURN_IF_ERROR(Fp8Linear(s, rk, rk.attn, Hl * v, L.o_proj_fp8, L.o_proj_scale,
-                                      rk.attn_gemm_o.get(), rk.part));
-    if (tp1) {
-      MarkProfile(rk, ProfileCategory::kOther);
-      VERIFYD_RETURN_IF_ERROR(kc::AddInPlaceCuda(rk.x, rk.part, R * hid, rk.stream));
-    }
-  } else {
-    VERIFYD_RETURN_IF_ERROR(
-        Gemm(s, rk, rk.attn, Hl * v, L.o_proj, hid, tp1 ? rk.x : rk.part, F32, tp1 ? 1.f : 0.f));
-  }
-  VERIFYD_RETURN_IF_ERROR(ReduceIntoX(s, rk));
+  VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.x, F32, d.hid, d.hid, L.input_norm, rk.xn, BF16, d.hid));
+  KvaView kv_a{};
+  VERIFYD_RETURN_IF_ERROR(QueryAndKvA(s, d, L, rk, &kv_a));
+  VERIFYD_RETURN_IF_ERROR(HeadBatchedGemm(d, L, rk, /*uv=*/false));
+  VERIFYD_RETURN_IF_ERROR(WriteLatentKvAndRopeQuery(s, d, L, layer, rk, kv_a));
+  VERIFYD_RETURN_IF_ERROR(LayerAttention(s, layer, rk));
+  VERIFYD_RETURN_IF_ERROR(AttentionOutput(s, d, L, rk));
 
-  // MLP block.
+  // MLP block: MoE, dense FP8, dense bf16, or none (a zero partial for the reduction).
   MarkProfile(rk, ProfileCategory::kOther);
-  VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.x, F32, hid, hid, L.post_norm, rk.xn, BF16, hid));
-  if (c.IsMoeLayer(layer)) {
+  VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.x, F32, d.hid, d.hid, L.post_norm, rk.xn, BF16, d.hid));
+  if (s.config->IsMoeLayer(layer)) {
     VERIFYD_RETURN_IF_ERROR(RunMoeMlp(s, layer, rk));
-  } else if (Il > 0 && L.gate_up_fp8 != nullptr) {
-    // FP8 weights (W8A8, moe_mlp.h RunFp8Mlp; rk.fp8_offsets written by the step): the MLP
-    // writes its partial into part.
-    MarkProfile(rk, ProfileCategory::kGemm);
-    kc::Fp8MlpArgs f;
-    f.rows = R;
-    f.hidden = hid;
-    f.inter = Il;
-    f.x = rk.xn;
-    f.gate_up = L.gate_up_fp8;
-    f.gate_up_scale = L.gate_up_scale;
-    f.down = L.down_fp8;
-    f.down_scale = L.down_scale;
-    f.gemm_gate_up = rk.dense_gemm_gate_up.get();
-    f.gemm_down = rk.dense_gemm_down.get();
-    f.offsets = rk.fp8_offsets;
-    f.lt = rk.fp8_lt.get();
-    f.xq = rk.fp8_xq;
-    f.xq_scale = rk.fp8_xq_scale;
-    f.gu = rk.gu;
-    f.actq = rk.fp8_actq;
-    f.actq_scale = rk.fp8_actq_scale;
-    f.out = rk.part;
-    f.stream = rk.stream;
-    VERIFYD_RETURN_IF_ERROR(kc::RunFp8Mlp(f));
-    MarkProfile(rk, ProfileCategory::kOther);
-    if (tp1) return kc::AddInPlaceCuda(rk.x, rk.part, R * hid, rk.stream);
-  } else if (Il > 0) {
-    MarkProfile(rk, ProfileCategory::kGemm);
-    VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.xn, hid, L.gate_up, 2 * Il, rk.gu, F32, 0.f));
-    MarkProfile(rk, ProfileCategory::kOther);
-    kc::SwiGluParams p;
-    p.rows = static_cast<int>(R);
-    p.n = Il;
-    p.gate_up = rk.gu;
-    p.ld_in = 2 * Il;
-    p.up_offset = Il;
-    p.out = rk.act;
-    p.ld_out = Il;
-    p.stream = rk.stream;
-    VERIFYD_RETURN_IF_ERROR(kc::SwiGluCuda(p));
-    MarkProfile(rk, ProfileCategory::kGemm);
-    VERIFYD_RETURN_IF_ERROR(
-        Gemm(s, rk, rk.act, Il, L.down, hid, tp1 ? rk.x : rk.part, F32, tp1 ? 1.f : 0.f));
-  } else if (!tp1) {
-    VERIFYD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(rk.part, 0, R * hid * sizeof(float), rk.stream));
+  } else if (d.Il > 0 && L.gate_up_fp8 != nullptr) {
+    VERIFYD_RETURN_IF_ERROR(DenseFp8Mlp(s, d, L, rk));
+  } else if (d.Il > 0) {
+    VERIFYD_RETURN_IF_ERROR(DenseBf16Mlp(s, d, L, rk));
+  } else if (s.tp != 1) {
+    VERIFYD_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(rk.part, 0, d.R * d.hid * sizeof(float), rk.stream));
   }
   return ReduceIntoX(s, rk);
 }
