@@ -14,9 +14,11 @@
 #include <vector>
 
 #include "kernels/cuda/dense/sampling.h"
+#include "kernels/cuda/verify_attention/api.h"
 #include "tp/batch_plan.h"
 #include "tp/comm_model.h"
 #include "tp/cuda/cuda_engine.h"
+#include "tp/cuda/mla_layer.h"
 #include "tp/cuda/rank_context.h"
 #include "tp/rank_group.h"
 #include "tp/step.h"
@@ -49,8 +51,17 @@ struct PlanLayout {
   }
 };
 
-// Sampling, logprobs and hidden states of one step (tp/engine.h), planned on the Step thread
-// and shared read-only with the ranks.
+// The step's verify attention plan (kernels/cuda/verify_attention/api.h), made once on the
+// Step thread for ranks[0]'s device and head slice (CudaEngine::Impl::PlanStepAttention);
+// every rank with the same device and head count uploads it, one that differs plans for itself.
+struct StepAttentionPlan {
+  int num_heads = 0;
+  kernels::cuda::VerifyAttentionDeviceInfo device;
+  kernels::cuda::VerifyAttentionPlan plan;
+};
+
+// Sampling, logprobs, hidden states and the attention plan of one step (tp/engine.h), planned
+// on the Step thread and shared read-only with the ranks.
 struct StepExtras {
   std::vector<kernels::cuda::SampleRowSpec> specs;  // rows to draw and / or give logprobs for
   std::vector<int32_t> spec_request;                // [specs] the request of each spec
@@ -59,6 +70,7 @@ struct StepExtras {
   std::vector<std::vector<Capture>> by_layer;  // [layers] or empty
   std::vector<int64_t> hidden_base;            // [batch] first float of each request
   int64_t hidden_floats = 0;
+  std::shared_ptr<const StepAttentionPlan> attention;  // null: every rank plans (or fallback)
 };
 
 struct CudaEngine::Impl {
@@ -94,6 +106,32 @@ struct CudaEngine::Impl {
   void AbortComms();
   absl::Status Forward(CudaRankContext& rk, const BatchPlan& plan, const PlanLayout& lay,
                        bool want_logits, const StepExtras& ex);
+  // Forward's phases (engine_step.cc): the plan arena to the device and the step's scalars;
+  // the attention parameters and plan; embedding, layers and LM head; the logits gather and
+  // sampling; acceptance (rank 0) and the copy out.
+  absl::Status UploadStep(CudaRankContext& rk, const BatchPlan& plan, const PlanLayout& lay,
+                          MlaStep* step);
+  absl::Status SetUpAttention(CudaRankContext& rk, const BatchPlan& plan, const PlanLayout& lay,
+                              const StepExtras& ex, MlaStep* step,
+                              kernels::cuda::VerifyAttentionPlan* own);
+  absl::Status RunDecoder(CudaRankContext& rk, const MlaStep& step, const StepExtras& ex);
+  absl::Status SampleStepRows(CudaRankContext& rk, const MlaStep& step, const PlanLayout& lay,
+                              bool want_logits, const StepExtras& ex);
+  absl::Status AcceptAndCopyOut(CudaRankContext& rk, const MlaStep& step, const PlanLayout& lay,
+                                const StepExtras& ex);
+  // RunStep's host parts: the plan arena written (pinned, grown when needed); the logits of
+  // the last step from rank 0 as [R, vocab].
+  absl::Status WriteHostArena(const std::vector<StepRequest>& batch, const BatchPlan& plan,
+                              const PlanLayout& lay, const StepExtras& ex);
+  absl::Status CopyLogits(int64_t R, std::vector<float>* logits);
+  // The verify attention plan of the step for rank rk (its device, head slice, workspace).
+  absl::StatusOr<kernels::cuda::VerifyAttentionPlan> PlanAttention(
+      const CudaRankContext& rk, const kernels::VerifyAttentionParams& ap, const BatchPlan& plan,
+      const PlanLayout& lay) const;
+  // Sets ex->attention when ranks[0] runs the optimised kernel (after the host arena is
+  // written: shared-prefix plans read its slot lists).
+  absl::Status PlanStepAttention(const BatchPlan& plan, const PlanLayout& lay,
+                                 StepExtras* ex) const;
   absl::StatusOr<std::vector<StepResult>> RunStep(const std::vector<StepRequest>& batch,
                                                   std::vector<float>* logits, StepTiming* timing);
 };
