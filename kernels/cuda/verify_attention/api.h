@@ -245,6 +245,12 @@ struct VerifyAttentionPlan {
   int64_t shared_reads_saved = 0;
   // kS64Staged: keys dequantized into the workspace's staging rows first (kv_indptr[batch]).
   int64_t staged_keys = 0;
+  // The kernel variant the planner resolved (its index in the variant table) and the device
+  // the plan was made for: VerifyAttentionCuda launches it without querying the device or
+  // searching the table (a plan runs on a device like the one it was made for).
+  int variant = -1;
+  int device_cc_major = 0;
+  int device_sms = 0;
 };
 
 // Fixed device workspace: work lists + fp32 partial outputs + their log2-LSE. Allocated

@@ -165,28 +165,19 @@ absl::Status VerifyAttentionCuda(const VerifyAttentionParams& p, const VerifyAtt
   const auto* tasks = reinterpret_cast<const VerifyIndexTask*>(base + l.tasks);
   const auto* combine = reinterpret_cast<const VerifyCombineItem*>(base + l.combine);
 
-  int dev = 0, major = 0, sms = 0;
-  VERIFYD_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  VERIFYD_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  // The SM count only sizes the combine's grid (one host call per layer saved without splits).
-  if (!plan.combine.empty()) {
-    VERIFYD_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  }
-  // The variant of the plan's configuration on this device's architecture (shared memory was
-  // checked by the planner).
-  const detail::VariantInfo* variant = nullptr;
-  for (const detail::VariantInfo& v : detail::kVariantTable) {
-    if (v.config == plan.config && v.kv_fp8 == plan.kv_fp8 && v.runs_on(major)) {
-      variant = &v;
-      break;
-    }
-  }
-  if (variant == nullptr || variant->rows != plan.rows_per_cta ||
-      variant->keys != plan.keys_per_tile) {
+  // The variant and device the planner resolved (no device query, no table search a layer).
+  if (plan.variant < 0 || plan.variant >= static_cast<int>(detail::kVariantTable.size())) {
     return absl::FailedPreconditionError(
-        absl::StrCat("verify attention: the plan (configuration ", static_cast<int>(plan.config),
-                     ") was made for another architecture than this sm_", major, "x device"));
+        "verify attention: the plan names no kernel variant (make it with PlanVerifyAttention)");
+  }
+  const detail::VariantInfo* variant = &detail::kVariantTable[plan.variant];
+  const int major = plan.device_cc_major, sms = plan.device_sms;
+  if (variant->config != plan.config || variant->kv_fp8 != plan.kv_fp8 ||
+      variant->rows != plan.rows_per_cta || variant->keys != plan.keys_per_tile ||
+      !variant->runs_on(major)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "verify attention: the plan's variant ", plan.variant, " does not match its configuration ",
+        static_cast<int>(plan.config), " on sm_", major, "x"));
   }
   // Staged plans: the batch's keys dequantized once into the workspace's bf16 rows, which the
   // bf16 kernel then reads through identity slot lists (same kv_indptr offsets).

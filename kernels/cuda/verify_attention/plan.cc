@@ -561,11 +561,14 @@ void BuildWorkList(const std::vector<int>& best_splits, const std::vector<int>& 
 }  // namespace
 }  // namespace detail
 
-absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionParams& params,
-                                                        const int32_t* hq, const int32_t* hkv,
-                                                        const VerifyAttentionDeviceInfo& device,
-                                                        const VerifyAttentionWorkspace& ws,
-                                                        const VerifyPlanOptions& options) {
+namespace {
+
+// PlanVerifyAttention before its variant and device are stamped on the plan.
+absl::StatusOr<VerifyAttentionPlan> PlanWorkLists(const VerifyAttentionParams& params,
+                                                  const int32_t* hq, const int32_t* hkv,
+                                                  const VerifyAttentionDeviceInfo& device,
+                                                  const VerifyAttentionWorkspace& ws,
+                                                  const VerifyPlanOptions& options) {
   VERIFYD_RETURN_IF_ERROR(SupportsVerifyAttentionCuda(params, device));
   const int B = params.batch;
   const int H = params.num_heads;
@@ -663,6 +666,29 @@ absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionPar
 
   detail::BuildWorkList(best_splits, tiles, n, L, hq, hkv, H, BM, BN,
                         use_shared ? &shared : nullptr, plan);
+  return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<VerifyAttentionPlan> PlanVerifyAttention(const VerifyAttentionParams& params,
+                                                        const int32_t* hq, const int32_t* hkv,
+                                                        const VerifyAttentionDeviceInfo& device,
+                                                        const VerifyAttentionWorkspace& ws,
+                                                        const VerifyPlanOptions& options) {
+  VERIFYD_ASSIGN_OR_RETURN(VerifyAttentionPlan plan,
+                           PlanWorkLists(params, hq, hkv, device, ws, options));
+  for (const detail::VariantInfo& v : detail::kVariantTable) {
+    if (v.config == plan.config && v.kv_fp8 == plan.kv_fp8 && v.runs_on(device.cc_major)) {
+      plan.variant = v.index;
+      break;
+    }
+  }
+  if (plan.variant < 0) {
+    return absl::InternalError("verify plan: no variant of the chosen configuration here");
+  }
+  plan.device_cc_major = device.cc_major;
+  plan.device_sms = device.num_sms;
   return plan;
 }
 
