@@ -593,6 +593,17 @@ TEST(VerifyAttentionCuda, GraphReplayMatchesEager) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_GT(plan->max_splits, 1) << "the case should exercise the split + combine path";
   ASSERT_TRUE(UploadVerifyAttentionPlan(*plan, *ws, stream).ok());
+  {
+    // The launch runs the variant the plan carries: a plan without one, or whose variant is
+    // not its configuration's, is refused before anything runs.
+    VerifyAttentionPlan bad = *plan;
+    bad.variant = -1;
+    p.out = dout.p;
+    EXPECT_EQ(VerifyAttentionCuda(p, bad, *ws).code(), absl::StatusCode::kFailedPrecondition);
+    bad.variant = plan->variant;
+    bad.rows_per_cta = plan->rows_per_cta * 2;
+    EXPECT_EQ(VerifyAttentionCuda(p, bad, *ws).code(), absl::StatusCode::kFailedPrecondition);
+  }
 
   p.out = dout.p;
   CUDA_ASSERT(cudaMemsetAsync(dout.p, 0xff, out_elems * 2, stream));

@@ -162,6 +162,41 @@ TEST(VerifyAttentionPlan, VariantTable) {
   EXPECT_NE(too_big.status().message().find("shared memory"), std::string::npos);
 }
 
+// A plan carries the variant the planner resolved and the device it was made for (the launch
+// reads them instead of querying the device a layer): the same entry ResolveVariant finds.
+TEST(VerifyAttentionPlan, CarriesItsVariantAndDevice) {
+  std::vector<int32_t> qi = {0, 3, 4}, ki = {0, 700, 4100};
+  for (const VerifyAttentionDeviceInfo& dev : {kH200, kSm120}) {
+    for (bool fp8 : {false, true}) {
+      for (bool positional : {false, true}) {
+        VerifyAttentionParams p;
+        p.batch = 2;
+        p.total_rows = 4;
+        p.num_heads = 8;
+        p.qk_dim = 576;
+        p.v_dim = 512;
+        p.kv_fp8 = fp8;
+        std::vector<uint64_t> mask(4, 0);
+        for (int r = 0; r < 4; ++r) mask[r] = (uint64_t{1} << (r < 3 ? r + 1 : 1)) - 1;
+        VerifyPlanOptions opt;
+        opt.positional = positional;
+        opt.host_tree_mask = mask.data();
+        auto plan = PlanVerifyAttention(p, qi.data(), ki.data(), dev, CapacityOnly(), opt);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        ASSERT_GE(plan->variant, 0);
+        ASSERT_LT(plan->variant, static_cast<int>(detail::kVariantTable.size()));
+        const detail::VariantInfo& v = detail::kVariantTable[plan->variant];
+        auto expect = detail::ResolveVariant(plan->config, dev, fp8);
+        ASSERT_TRUE(expect.ok()) << expect.status();
+        EXPECT_EQ(v.index, expect->index);
+        EXPECT_EQ(v.rows, plan->rows_per_cta);
+        EXPECT_EQ(plan->device_cc_major, dev.cc_major);
+        EXPECT_EQ(plan->device_sms, dev.num_sms);
+      }
+    }
+  }
+}
+
 // FP8 latent cache: the 16-row configuration has an FP8 variant per architecture (two CTAs
 // per SM on sm_90, one within the 99 KB of sm_120); the keys-on-M configuration is FP8-only and
 // sm_90-only; the seesaw has none. kAuto and positional plans pick keys-on-M on sm_90 and the
