@@ -45,7 +45,7 @@ struct SeesawSmem {
   float m1[SeesawTraits::kRows];      // WG1: running max after tile t1
   float scale1[SeesawTraits::kRows];  // WG1: 2^(m0 - m1)
   float l[2][SeesawTraits::kRows];    // per warpgroup: row-sum partials (epilogue)
-  // mbarriers (see seesaw.cu for who arrives on which):
+  // mbarriers (who arrives on which: SeesawInitBarriers, seesaw_roles.cuh):
   uint64_t full[kNumGroups][SeesawTraits::kStages];  // producer -> math: group landed
   uint64_t empty_a[SeesawTraits::kStages];           // math -> producer: atoms 0-3 free
   uint64_t empty_bc[SeesawTraits::kStages];          // math -> producer: atoms 4-8 free
@@ -57,10 +57,10 @@ struct SeesawSmem {
 inline constexpr size_t kSeesawSmemBytes = 1024 + sizeof(SeesawSmem);
 
 // The FP8-cache variant (SeesawFp8S64): the same schedule on f16 tiles that its math
-// warpgroups convert from the stored rows (seesaw.cu, ConvertTileFp8). Q's 512 latent columns are
-// f16 times a power of two per row (2^eq, so the row's largest value lands in [2^14, 2^15)), its
-// rope columns stay bf16 times the same power; the KV tiles' latent columns are
-// f16(code x scale), the rope columns the stored bf16. Same register split as the bf16 kernel.
+// warpgroups convert from the stored rows (seesaw_fp8.cuh, ConvertTileFp8). Q's 512 latent columns
+// are f16 times a power of two per row (2^eq, so the row's largest value lands in [2^14, 2^15)),
+// its rope columns stay bf16 times the same power; the KV tiles' latent columns are f16(code x
+// scale), the rope columns the stored bf16. Same register split as the bf16 kernel.
 struct SeesawFp8Smem {
   SeesawSmem base;
   // Per row: softmax_scale * log2(e) * 2^-eq (the factor that turns the f16-Q scores into
