@@ -21,160 +21,119 @@ Histogram::BucketBoundaries CountBuckets(int max) {
 
 }  // namespace
 
+// Registers families in one registry, each with the constant labels `model`.
+struct Metrics::FamilyMaker {
+  prometheus::Registry& reg;
+  const prometheus::Labels& model;
+
+  prometheus::Family<prometheus::Counter>& Counter(const std::string& name,
+                                                   const std::string& help) const {
+    return prometheus::BuildCounter().Name(name).Help(help).Labels(model).Register(reg);
+  }
+  prometheus::Family<prometheus::Gauge>& Gauge(const std::string& name,
+                                               const std::string& help) const {
+    return prometheus::BuildGauge().Name(name).Help(help).Labels(model).Register(reg);
+  }
+  prometheus::Family<prometheus::Histogram>& Histogram(const std::string& name,
+                                                       const std::string& help) const {
+    return prometheus::BuildHistogram().Name(name).Help(help).Labels(model).Register(reg);
+  }
+};
+
 Metrics::Metrics(int tp_size, const std::string& version, const std::string& backend,
                  const std::string& model_name)
     : registry_(std::make_shared<prometheus::Registry>()) {
-  auto& reg = *registry_;
   // The constant label of every family (none without a model name).
   prometheus::Labels model;
   if (!model_name.empty()) model["model_name"] = model_name;
-  auto& latency = prometheus::BuildHistogram()
-                      .Name("verifyd_verify_latency_seconds")
-                      .Help(
-                          "Verify request latency in seconds by stage: queue (waiting for an "
-                          "engine step), engine (the step that ran it), total (handler)")
-                      .Labels(model)
-                      .Register(reg);
+  const FamilyMaker make{*registry_, model};
+  RegisterLatencies(make, tp_size);
+  RegisterTokensAndAcceptance(make);
+  RegisterBatchSessionsAndKv(make);
+  RegisterRequestsAndBuildInfo(make, version, backend);
+}
+
+void Metrics::RegisterLatencies(const FamilyMaker& make, int tp_size) {
+  auto& latency = make.Histogram("verifyd_verify_latency_seconds",
+                                 "Verify request latency in seconds by stage: queue (waiting for "
+                                 "an engine step), engine (the step that ran it), total (handler)");
   latency_queue_ = &latency.Add({{"stage", "queue"}}, LatencyBuckets());
   latency_engine_ = &latency.Add({{"stage", "engine"}}, LatencyBuckets());
   latency_total_ = &latency.Add({{"stage", "total"}}, LatencyBuckets());
-
-  engine_step_ = &prometheus::BuildHistogram()
-                      .Name("verifyd_engine_step_seconds")
-                      .Help("Wall time of one engine step (one batched forward) in seconds")
-                      .Labels(model)
-                      .Register(reg)
+  engine_step_ = &make.Histogram("verifyd_engine_step_seconds",
+                                 "Wall time of one engine step (one batched forward) in seconds")
                       .Add({}, LatencyBuckets());
-  auto& rank = prometheus::BuildHistogram()
-                   .Name("verifyd_engine_rank_step_seconds")
-                   .Help("Forward time of one tensor-parallel rank in one engine step, seconds")
-                   .Labels(model)
-                   .Register(reg);
+  auto& rank =
+      make.Histogram("verifyd_engine_rank_step_seconds",
+                     "Forward time of one tensor-parallel rank in one engine step, seconds");
   for (int r = 0; r < tp_size; ++r) {
     rank_step_.push_back(&rank.Add({{"rank", std::to_string(r)}}, LatencyBuckets()));
   }
-
-  auto& prefill = prometheus::BuildHistogram()
-                      .Name("verifyd_prefill_latency_seconds")
-                      .Help(
-                          "OpenSession prefill latency in seconds by stage: queue (waiting for "
-                          "its first engine step), engine (the steps that ran its chunks), "
-                          "total (handler)")
-                      .Labels(model)
-                      .Register(reg);
+  auto& prefill = make.Histogram(
+      "verifyd_prefill_latency_seconds",
+      "OpenSession prefill latency in seconds by stage: queue (waiting for its first engine "
+      "step), engine (the steps that ran its chunks), total (handler)");
   prefill_queue_ = &prefill.Add({{"stage", "queue"}}, LatencyBuckets());
   prefill_engine_ = &prefill.Add({{"stage", "engine"}}, LatencyBuckets());
   prefill_total_ = &prefill.Add({{"stage", "total"}}, LatencyBuckets());
-  prompt_tokens_ = &prometheus::BuildCounter()
-                        .Name("verifyd_prompt_tokens_total")
-                        .Help("Prompt tokens prefilled by OpenSession")
-                        .Labels(model)
-                        .Register(reg)
-                        .Add({});
-  drafts_ = &prometheus::BuildCounter()
-                 .Name("verifyd_drafts_total")
-                 .Help(
-                     "Draft trees with at least one node verified (mean acceptance length = "
-                     "1 + verifyd_accepted_tokens_total / verifyd_drafts_total)")
-                 .Labels(model)
-                 .Register(reg)
+}
+
+void Metrics::RegisterTokensAndAcceptance(const FamilyMaker& make) {
+  prompt_tokens_ =
+      &make.Counter("verifyd_prompt_tokens_total", "Prompt tokens prefilled by OpenSession")
+           .Add({});
+  drafts_ = &make.Counter("verifyd_drafts_total",
+                          "Draft trees with at least one node verified (mean acceptance length = "
+                          "1 + verifyd_accepted_tokens_total / verifyd_drafts_total)")
                  .Add({});
-  auto& rounds = prometheus::BuildCounter()
-                     .Name("verifyd_rounds_total")
-                     .Help("Verify items applied, by the session's decoding mode")
-                     .Labels(model)
-                     .Register(reg);
+  auto& rounds =
+      make.Counter("verifyd_rounds_total", "Verify items applied, by the session's decoding mode");
   rounds_greedy_ = &rounds.Add({{"mode", "greedy"}});
   rounds_sampled_ = &rounds.Add({{"mode", "sampled"}});
-  auto& sessions = prometheus::BuildCounter()
-                       .Name("verifyd_sessions_opened_total")
-                       .Help("Sessions opened (prefilled) by OpenSession, by decoding mode")
-                       .Labels(model)
-                       .Register(reg);
+  auto& sessions = make.Counter("verifyd_sessions_opened_total",
+                                "Sessions opened (prefilled) by OpenSession, by decoding mode");
   sessions_greedy_ = &sessions.Add({{"mode", "greedy"}});
   sessions_sampled_ = &sessions.Add({{"mode", "sampled"}});
-  draft_tokens_ = &prometheus::BuildCounter()
-                       .Name("verifyd_draft_tokens_total")
-                       .Help("Draft tree nodes received in Verify")
-                       .Labels(model)
-                       .Register(reg)
-                       .Add({});
-  accepted_tokens_ = &prometheus::BuildCounter()
-                          .Name("verifyd_accepted_tokens_total")
-                          .Help("Draft tokens accepted by the target")
-                          .Labels(model)
-                          .Register(reg)
-                          .Add({});
-  emitted_tokens_ = &prometheus::BuildCounter()
-                         .Name("verifyd_emitted_tokens_total")
-                         .Help("Tokens emitted by Verify (accepted + one bonus per tree)")
-                         .Labels(model)
-                         .Register(reg)
+  draft_tokens_ =
+      &make.Counter("verifyd_draft_tokens_total", "Draft tree nodes received in Verify").Add({});
+  accepted_tokens_ =
+      &make.Counter("verifyd_accepted_tokens_total", "Draft tokens accepted by the target").Add({});
+  emitted_tokens_ = &make.Counter("verifyd_emitted_tokens_total",
+                                  "Tokens emitted by Verify (accepted + one bonus per tree)")
                          .Add({});
-  auto& by_depth = prometheus::BuildCounter()
-                       .Name("verifyd_accepted_tokens_by_depth_total")
-                       .Help(
-                           "Accepted draft tokens by tree depth (1 = child of the pending "
-                           "token); divide by verifyd_draft_depth_reached_total for the "
-                           "acceptance rate per depth")
-                       .Labels(model)
-                       .Register(reg);
-  auto& reached = prometheus::BuildCounter()
-                      .Name("verifyd_draft_depth_reached_total")
-                      .Help("Draft trees that had at least one node at this depth")
-                      .Labels(model)
-                      .Register(reg);
+  auto& by_depth = make.Counter(
+      "verifyd_accepted_tokens_by_depth_total",
+      "Accepted draft tokens by tree depth (1 = child of the pending token); divide by "
+      "verifyd_draft_depth_reached_total for the acceptance rate per depth");
+  auto& reached = make.Counter("verifyd_draft_depth_reached_total",
+                               "Draft trees that had at least one node at this depth");
   for (int d = 1; d <= kMaxDepthLabel; ++d) {
     accepted_by_depth_.push_back(&by_depth.Add({{"depth", std::to_string(d)}}));
     depth_reached_.push_back(&reached.Add({{"depth", std::to_string(d)}}));
   }
-  accept_length_ = &prometheus::BuildHistogram()
-                        .Name("verifyd_accept_length")
-                        .Help("Accepted draft tokens per Verify item (round)")
-                        .Labels(model)
-                        .Register(reg)
-                        .Add({}, CountBuckets(64));
-  batch_size_ = &prometheus::BuildHistogram()
-                     .Name("verifyd_batch_size")
-                     .Help("Requests (sessions) per engine step")
-                     .Labels(model)
-                     .Register(reg)
+  accept_length_ =
+      &make.Histogram("verifyd_accept_length", "Accepted draft tokens per Verify item (round)")
+           .Add({}, CountBuckets(64));
+}
+
+void Metrics::RegisterBatchSessionsAndKv(const FamilyMaker& make) {
+  batch_size_ = &make.Histogram("verifyd_batch_size", "Requests (sessions) per engine step")
                      .Add({}, CountBuckets(256));
-  active_sessions_ = &prometheus::BuildGauge()
-                          .Name("verifyd_active_sessions")
-                          .Help("Open sessions")
-                          .Labels(model)
-                          .Register(reg)
-                          .Add({});
-  kv_used_ = &prometheus::BuildGauge()
-                  .Name("verifyd_kv_slots_used")
-                  .Help("KV pool slots (tokens) in use")
-                  .Labels(model)
-                  .Register(reg)
-                  .Add({});
-  kv_total_ = &prometheus::BuildGauge()
-                   .Name("verifyd_kv_slots_capacity")
-                   .Help("KV pool capacity in slots (tokens)")
-                   .Labels(model)
-                   .Register(reg)
-                   .Add({});
-  queue_depth_ = &prometheus::BuildGauge()
-                      .Name("verifyd_queue_depth")
-                      .Help("Requests waiting in the scheduler queue")
-                      .Labels(model)
-                      .Register(reg)
-                      .Add({});
-  tokens_per_second_ = &prometheus::BuildGauge()
-                            .Name("verifyd_tokens_per_second")
-                            .Help("Emitted tokens per second over the last 10 seconds")
-                            .Labels(model)
-                            .Register(reg)
-                            .Add({});
-  requests_ = &prometheus::BuildCounter()
-                   .Name("verifyd_requests_total")
-                   .Help("RPCs handled, by method and gRPC status code")
-                   .Labels(model)
-                   .Register(reg);
+  active_sessions_ = &make.Gauge("verifyd_active_sessions", "Open sessions").Add({});
+  kv_used_ = &make.Gauge("verifyd_kv_slots_used", "KV pool slots (tokens) in use").Add({});
+  kv_total_ =
+      &make.Gauge("verifyd_kv_slots_capacity", "KV pool capacity in slots (tokens)").Add({});
+  queue_depth_ =
+      &make.Gauge("verifyd_queue_depth", "Requests waiting in the scheduler queue").Add({});
+  tokens_per_second_ =
+      &make.Gauge("verifyd_tokens_per_second", "Emitted tokens per second over the last 10 seconds")
+           .Add({});
+}
+
+void Metrics::RegisterRequestsAndBuildInfo(const FamilyMaker& make, const std::string& version,
+                                           const std::string& backend) {
+  requests_ =
+      &make.Counter("verifyd_requests_total", "RPCs handled, by method and gRPC status code");
   // Every (method, code) series exists at zero from the first scrape, so rate() and alerts
   // see the first error (the 7 methods x 17 codes, a fixed set).
   for (const char* method : {"GetInfo", "OpenSession", "Verify", "VerifyStream", "CloseSession",
@@ -187,11 +146,7 @@ Metrics::Metrics(int tp_size, const std::string& version, const std::string& bac
       requests_->Add({{"method", method}, {"code", code}});
     }
   }
-  prometheus::BuildGauge()
-      .Name("verifyd_build_info")
-      .Help("Build information; always 1")
-      .Labels(model)
-      .Register(reg)
+  make.Gauge("verifyd_build_info", "Build information; always 1")
       .Add({{"version", version}, {"backend", backend}})
       .Set(1);
 }

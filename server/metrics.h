@@ -58,6 +58,16 @@ class Metrics {
   void UpdateTokensPerSecond(absl::Time now);
 
  private:
+  struct FamilyMaker;  // registers a family with the model label (metrics.cc)
+
+  // The constructor's registration steps, by concern, called in this order (prometheus-cpp
+  // exposes the families of each metric type in the order they were registered).
+  void RegisterLatencies(const FamilyMaker& make, int tp_size);
+  void RegisterTokensAndAcceptance(const FamilyMaker& make);
+  void RegisterBatchSessionsAndKv(const FamilyMaker& make);
+  void RegisterRequestsAndBuildInfo(const FamilyMaker& make, const std::string& version,
+                                    const std::string& backend);
+
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Histogram* latency_queue_;
   prometheus::Histogram* latency_engine_;
