@@ -232,13 +232,168 @@ grpc::Status VerifyServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoR
   return Finish("GetInfo", id, absl::OkStatus(), start, "");
 }
 
+namespace {
+
+// A Verify call's items against their sessions: the ones that run and the replays.
+struct VerifyPlan {
+  std::vector<VerifyWork> work;
+  std::vector<int> work_of;            // item -> index in work (-1: replayed)
+  std::vector<StoredResult> replayed;  // item -> stored result of an applied request id
+};
+
+// Each item against its session (held busy): a retry of an applied item is its stored result,
+// nothing applied again; any other item becomes work once its committed_len precondition and
+// the context limit hold.
+absl::Status PlanItems(const v1::VerifyRequest& req,
+                       const std::vector<std::shared_ptr<Session>>& sessions,
+                       const ApiLimits& limits, VerifyPlan* plan) {
+  const int n = req.items_size();
+  plan->work_of.assign(n, -1);
+  plan->replayed.resize(n);
+  for (int i = 0; i < n; ++i) {
+    const v1::VerifyItem& item = req.items(i);
+    const std::string field = absl::StrCat("items[", i, "]");
+    const std::shared_ptr<Session>& s = sessions[i];
+    // The same request id with another tree is a client error, not a retry.
+    const uint64_t fingerprint = item.request_id().empty() ? 0 : ItemFingerprint(item);
+    if (const StoredResult* r = s->FindResult(item.request_id()); r != nullptr) {
+      if (r->fingerprint != fingerprint) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".request_id: '", item.request_id(),
+            "' was already applied on this session with another draft tree; a retry must resend "
+            "the same tree"));
+      }
+      plan->replayed[i] = *r;
+      continue;
+    }
+    if (item.has_expected_committed_len() && item.expected_committed_len() != s->committed_len()) {
+      return absl::AbortedError(
+          absl::StrCat(field, ".expected_committed_len: ", item.expected_committed_len(),
+                       " differs from the session's committed_len ", s->committed_len(),
+                       "; nothing was applied"));
+    }
+    VERIFYD_RETURN_IF_ERROR(
+        CheckContext(s->committed_len(), item.tree().tokens_size(), limits, field + ".tree"));
+    plan->work_of[i] = static_cast<int>(plan->work.size());
+    VerifyWork& w = plan->work.emplace_back();
+    w.session = s;
+    w.draft_tokens.assign(item.tree().tokens().begin(), item.tree().tokens().end());
+    w.draft_parents.assign(item.tree().parents().begin(), item.tree().parents().end());
+    w.request_id = item.request_id();
+    w.fingerprint = fingerprint;
+  }
+  return absl::OkStatus();
+}
+
+// The response must fit in one message: refuses a call whose worst case (every item accepting
+// its deepest path) could not, before anything runs.
+absl::Status CheckResponseBound(const v1::VerifyRequest& req,
+                                const std::vector<std::shared_ptr<Session>>& sessions,
+                                const VerifyPlan& plan, const ApiLimits& limits) {
+  if (limits.max_response_bytes <= 0) return absl::OkStatus();
+  int64_t total = 16;
+  for (int i = 0; i < req.items_size(); ++i) {
+    const v1::VerifyItem& item = req.items(i);
+    SessionConfig cfg = sessions[i]->config;
+    int depth = TreeDepth(item.tree());
+    if (plan.work_of[i] < 0) {  // a replay: no hidden states
+      cfg.hidden_layers.clear();
+      depth = static_cast<int>(plan.replayed[i].accepted_tokens.size());
+    }
+    total += VerifyResultBytesBound(cfg, item.tree().tokens_size(), depth, item.session_id().size(),
+                                    limits);
+    if (total > limits.max_response_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "items[", i, "]: the response could reach ", total, " bytes (hidden states of up to ",
+          depth + 1, " tokens x ", cfg.hidden_layers.size(), " layers x ", limits.hidden_size,
+          " values for this item), over the server's "
+          "--max_message_bytes ",
+          limits.max_response_bytes,
+          "; nothing was applied: send shallower trees or fewer items per call, or open the "
+          "session with fewer hidden layers"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The tail slots of every work item (pending row, then nodes).
+absl::Status AllocateTailSlots(SlotAllocator* slots, std::vector<VerifyWork>* work) {
+  for (VerifyWork& w : *work) {
+    auto tail = slots->Allocate(static_cast<int64_t>(w.draft_tokens.size()) + 1);
+    if (!tail.ok()) return tail.status();
+    w.tail_slots = *std::move(tail);
+  }
+  return absl::OkStatus();
+}
+
+// Undo for every exit: gives back tail slots still owned here and releases the sessions.
+void ReleaseVerifyItems(SlotAllocator* slots, SessionManager* session_manager, uint64_t request_id,
+                        std::vector<VerifyWork>* work,
+                        const std::vector<std::shared_ptr<Session>>& sessions) {
+  for (VerifyWork& w : *work) {
+    if (!w.tail_slots.empty()) {
+      if (absl::Status st = slots->Free(w.tail_slots); !st.ok()) {
+        spdlog::error("req={} freeing tail slots: {}", request_id, st.ToString());
+      }
+      w.tail_slots.clear();
+    }
+  }
+  for (const auto& s : sessions) session_manager->Release(s);
+}
+
+// One result per item, in item order: a replay from its stored result, a work item from its
+// round (hidden states when its session asks for them).
+void FillVerifyResults(const v1::VerifyRequest& req, const VerifyPlan& plan, int64_t hidden_size,
+                       v1::VerifyResponse* resp) {
+  for (int i = 0; i < req.items_size(); ++i) {
+    v1::VerifyResult* r = resp->add_results();
+    r->set_session_id(req.items(i).session_id());
+    if (plan.work_of[i] < 0) {
+      const StoredResult& x = plan.replayed[i];
+      r->mutable_accepted_nodes()->Add(x.accepted_nodes.begin(), x.accepted_nodes.end());
+      r->mutable_accepted_tokens()->Add(x.accepted_tokens.begin(), x.accepted_tokens.end());
+      r->set_bonus_token(x.bonus_token);
+      r->set_committed_len(x.committed_len);
+      FillLogprobs(x.logprobs, r->mutable_logprobs());
+      FillStats(x.stats, r->mutable_stats());
+      continue;
+    }
+    const VerifyWork& w = plan.work[plan.work_of[i]];
+    r->mutable_accepted_nodes()->Add(w.accepted_nodes.begin(), w.accepted_nodes.end());
+    r->mutable_accepted_tokens()->Add(w.accepted_tokens.begin(), w.accepted_tokens.end());
+    r->set_bonus_token(w.bonus);
+    r->set_committed_len(w.committed_len);
+    FillLogprobs(w.logprobs, r->mutable_logprobs());
+    if (!w.session->config.hidden_layers.empty()) {
+      FillHiddenStates(w.session->config, hidden_size, w.hidden, r->mutable_hidden_states());
+    }
+    FillStats(w.stats, r->mutable_stats());
+  }
+}
+
+// The bound CheckResponseBound sets makes this unreachable; a safety net, never a truncated
+// message: an over-size response is cleared and the call fails.
+absl::Status CheckResponseSize(const ApiLimits& limits, v1::VerifyResponse* resp) {
+  if (limits.max_response_bytes > 0 &&
+      static_cast<int64_t>(resp->ByteSizeLong()) > limits.max_response_bytes) {
+    const int64_t size = static_cast<int64_t>(resp->ByteSizeLong());
+    resp->Clear();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the response of ", size, " bytes exceeds the server's --max_message_bytes ",
+                     limits.max_response_bytes,
+                     "; the round was applied: retry with the same request_id for its tokens"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
                                          uint64_t request_id, grpc::ServerContext* ctx) {
   const absl::Time start = absl::Now();
   const absl::Time deadline = Deadline(*ctx, start);
   VERIFYD_RETURN_IF_ERROR(ValidateVerifyRequest(req, limits_));
   if (scheduler_->engine_failed()) return absl::UnavailableError("engine failed");
-  const int n = req.items_size();
 
   // Every session of the call at once; a session busy with an earlier call (one whose client
   // may have gone away) is waited for within this call's deadline.
@@ -253,143 +408,28 @@ absl::Status VerifyServiceImpl::DoVerify(const v1::VerifyRequest& req, v1::Verif
     return MapCancelled(sessions.status(), deadline);
   }
 
-  std::vector<VerifyWork> work;
-  std::vector<int> work_of(n, -1);        // item -> index in work (-1: replayed)
-  std::vector<StoredResult> replayed(n);  // item -> stored result of an applied request id
-  // Undo for every early exit: give back tail slots still owned here, release sessions.
-  auto release_all = [&]() {
-    for (VerifyWork& w : work) {
-      if (!w.tail_slots.empty()) {
-        if (absl::Status st = slots_->Free(w.tail_slots); !st.ok()) {
-          spdlog::error("req={} freeing tail slots: {}", request_id, st.ToString());
-        }
-        w.tail_slots.clear();
-      }
-    }
-    for (const auto& s : *sessions) sessions_->Release(s);
-  };
-  for (int i = 0; i < n; ++i) {
-    const v1::VerifyItem& item = req.items(i);
-    const std::string field = absl::StrCat("items[", i, "]");
-    const std::shared_ptr<Session>& s = (*sessions)[i];
-    // A retry of an applied item: its stored result, nothing applied again. The same request
-    // id with another tree is a client error, not a retry.
-    const uint64_t fingerprint = item.request_id().empty() ? 0 : ItemFingerprint(item);
-    if (const StoredResult* r = s->FindResult(item.request_id()); r != nullptr) {
-      if (r->fingerprint != fingerprint) {
-        release_all();
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, ".request_id: '", item.request_id(),
-            "' was already applied on this session with another draft tree; a retry must resend "
-            "the same tree"));
-      }
-      replayed[i] = *r;
-      continue;
-    }
-    if (item.has_expected_committed_len() && item.expected_committed_len() != s->committed_len()) {
-      release_all();
-      return absl::AbortedError(
-          absl::StrCat(field, ".expected_committed_len: ", item.expected_committed_len(),
-                       " differs from the session's committed_len ", s->committed_len(),
-                       "; nothing was applied"));
-    }
-    if (absl::Status st =
-            CheckContext(s->committed_len(), item.tree().tokens_size(), limits_, field + ".tree");
-        !st.ok()) {
-      release_all();
-      return st;
-    }
-    work_of[i] = static_cast<int>(work.size());
-    VerifyWork& w = work.emplace_back();
-    w.session = s;
-    w.draft_tokens.assign(item.tree().tokens().begin(), item.tree().tokens().end());
-    w.draft_parents.assign(item.tree().parents().begin(), item.tree().parents().end());
-    w.request_id = item.request_id();
-    w.fingerprint = fingerprint;
-  }
-  // The response must fit in one message: refuse a call whose worst case (every item
-  // accepting its deepest path) could not, before anything runs.
-  if (limits_.max_response_bytes > 0) {
-    int64_t total = 16;
-    for (int i = 0; i < n; ++i) {
-      const v1::VerifyItem& item = req.items(i);
-      SessionConfig cfg = (*sessions)[i]->config;
-      int depth = TreeDepth(item.tree());
-      if (work_of[i] < 0) {  // a replay: no hidden states
-        cfg.hidden_layers.clear();
-        depth = static_cast<int>(replayed[i].accepted_tokens.size());
-      }
-      total += VerifyResultBytesBound(cfg, item.tree().tokens_size(), depth,
-                                      item.session_id().size(), limits_);
-      if (total > limits_.max_response_bytes) {
-        release_all();
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "items[", i, "]: the response could reach ", total, " bytes (hidden states of up to ",
-            depth + 1, " tokens x ", cfg.hidden_layers.size(), " layers x ", limits_.hidden_size,
-            " values for this item), over the server's "
-            "--max_message_bytes ",
-            limits_.max_response_bytes,
-            "; nothing was applied: send shallower trees or fewer items per call, or open the "
-            "session with fewer hidden layers"));
-      }
-    }
-  }
-  for (VerifyWork& w : work) {
-    auto tail = slots_->Allocate(static_cast<int64_t>(w.draft_tokens.size()) + 1);
-    if (!tail.ok()) {
-      release_all();
-      return tail.status();
-    }
-    w.tail_slots = *std::move(tail);
+  VerifyPlan plan;
+  absl::Status st = PlanItems(req, *sessions, limits_, &plan);
+  if (st.ok()) st = CheckResponseBound(req, *sessions, plan, limits_);
+  if (st.ok()) st = AllocateTailSlots(slots_, &plan.work);
+  if (!st.ok()) {
+    ReleaseVerifyItems(slots_, sessions_, request_id, &plan.work, *sessions);
+    return st;
   }
   JobTiming timing;
-  absl::Status st;
-  if (!work.empty()) {
-    st =
-        MapCancelled(scheduler_->Verify(&work, &timing, Bounds(ctx, deadline).cancelled), deadline);
+  if (!plan.work.empty()) {
+    st = MapCancelled(scheduler_->Verify(&plan.work, &timing, Bounds(ctx, deadline).cancelled),
+                      deadline);
   }
   if (st.ok()) {
-    for (int i = 0; i < n; ++i) {
-      v1::VerifyResult* r = resp->add_results();
-      r->set_session_id(req.items(i).session_id());
-      if (work_of[i] < 0) {
-        const StoredResult& x = replayed[i];
-        r->mutable_accepted_nodes()->Add(x.accepted_nodes.begin(), x.accepted_nodes.end());
-        r->mutable_accepted_tokens()->Add(x.accepted_tokens.begin(), x.accepted_tokens.end());
-        r->set_bonus_token(x.bonus_token);
-        r->set_committed_len(x.committed_len);
-        FillLogprobs(x.logprobs, r->mutable_logprobs());
-        FillStats(x.stats, r->mutable_stats());
-        continue;
-      }
-      const VerifyWork& w = work[work_of[i]];
-      r->mutable_accepted_nodes()->Add(w.accepted_nodes.begin(), w.accepted_nodes.end());
-      r->mutable_accepted_tokens()->Add(w.accepted_tokens.begin(), w.accepted_tokens.end());
-      r->set_bonus_token(w.bonus);
-      r->set_committed_len(w.committed_len);
-      FillLogprobs(w.logprobs, r->mutable_logprobs());
-      if (!w.session->config.hidden_layers.empty()) {
-        FillHiddenStates(w.session->config, limits_.hidden_size, w.hidden,
-                         r->mutable_hidden_states());
-      }
-      FillStats(w.stats, r->mutable_stats());
-    }
-    if (!work.empty()) {
+    FillVerifyResults(req, plan, limits_.hidden_size, resp);
+    if (!plan.work.empty()) {
       metrics_->ObserveVerifyLatency(timing.queue_s, timing.engine_s,
                                      absl::ToDoubleSeconds(absl::Now() - start));
     }
-    // The bound above makes this unreachable; a safety net, never a truncated message.
-    if (limits_.max_response_bytes > 0 &&
-        static_cast<int64_t>(resp->ByteSizeLong()) > limits_.max_response_bytes) {
-      const int64_t size = static_cast<int64_t>(resp->ByteSizeLong());
-      resp->Clear();
-      st = absl::ResourceExhaustedError(
-          absl::StrCat("the response of ", size, " bytes exceeds the server's --max_message_bytes ",
-                       limits_.max_response_bytes,
-                       "; the round was applied: retry with the same request_id for its tokens"));
-    }
+    st = CheckResponseSize(limits_, resp);
   }
-  release_all();
+  ReleaseVerifyItems(slots_, sessions_, request_id, &plan.work, *sessions);
   return st;
 }
 
