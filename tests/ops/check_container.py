@@ -16,16 +16,13 @@ import shutil
 import subprocess
 import sys
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-DOCKERFILE = os.path.join(REPO, "deploy", "container", "Dockerfile")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import opslib  # noqa: E402
+
+DOCKERFILE = os.path.join(opslib.REPO, "deploy", "container", "Dockerfile")
 
 failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-    return cond
+check = opslib.checker(failures)
 
 
 def parse(path):
@@ -105,9 +102,7 @@ def main():
     for flag in ("--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9400", "--target=127.0.0.1:50051"):
         check(flag in cmd, f"CMD/HEALTHCHECK should contain {flag}")
 
-    if failures:
-        for f in failures:
-            print("FAIL:", f)
+    if opslib.report_failures(failures):
         return 1
     engine = shutil.which("docker") and subprocess.run(
         ["docker", "info"], capture_output=True).returncode == 0

@@ -77,7 +77,7 @@ def main():
 
     failures = []
     dash, exprs = opslib.dashboard_expressions()
-    check = lambda cond, msg: cond or failures.append(msg)  # noqa: E731
+    check = opslib.checker(failures)
 
     # Structure.
     check(dash.get("uid") and dash.get("title"), "dashboard needs uid and title")
@@ -140,9 +140,7 @@ def main():
     for topic, metric in REQUIRED_METRICS.items():
         check(metric in used, f"no panel for {topic} (uses {metric})")
 
-    if failures:
-        for f in failures:
-            print("FAIL:", f)
+    if opslib.report_failures(failures):
         return 1
     print(f"PASS: {len(exprs)} expressions in {len(titles)} panels parse with promtool and use "
           f"{len(used)} metric names, all exported ({source})")

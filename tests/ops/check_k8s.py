@@ -29,18 +29,15 @@ except ImportError:
     print("SKIP: PyYAML not found (Debian package python3-yaml)")
     sys.exit(77)
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-K8S = os.path.join(REPO, "deploy", "k8s")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import opslib  # noqa: E402
+
+K8S = os.path.join(opslib.REPO, "deploy", "k8s")
 DRAIN_BUDGET_S = 30  # verifyd's drain on SIGTERM (docs/OPERATIONS.md)
 SESSION_HEADER = "x-verifyd-session-key"
 
 failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-    return cond
+check = opslib.checker(failures)
 
 
 def render(kdir):
@@ -194,7 +191,7 @@ def check_set(name, docs):
               f"{name}: the job label must come out as 'verifyd' (the alert rules select it)")
     rules = by_kind(docs, "PrometheusRule")
     if check(len(rules) == 1, f"{name}: expected one PrometheusRule"):
-        with open(os.path.join(REPO, "deploy", "prometheus", "verifyd-rules.yml")) as f:
+        with open(os.path.join(opslib.REPO, "deploy", "prometheus", "verifyd-rules.yml")) as f:
             want = yaml.safe_load(f)
         check(rules[0]["spec"] == want,
               f"{name}: PrometheusRule spec differs from deploy/prometheus/verifyd-rules.yml")
@@ -243,9 +240,7 @@ def main():
             continue
         check_set(f"overlays/{ov}", docs)
     check_envoy()
-    if failures:
-        for f in failures:
-            print("FAIL:", f)
+    if opslib.report_failures(failures):
         return 1
     print("PASS: kubernetes manifests")
     return 0

@@ -1,6 +1,6 @@
-"""Shared helpers of the operations tests: the documented metric list (docs/METRICS.md), the
-Prometheus text format, PromQL metric-name extraction and Grafana dashboard expressions.
-Standard library only."""
+"""Shared helpers of the operations tests: the failure list a check script fills and prints,
+the documented metric list (docs/METRICS.md), the Prometheus text format, PromQL metric-name
+extraction and Grafana dashboard expressions. Standard library only."""
 import json
 import os
 import re
@@ -25,6 +25,24 @@ PROMQL_KEYWORDS = {
     "and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
     "offset", "bool", "inf", "nan", "atan2",
 }
+
+
+def checker(failures):
+    """check(cond, msg): appends msg to `failures` when cond is false; returns cond."""
+
+    def check(cond, msg):
+        if not cond:
+            failures.append(msg)
+        return cond
+
+    return check
+
+
+def report_failures(failures):
+    """Prints each failure as 'FAIL: <msg>'; True when there was any."""
+    for f in failures:
+        print("FAIL:", f)
+    return bool(failures)
 
 
 def documented_metrics(path=METRICS_MD):
