@@ -14,6 +14,13 @@ import verifyd
 from conftest import PROMPT
 
 FAST = verifyd.RetryPolicy(max_attempts=4, initial_backoff_s=0.01, max_backoff_s=0.05)
+# Enough attempts to outlast a slow engine step.
+SLOW_STEP_RETRY = verifyd.RetryPolicy(max_attempts=20, initial_backoff_s=0.05, max_backoff_s=0.1)
+
+
+def _answers(value: Any) -> Callable[..., Any]:
+    """A method that takes any arguments and returns `value`."""
+    return lambda self, *args, **kwargs: value
 
 
 class LostAnswer(grpc.RpcError, grpc.Call, grpc.Future):
@@ -30,41 +37,17 @@ class LostAnswer(grpc.RpcError, grpc.Call, grpc.Future):
     def details(self) -> str:
         return "injected: answer lost after the server ran the call"
 
-    def initial_metadata(self) -> Any:
-        return ()
-
-    def trailing_metadata(self) -> Any:
-        return ()
-
-    def is_active(self) -> bool:
-        return False
-
-    def time_remaining(self) -> Any:
-        return None
-
-    def cancel(self) -> bool:
-        return False
-
-    def add_callback(self, callback: Callable[[], None]) -> bool:
-        return False
-
-    def cancelled(self) -> bool:
-        return False
-
-    def running(self) -> bool:
-        return False
-
-    def done(self) -> bool:
-        return True
+    # Finished, with nothing more to tell: no metadata, no time left, nothing to cancel.
+    initial_metadata = trailing_metadata = _answers(())
+    time_remaining = traceback = _answers(None)
+    is_active = cancel = add_callback = cancelled = running = _answers(False)
+    done = _answers(True)
 
     def result(self, timeout: Any = None) -> Any:
         raise self
 
     def exception(self, timeout: Any = None) -> Any:
         return self
-
-    def traceback(self, timeout: Any = None) -> Any:
-        return None
 
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
         fn(self)
@@ -176,11 +159,10 @@ def test_deadline_passing_mid_step_is_retried_exactly_once(slow_server, referenc
     step is still applied, and the retries (same request_id) get its stored result."""
     ref = reference(PROMPT, 10)
     events: List[verifyd.RetryEvent] = []
-    policy = verifyd.RetryPolicy(max_attempts=20, initial_backoff_s=0.05, max_backoff_s=0.1)
     with verifyd.Client(slow_server.target, timeout=30) as patient:
         s = patient.session(PROMPT)
         with verifyd.Client(
-            slow_server.target, timeout=0.15, retry=policy, on_retry=events.append
+            slow_server.target, timeout=0.15, retry=SLOW_STEP_RETRY, on_retry=events.append
         ) as hasty:
             s.client = hasty
             r = s.verify((ref[1:3], None))
@@ -240,8 +222,7 @@ def test_asyncio_retry_is_exactly_once(server, reference) -> None:
 def test_stream_deadline_mid_step_is_retried_on_a_new_stream(slow_server, reference) -> None:
     ref = reference(PROMPT, 10)
     events: List[verifyd.RetryEvent] = []
-    policy = verifyd.RetryPolicy(max_attempts=20, initial_backoff_s=0.05, max_backoff_s=0.1)
-    with verifyd.Client(slow_server.target, retry=policy, on_retry=events.append) as c:
+    with verifyd.Client(slow_server.target, retry=SLOW_STEP_RETRY, on_retry=events.append) as c:
         s = c.session(PROMPT)
         with c.verify_stream(timeout=0.15) as stream:
             (r,) = stream.verify_sessions([s], [(ref[1:3], None)])
@@ -257,10 +238,9 @@ def test_stream_deadline_mid_step_is_retried_on_a_new_stream(slow_server, refere
 
 def test_asyncio_stream_deadline_mid_step_is_retried(slow_server, reference) -> None:
     ref = reference(PROMPT, 10)
-    policy = verifyd.RetryPolicy(max_attempts=20, initial_backoff_s=0.05, max_backoff_s=0.1)
 
     async def main() -> None:
-        async with verifyd.AsyncClient(slow_server.target, retry=policy) as c:
+        async with verifyd.AsyncClient(slow_server.target, retry=SLOW_STEP_RETRY) as c:
             s = await c.session(PROMPT)
             async with c.verify_stream(timeout=0.15) as stream:
                 (r,) = await stream.verify_sessions([s], [(ref[1:3], None)])
