@@ -157,6 +157,21 @@ YARN = dict(
     mscale_all_dim=1.0,
 )
 
+
+def moe_yarn(name, seed, spelling, fp8, prompt_lengths):
+    """A checkpoint of the moe_yarn architecture (COMMON + MOE, YaRN, 256 positions) in two
+    shards (a config of its own: fresh dicts)."""
+    return dict(
+        name=name,
+        seed=seed,
+        config=dict(COMMON, **MOE, max_position_embeddings=256, rope_parameters=dict(YARN)),
+        spelling=spelling,
+        fp8=fp8,
+        shards=2,
+        prompt_lengths=prompt_lengths,
+    )
+
+
 CHECKPOINTS = [
     dict(
         name="dense",
@@ -180,24 +195,8 @@ CHECKPOINTS = [
         shards=1,
         prompt_lengths=[5, 17, 40],
     ),
-    dict(
-        name="moe_yarn",
-        seed=2002,
-        config=dict(COMMON, **MOE, max_position_embeddings=256, rope_parameters=dict(YARN)),
-        spelling="v5",
-        fp8=False,
-        shards=2,
-        prompt_lengths=[6, 21, 40],
-    ),
-    dict(
-        name="moe_yarn_fp8",
-        seed=3003,
-        config=dict(COMMON, **MOE, max_position_embeddings=256, rope_parameters=dict(YARN)),
-        spelling="v4",
-        fp8=True,
-        shards=2,
-        prompt_lengths=[5, 33, 38],
-    ),
+    moe_yarn("moe_yarn", seed=2002, spelling="v5", fp8=False, prompt_lengths=[6, 21, 40]),
+    moe_yarn("moe_yarn_fp8", seed=3003, spelling="v4", fp8=True, prompt_lengths=[5, 33, 38]),
     dict(
         name="moe_fp8_block128",
         seed=4004,
