@@ -14,6 +14,7 @@ import pytest
 
 import verifyd
 from conftest import PROMPT
+from verifyd._base import Call
 from test_retry import LostAnswer
 
 FAST = verifyd.RetryPolicy(max_attempts=3, initial_backoff_s=0.001, max_backoff_s=0.001)
@@ -48,7 +49,7 @@ def test_retries_are_warnings_and_giving_up_is_an_error(offline_client, caplog, 
     caplog.set_level(logging.DEBUG, logger="verifyd")
     unavailable = grpc.StatusCode.UNAVAILABLE
     fn = failing([unavailable])
-    assert offline_client._invoke("GetInfo", fn, None, timeout=1, retry=FAST) == "answer"
+    assert offline_client._invoke(Call("GetInfo", fn, None, timeout=1, retry=FAST)) == "answer"
     ((level, msg),) = records(caplog)
     assert level == logging.WARNING
     assert re.fullmatch(
@@ -58,7 +59,9 @@ def test_retries_are_warnings_and_giving_up_is_an_error(offline_client, caplog, 
     caplog.clear()
 
     with pytest.raises(verifyd.Unavailable):
-        offline_client._invoke("GetInfo", failing([unavailable] * 3), None, timeout=1, retry=FAST)
+        offline_client._invoke(
+            Call("GetInfo", failing([unavailable] * 3), None, timeout=1, retry=FAST)
+        )
     got = records(caplog)
     assert [lv for lv, _ in got] == [logging.WARNING, logging.WARNING, logging.ERROR]
     assert got[-1][1] == f"GetInfo failed with UNAVAILABLE ({WHY}) after 3 attempt(s)"
@@ -69,15 +72,17 @@ def test_single_failures_by_code(offline_client, caplog) -> None:
     caplog.set_level(logging.DEBUG, logger="verifyd")
     with pytest.raises(verifyd.NotFound):
         offline_client._invoke(
-            "Verify", failing([grpc.StatusCode.NOT_FOUND]), None, timeout=1, retry=FAST
+            Call("Verify", failing([grpc.StatusCode.NOT_FOUND]), None, timeout=1, retry=FAST)
         )
     with pytest.raises(verifyd.Unavailable):
         offline_client._invoke(
-            "OpenSession",
-            failing([grpc.StatusCode.UNAVAILABLE]),
-            None,
-            timeout=1,
-            retry=verifyd.NO_RETRY,
+            Call(
+                "OpenSession",
+                failing([grpc.StatusCode.UNAVAILABLE]),
+                None,
+                timeout=1,
+                retry=verifyd.NO_RETRY,
+            )
         )
     assert records(caplog) == [
         (logging.DEBUG, f"Verify failed with NOT_FOUND ({WHY}) after 1 attempt(s)"),
@@ -96,7 +101,7 @@ def test_asyncio_client_logs_the_same(caplog) -> None:
                 return sync_fn(request, **kwargs)
 
             with pytest.raises(verifyd.Unavailable):
-                await c._invoke("GetInfo", fn, None, timeout=1, retry=FAST)
+                await c._invoke(Call("GetInfo", fn, None, timeout=1, retry=FAST))
 
     asyncio.run(main())
     assert [lv for lv, _ in records(caplog)] == [logging.WARNING, logging.WARNING, logging.ERROR]

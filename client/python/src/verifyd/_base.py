@@ -46,8 +46,10 @@ def _results(response: pb.VerifyResponse) -> List[pb.VerifyResult]:
 
 
 class Call(NamedTuple):
-    """One unary RPC as a client method makes it: the arguments of ``_invoke`` (the stub
-    method ``fn`` blocks or returns an awaitable), and what the response becomes."""
+    """One unary RPC as a client method makes it, what the client's ``_invoke`` takes: the
+    stub method ``fn`` (it blocks or returns an awaitable), its request, the deadline of each
+    attempt and the retry policy, the answer of a retry that finds the session gone (None:
+    that is an error like any other), and what the response becomes."""
 
     name: str
     fn: Callable[..., Any]
@@ -56,10 +58,6 @@ class Call(NamedTuple):
     retry: RetryPolicy
     on_retry_not_found: Optional[Callable[[], Any]] = None
     result: Callable[[Any], Any] = _same
-
-    def invoke_args(self) -> Dict[str, Any]:
-        """The keyword arguments of the client's ``_invoke``."""
-        return {k: v for k, v in self._asdict().items() if k != "result"}
 
 
 class ClientBase(Generic[ChannelT]):
@@ -124,14 +122,9 @@ class ClientBase(Generic[ChannelT]):
             return c.NO_RETRY
         return self.retry if retry is None else retry
 
-    def _attempts(
-        self,
-        name: str,
-        timeout: Optional[float],
-        retry: Optional[RetryPolicy],
-        on_retry_not_found: Optional[Callable[[], Any]],
-    ) -> "CallAttempts":
-        return CallAttempts(self, name, timeout, retry, on_retry_not_found is not None)
+    def _attempts(self, call: Call) -> "CallAttempts":
+        done_when_gone = call.on_retry_not_found is not None
+        return CallAttempts(self, call.name, call.timeout, call.retry, done_when_gone)
 
     def _retrying(
         self,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, Awaitable, Callable, List, Mapping, Optional, Sequence, TypeVar
+from typing import Any, List, Mapping, Optional, Sequence
 
 import grpc
 import grpc.aio
@@ -21,8 +21,6 @@ from ._proto import verify_pb2 as pb
 from .errors import NotFound, VerifydError, from_rpc_error
 
 __all__ = ["AsyncClient", "AsyncSession", "AsyncVerifyStream"]
-
-R = TypeVar("R")
 
 
 class AsyncClient(_base.ClientBase[grpc.aio.Channel]):
@@ -56,30 +54,21 @@ class AsyncClient(_base.ClientBase[grpc.aio.Channel]):
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    async def _invoke(
-        self,
-        name: str,
-        fn: Callable[..., Awaitable[R]],
-        request: Any,
-        *,
-        timeout: Optional[float],
-        retry: Optional[RetryPolicy],
-        on_retry_not_found: Optional[Callable[[], R]] = None,
-    ) -> R:
+    async def _invoke(self, call: _base.Call) -> Any:
         """The retry loop of :meth:`verifyd.Client._invoke`, awaiting."""
-        attempts = self._attempts(name, timeout, retry, on_retry_not_found)
+        attempts = self._attempts(call)
         while True:
             try:
-                return await fn(request, **attempts.options())
+                return await call.fn(call.request, **attempts.options())
             except grpc.RpcError as e:
                 pause = attempts.failed(e)
             if pause is None:
-                assert on_retry_not_found is not None
-                return on_retry_not_found()
+                assert call.on_retry_not_found is not None
+                return call.on_retry_not_found()
             await asyncio.sleep(pause)
 
     async def _call(self, call: _base.Call) -> Any:
-        return call.result(await self._invoke(**call.invoke_args()))
+        return call.result(await self._invoke(call))
 
     async def get_info(
         self, *, timeout: Optional[float] = None, retry: Optional[RetryPolicy] = None

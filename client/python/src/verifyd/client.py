@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import time
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Iterator, List, Mapping, Optional, Sequence
 
 import grpc
 
@@ -20,8 +20,6 @@ from ._proto import verify_pb2 as pb
 from .errors import NotFound, VerifydError, from_rpc_error
 
 __all__ = ["Client", "Session", "VerifyStream"]
-
-R = TypeVar("R")
 
 
 class Client(_base.ClientBase[grpc.Channel]):
@@ -83,29 +81,21 @@ class Client(_base.ClientBase[grpc.Channel]):
 
     # -- the retry loop (the decisions are _base.CallAttempts') ------------------------------
 
-    def _invoke(
-        self,
-        name: str,
-        fn: Callable[..., R],
-        request: Any,
-        *,
-        timeout: Optional[float],
-        retry: Optional[RetryPolicy],
-        on_retry_not_found: Optional[Callable[[], R]] = None,
-    ) -> R:
-        attempts = self._attempts(name, timeout, retry, on_retry_not_found)
+    def _invoke(self, call: _base.Call) -> Any:
+        """The response of ``call`` (before ``call.result``), retried as its policy says."""
+        attempts = self._attempts(call)
         while True:
             try:
-                return fn(request, **attempts.options())
+                return call.fn(call.request, **attempts.options())
             except grpc.RpcError as e:
                 pause = attempts.failed(e)
             if pause is None:  # a retry found the session gone: done
-                assert on_retry_not_found is not None
-                return on_retry_not_found()
+                assert call.on_retry_not_found is not None
+                return call.on_retry_not_found()
             time.sleep(pause)
 
     def _call(self, call: _base.Call) -> Any:
-        return call.result(self._invoke(**call.invoke_args()))
+        return call.result(self._invoke(call))
 
     # -- RPCs --------------------------------------------------------------------------------
 
