@@ -28,19 +28,7 @@ using client::DraftTree;
 using client::VerifyClient;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using testing::ToyEngine;
 using testing::ToyEngineOptions;
-
-// Waits until `pred` holds (polling), up to `timeout`.
-template <typename Pred>
-bool WaitFor(Pred pred, absl::Duration timeout = absl::Seconds(10)) {
-  const absl::Time end = absl::Now() + timeout;
-  while (absl::Now() < end) {
-    if (pred()) return true;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  return pred();
-}
 
 // Blocks the engine: the next step waits at its start until Resume (call RunBlocker first).
 struct EngineBlocker {
@@ -51,10 +39,7 @@ struct EngineBlocker {
     auto s = f.t.client->Open({7, 7, 7});
     EXPECT_TRUE(s.ok()) << s.status();
     session = s->session_id;
-    f.toy->Pause();
-    const int64_t entered = f.toy->steps_entered();
-    th = std::thread([this] { EXPECT_TRUE(f.t.client->Verify(session, DraftTree{}).ok()); });
-    EXPECT_TRUE(WaitFor([&] { return f.toy->steps_entered() > entered; }));
+    th = StartHeldCall(f, [this] { EXPECT_TRUE(f.t.client->Verify(session, DraftTree{}).ok()); });
   }
   void Release() {
     f.toy->Resume();
@@ -76,7 +61,7 @@ TEST(RelLimits, OversizedMessageIsResourceExhaustedThenANormalCallWorks) {
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
   auto r = f.t.client->Verify(s->session_id, DraftTree{});
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->bonus_token, ToyEngine::Greedy(f.toy_options, {1, 2, 3}, 2)[1]);
+  EXPECT_EQ(r->bonus_token, f.Greedy({1, 2, 3}, 2)[1]);
   EXPECT_EQ(f.t.server->kv_slots_used(), 4);
 }
 
@@ -139,7 +124,7 @@ TEST(RelLimits, CallWithoutDeadlineIsCappedByTheServerAndFreesItsSlots) {
   auto r = f.t.client->Verify(s->session_id, DraftTree{});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->committed_len, 4);
-  EXPECT_EQ(r->bonus_token, ToyEngine::Greedy(f.toy_options, prompt, 2)[1]);
+  EXPECT_EQ(r->bonus_token, f.Greedy(prompt, 2)[1]);
 }
 
 TEST(RelLimits, ClientCancelWhileQueuedFreesSlotsAtOnce) {
@@ -192,7 +177,7 @@ TEST(RelLimits, DeadlineDuringALongPrefillStopsItAndFreesEverything) {
   f.toy->set_step_delay(absl::ZeroDuration());
   auto ok = f.t.client->Open({1, 2, 3});
   ASSERT_TRUE(ok.ok()) << ok.status();
-  EXPECT_EQ(ok->next_token, ToyEngine::Greedy(o, {1, 2, 3}, 1)[0]);
+  EXPECT_EQ(ok->next_token, f.Greedy({1, 2, 3}, 1)[0]);
 }
 
 TEST(RelLimits, MaxConcurrentStreamsBoundsOneConnection) {

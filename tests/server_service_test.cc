@@ -37,16 +37,11 @@ std::vector<int32_t> RandomPrompt(int n, int64_t vocab, std::mt19937_64& rng) {
   return p;
 }
 
-void ExpectCode(const absl::Status& st, absl::StatusCode code, const std::string& substr = "") {
-  EXPECT_EQ(st.code(), code) << st;
-  if (!substr.empty()) EXPECT_THAT(std::string(st.message()), HasSubstr(substr)) << st;
-}
-
 // A good request after a bad one: a decode step on a fresh session succeeds and matches the
 // toy model's greedy continuation.
 void ExpectServesGoodRequest(Fixture& f) {
   const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
-  auto truth = ToyEngine::Greedy(f.toy_options, prompt, 2);
+  auto truth = f.Greedy(prompt, 2);
   auto open = f.t.client->Open(prompt);
   ASSERT_TRUE(open.ok()) << open.status();
   EXPECT_EQ(open->next_token, truth[0]);
@@ -312,7 +307,7 @@ TEST(ServerService, BadInputGivesStatedStatusAndServerKeepsServing) {
   // The kept session was untouched by all of the above: same slots, and it continues
   // exactly on the greedy sequence.
   EXPECT_EQ(f.t.server->kv_slots_used(), used_before);
-  auto truth = ToyEngine::Greedy(o, {7, 8, 9}, 3);
+  auto truth = f.Greedy({7, 8, 9}, 3);
   auto r = c.Verify(s, DraftTree{{truth[1]}, {-1}});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->accepted_tokens, std::vector<int32_t>{truth[1]});
@@ -326,11 +321,9 @@ TEST(ServerService, CallOnABusySessionWaitsForItNotRunTwiceAtOnce) {
   Fixture f = Start();
   auto s = f.t.client->Open({1, 2, 3});
   ASSERT_TRUE(s.ok());
-  f.toy->Pause();
-  const int64_t entered = f.toy->steps_entered();
   absl::Status first;
-  std::thread t([&] { first = f.t.client->Verify(s->session_id, DraftTree{}).status(); });
-  while (f.toy->steps_entered() == entered) absl::SleepFor(absl::Milliseconds(1));
+  std::thread t =
+      StartHeldCall(f, [&] { first = f.t.client->Verify(s->session_id, DraftTree{}).status(); });
   // A second call waits for the first (bounded by its own deadline), applying nothing.
   VerifyClient impatient(f.t.target, absl::Milliseconds(150));
   ExpectCode(impatient.Verify(s->session_id, DraftTree{}).status(),
@@ -354,17 +347,14 @@ TEST(ServerService, CallOnABusySessionWaitsForItNotRunTwiceAtOnce) {
 }
 
 TEST(ServerService, CallCancelledWhileQueuedChangesNothing) {
-  ToyEngineOptions o;
-  Fixture f = Start(o);
+  Fixture f = Start();
   auto x = f.t.client->Open({1, 2});
   const std::vector<int32_t> py = {3, 4, 5};
   auto y = f.t.client->Open(py);
   ASSERT_TRUE(x.ok() && y.ok());
   const int64_t used = f.t.server->kv_slots_used();
-  f.toy->Pause();
-  const int64_t entered = f.toy->steps_entered();
-  std::thread tx([&] { EXPECT_TRUE(f.t.client->Verify(x->session_id, DraftTree{}).ok()); });
-  while (f.toy->steps_entered() == entered) absl::SleepFor(absl::Milliseconds(1));
+  std::thread tx =
+      StartHeldCall(f, [&] { EXPECT_TRUE(f.t.client->Verify(x->session_id, DraftTree{}).ok()); });
   VerifyClient impatient(f.t.target, absl::Milliseconds(100));
   ExpectCode(impatient.Verify(y->session_id, DraftTree{{1, 2}, {-1, 0}}).status(),
              absl::StatusCode::kDeadlineExceeded);
@@ -372,7 +362,7 @@ TEST(ServerService, CallCancelledWhileQueuedChangesNothing) {
   f.toy->Resume();
   tx.join();
   // y did not move (x did: + 1 slot); its next round continues from the prompt.
-  const auto truth = ToyEngine::Greedy(o, py, 2);
+  const auto truth = f.Greedy(py, 2);
   auto r = f.t.client->Verify(y->session_id, DraftTree{});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->committed_len, 4);
@@ -387,7 +377,7 @@ TEST(ServerService, ManyCyclesLeaveEverySlotFree) {
   std::mt19937_64 rng(7);
   for (int cycle = 0; cycle < 40; ++cycle) {
     const auto prompt = RandomPrompt(1 + static_cast<int>(rng() % 90), o.vocab_size, rng);
-    auto truth = ToyEngine::Greedy(o, prompt, 64);
+    auto truth = f.Greedy(prompt, 64);
     auto s = f.t.client->Open(prompt);
     ASSERT_TRUE(s.ok()) << s.status();
     size_t have = 1;
@@ -426,7 +416,7 @@ TEST(ServerService, PoolExhaustionIsResourceExhaustedAndOthersUnaffected) {
       absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(f.t.server->kv_slots_used(), 50);
   // A and B keep decoding correctly in one call.
-  auto truth_a = ToyEngine::Greedy(o, pa, 3);
+  auto truth_a = f.Greedy(pa, 3);
   auto rs =
       c.VerifyMany({a->session_id, b->session_id}, {DraftTree{{truth_a[1]}, {-1}}, DraftTree{}});
   ASSERT_TRUE(rs.ok()) << rs.status();
@@ -490,10 +480,7 @@ TEST(ServerService, ConcurrentRequestsAreBatchedIntoOneStep) {
     ids.push_back(s->session_id);
   }
   // Hold the engine in one step while all 8 requests arrive; they must then share a step.
-  f.toy->Pause();
-  const int64_t entered = f.toy->steps_entered();
-  std::thread opener([&] { ASSERT_TRUE(f.t.client->Open({5, 5}).ok()); });
-  while (f.toy->steps_entered() == entered) absl::SleepFor(absl::Milliseconds(1));
+  std::thread opener = StartHeldCall(f, [&] { ASSERT_TRUE(f.t.client->Open({5, 5}).ok()); });
   std::vector<std::thread> threads;
   std::atomic<int> ok{0};
   for (int i = 0; i < kSessions; ++i) {
@@ -523,11 +510,9 @@ TEST(ServerService, QueueFullIsResourceExhausted) {
   auto b = f.t.client->Open({2});
   auto c = f.t.client->Open({3});
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
-  f.toy->Pause();
-  const int64_t entered = f.toy->steps_entered();
   absl::Status sa, sb;
-  std::thread ta([&] { sa = f.t.client->Verify(a->session_id, DraftTree{}).status(); });
-  while (f.toy->steps_entered() == entered) absl::SleepFor(absl::Milliseconds(1));
+  std::thread ta =
+      StartHeldCall(f, [&] { sa = f.t.client->Verify(a->session_id, DraftTree{}).status(); });
   std::thread tb([&] { sb = f.t.client->Verify(b->session_id, DraftTree{}).status(); });
   // b is queued (the engine holds a); c finds the queue full.
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
@@ -547,10 +532,9 @@ TEST(ServerService, QueueFullIsResourceExhausted) {
 }
 
 TEST(ServerService, FailedEngineStepLeaksNoSlotAndSessionContinues) {
-  ToyEngineOptions o;
-  Fixture f = Start(o);
+  Fixture f = Start();
   const std::vector<int32_t> prompt = {4, 4, 2};
-  auto truth = ToyEngine::Greedy(o, prompt, 8);
+  auto truth = f.Greedy(prompt, 8);
   auto s = f.t.client->Open(prompt);
   ASSERT_TRUE(s.ok());
   const int64_t used = f.t.server->kv_slots_used();
@@ -602,7 +586,7 @@ TEST(ServerService, LosslessWithConcurrentSessionsOverLoopback) {
     threads.emplace_back([&, i] {
       std::mt19937_64 rng(1000 + i);
       const auto prompt = RandomPrompt(1 + static_cast<int>(rng() % 150), o.vocab_size, rng);
-      const auto truth = ToyEngine::Greedy(o, prompt, 120);
+      const auto truth = f.Greedy(prompt, 120);
       auto s = f.t.client->Open(prompt);
       if (!s.ok()) return void(errors[i] = s.status().ToString());
       std::vector<int32_t> got = {s->next_token};
@@ -636,10 +620,9 @@ TEST(ServerService, LosslessWithConcurrentSessionsOverLoopback) {
 }
 
 TEST(ServerService, VerifyStreamRoundTripsAndEndsWithTheErrorStatus) {
-  ToyEngineOptions o;
-  Fixture f = Start(o);
+  Fixture f = Start();
   const std::vector<int32_t> prompt = {11, 12, 13};
-  const auto truth = ToyEngine::Greedy(o, prompt, 16);
+  const auto truth = f.Greedy(prompt, 16);
   auto s = f.t.client->Open(prompt);
   ASSERT_TRUE(s.ok());
   auto stream = f.t.client->OpenStream();
@@ -802,7 +785,7 @@ TEST(ServerService, MetricsEndpointServesEveryMetric) {
   Fixture f = Start(o, {}, /*metrics=*/true);
   ASSERT_GT(f.t.server->metrics_port(), 0);
   const std::vector<int32_t> prompt = {1, 2, 3};
-  const auto truth = ToyEngine::Greedy(o, prompt, 8);
+  const auto truth = f.Greedy(prompt, 8);
   auto s = f.t.client->Open(prompt);
   ASSERT_TRUE(s.ok());
   // Two accepted tokens at depths 1 and 2, one draft node at depth 3 rejected.
@@ -876,11 +859,9 @@ TEST(ServerService, ShutdownDrainsInFlightRequests) {
   Fixture f = Start();
   auto s = f.t.client->Open({1, 2, 3});
   ASSERT_TRUE(s.ok());
-  f.toy->Pause();
-  const int64_t entered = f.toy->steps_entered();
   absl::Status in_flight;
-  std::thread t([&] { in_flight = f.t.client->Verify(s->session_id, DraftTree{}).status(); });
-  while (f.toy->steps_entered() == entered) absl::SleepFor(absl::Milliseconds(1));
+  std::thread t = StartHeldCall(
+      f, [&] { in_flight = f.t.client->Verify(s->session_id, DraftTree{}).status(); });
   absl::Notification shut;
   std::thread stopper([&] {
     f.t.server->Shutdown(absl::Seconds(10));

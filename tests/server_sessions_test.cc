@@ -32,23 +32,7 @@ using client::VerifyOptions;
 using ::testing::HasSubstr;
 using testing::StartTestServer;
 using testing::TestServer;
-using testing::ToyEngine;
 using testing::ToyEngineOptions;
-
-void ExpectCode(const absl::Status& st, absl::StatusCode code, const std::string& substr = "") {
-  EXPECT_EQ(st.code(), code) << st;
-  if (!substr.empty()) EXPECT_THAT(std::string(st.message()), HasSubstr(substr)) << st;
-}
-
-template <typename Pred>
-bool WaitFor(Pred pred, absl::Duration timeout = absl::Seconds(10)) {
-  const absl::Time end = absl::Now() + timeout;
-  while (!pred()) {
-    if (absl::Now() > end) return false;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  return true;
-}
 
 VerifyOptions Rid(const std::string& id, std::optional<int64_t> expected = std::nullopt) {
   VerifyOptions o;
@@ -71,8 +55,7 @@ v1::VerifyRequest OneItem(const std::string& session, const std::string& request
 // ---------------------------------------------------------------- retries (toy engine)
 
 TEST(ServerSessions, CancelledCallsRetriedAtOnceAllSucceedAndApplyOnce) {
-  ToyEngineOptions o;
-  Fixture f = Start(o);
+  Fixture f = Start();
   constexpr int kSessions = 16;
   std::vector<std::vector<int32_t>> prompts(kSessions);
   std::vector<std::string> ids(kSessions);
@@ -114,31 +97,28 @@ TEST(ServerSessions, CancelledCallsRetriedAtOnceAllSucceedAndApplyOnce) {
   for (auto& t : again) t.join();
   for (int i = 0; i < kSessions; ++i) {
     ASSERT_TRUE(retries[i].ok()) << i << ": " << retries[i].status();
-    const auto truth = ToyEngine::Greedy(o, prompts[i], 2);
+    const auto truth = f.Greedy(prompts[i], 2);
     EXPECT_EQ(retries[i]->results(0).bonus_token(), truth[1]) << i;
     EXPECT_EQ(retries[i]->results(0).committed_len(), 4) << i;  // applied exactly once
     auto next = f.t.client->Verify(ids[i], DraftTree{}, Rid(absl::StrCat("n", i), 4));
     ASSERT_TRUE(next.ok()) << next.status();
     EXPECT_EQ(next->committed_len, 5);
-    EXPECT_EQ(next->bonus_token, ToyEngine::Greedy(o, prompts[i], 3)[2]);
+    EXPECT_EQ(next->bonus_token, f.Greedy(prompts[i], 3)[2]);
   }
   EXPECT_EQ(f.t.server->kv_slots_used(), kSessions * 5);
 }
 
 TEST(ServerSessions, RetryAfterDeadlineReturnsTheAppliedResult) {
-  ToyEngineOptions o;
-  Fixture f = Start(o);
+  Fixture f = Start();
   const std::vector<int32_t> prompt = {4, 5, 6, 7};
-  const auto truth = ToyEngine::Greedy(o, prompt, 6);
+  const auto truth = f.Greedy(prompt, 6);
   auto s = f.t.client->Open(prompt);
   ASSERT_TRUE(s.ok());
   const DraftTree tree{{truth[1], truth[2], 3}, {-1, 0, 0}};
-  f.toy->Pause();
-  const int64_t entered = f.toy->steps_entered();
   VerifyClient impatient(f.t.target, absl::Milliseconds(100));
   absl::Status first;
-  std::thread t([&] { first = impatient.Verify(s->session_id, tree, Rid("a", 4)).status(); });
-  ASSERT_TRUE(WaitFor([&] { return f.toy->steps_entered() > entered; }));
+  std::thread t = StartHeldCall(
+      f, [&] { first = impatient.Verify(s->session_id, tree, Rid("a", 4)).status(); });
   t.join();  // its deadline passed while the step runs: the round is still applied
   ExpectCode(first, absl::StatusCode::kDeadlineExceeded);
   f.toy->Resume();
@@ -156,10 +136,9 @@ TEST(ServerSessions, RetryAfterDeadlineReturnsTheAppliedResult) {
 }
 
 TEST(ServerSessions, DuplicateRequestIdsApplyOnceAndTheLastEightAreKept) {
-  ToyEngineOptions o;
-  Fixture f = Start(o);
+  Fixture f = Start();
   const std::vector<int32_t> prompt = {1, 2, 3};
-  const auto truth = ToyEngine::Greedy(o, prompt, 16);
+  const auto truth = f.Greedy(prompt, 16);
   auto s = f.t.client->Open(prompt);
   ASSERT_TRUE(s.ok());
   auto a = f.t.client->Verify(s->session_id, DraftTree{}, Rid("x"));
@@ -193,10 +172,9 @@ TEST(ServerSessions, DuplicateRequestIdsApplyOnceAndTheLastEightAreKept) {
 }
 
 TEST(ServerSessions, WrongExpectedCommittedLenIsAbortedAndAppliesNothing) {
-  ToyEngineOptions o;
-  Fixture f = Start(o);
+  Fixture f = Start();
   const std::vector<int32_t> prompt = {9, 8, 7, 6, 5};
-  const auto truth = ToyEngine::Greedy(o, prompt, 3);
+  const auto truth = f.Greedy(prompt, 3);
   auto s = f.t.client->Open(prompt);
   auto other = f.t.client->Open({1});
   ASSERT_TRUE(s.ok() && other.ok());
@@ -223,12 +201,11 @@ TEST(ServerSessions, WrongExpectedCommittedLenIsAbortedAndAppliesNothing) {
 // ------------------------------------------------ truncate / fork bookkeeping (toy engine)
 
 TEST(ServerSessions, SlotsAreCountedExactlyThroughForkTruncateAndClose) {
-  ToyEngineOptions o;
-  Fixture f = Start(o);
+  Fixture f = Start();
   Server& srv = *f.t.server;
   VerifyClient& c = *f.t.client;
   const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6};
-  const auto truth = ToyEngine::Greedy(o, prompt, 12);
+  const auto truth = f.Greedy(prompt, 12);
   auto a = c.Open(prompt);
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(srv.kv_slots_used(), 6);
@@ -285,8 +262,7 @@ TEST(ServerSessions, SlotsAreCountedExactlyThroughForkTruncateAndClose) {
 // whatever order the call listed them in (the CUDA verify attention reads a shared prefix
 // once for adjacent requests), and every item still gets its own result, in request order.
 TEST(ServerSessions, ForksAreBatchedSideBySide) {
-  ToyEngineOptions o;
-  Fixture f = Start(o);
+  Fixture f = Start();
   VerifyClient& c = *f.t.client;
   const std::vector<int32_t> pa = {1, 2, 3, 4, 5}, pb = {9, 8, 7};
   auto a = c.Open(pa);
@@ -303,7 +279,7 @@ TEST(ServerSessions, ForksAreBatchedSideBySide) {
   const absl::Status st = c.VerifyRaw(req, &resp);
   ASSERT_TRUE(st.ok()) << st;
   ASSERT_EQ(resp.results_size(), 4);
-  const auto ta = ToyEngine::Greedy(o, pa, 2), tb = ToyEngine::Greedy(o, pb, 2);
+  const auto ta = f.Greedy(pa, 2), tb = f.Greedy(pb, 2);
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(resp.results(i).session_id(), ids[i]);
     EXPECT_EQ(resp.results(i).bonus_token(), i == 1 ? tb[1] : ta[1]) << i;
@@ -317,10 +293,9 @@ TEST(ServerSessions, ForksAreBatchedSideBySide) {
 }
 
 TEST(ServerSessions, TruncateAndForkBadInputNameTheField) {
-  ToyEngineOptions o;
   ServerOptions so;
   so.max_sessions = 2;
-  Fixture f = Start(o, so);
+  Fixture f = Start({}, so);
   VerifyClient& c = *f.t.client;
   auto s = c.Open({1, 2, 3});
   ASSERT_TRUE(s.ok());
@@ -350,16 +325,13 @@ TEST(ServerSessions, TruncateAndForkBadInputNameTheField) {
 }
 
 TEST(ServerSessions, TruncateWaitsForTheCallInFlight) {
-  ToyEngineOptions o;
-  Fixture f = Start(o);
+  Fixture f = Start();
   const std::vector<int32_t> prompt = {3, 3, 3};
-  const auto truth = ToyEngine::Greedy(o, prompt, 4);
+  const auto truth = f.Greedy(prompt, 4);
   auto s = f.t.client->Open(prompt);
   ASSERT_TRUE(s.ok());
-  f.toy->Pause();
-  const int64_t entered = f.toy->steps_entered();
-  std::thread t([&] { EXPECT_TRUE(f.t.client->Verify(s->session_id, DraftTree{}).ok()); });
-  ASSERT_TRUE(WaitFor([&] { return f.toy->steps_entered() > entered; }));
+  std::thread t =
+      StartHeldCall(f, [&] { EXPECT_TRUE(f.t.client->Verify(s->session_id, DraftTree{}).ok()); });
   absl::StatusOr<client::OpenResult> tr;
   std::atomic<bool> done{false};
   std::thread u([&] {
@@ -377,10 +349,9 @@ TEST(ServerSessions, TruncateWaitsForTheCallInFlight) {
 }
 
 TEST(ServerSessions, GaugesAreExactRightAfterEachChange) {
-  ToyEngineOptions o;
   ServerOptions so;
   so.housekeeping_period = absl::Hours(1);  // nothing refreshes the gauges behind our back
-  Fixture f = Start(o, so, /*metrics=*/true);
+  Fixture f = Start({}, so, /*metrics=*/true);
   auto gauge = [&](const std::string& series) -> double {
     auto body = testing::HttpGet(f.t.server->metrics_port(), "/metrics");
     if (!body.ok()) return -2;
@@ -414,6 +385,36 @@ TEST(ServerSessions, GaugesAreExactRightAfterEachChange) {
   EXPECT_EQ(gauge("verifyd_active_sessions"), 0);
 }
 
+// A session opened on another thread on a long prompt (n tokens), the toy engine taking 5 ms a
+// step: a chunked prefill that runs while the test makes other calls.
+struct LongOpen {
+  Fixture& f;
+  std::vector<int32_t> prompt;
+  int64_t steps0 = 0;  // the engine's steps before the open
+  std::atomic<bool> opened{false};
+  absl::StatusOr<client::OpenResult> big;
+  std::thread t;
+
+  LongOpen(Fixture& fx, int n) : f(fx), prompt(n) {
+    f.toy->set_step_delay(absl::Milliseconds(5));
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7) % 97);
+    steps0 = f.toy->steps();
+    t = std::thread([this] {
+      big = f.t.client->Open(prompt);
+      opened = true;
+    });
+  }
+  ~LongOpen() {
+    if (t.joinable()) t.join();
+  }
+  // Waits for the open, which must have succeeded with the toy model's pending token.
+  void Finish() {
+    t.join();
+    ASSERT_TRUE(big.ok()) << big.status();
+    EXPECT_EQ(big->next_token, f.Greedy(prompt, 1)[0]);
+  }
+};
+
 TEST(ServerSessions, LongPrefillIsChunkedAndOtherSessionsKeepVerifying) {
   ToyEngineOptions o;
   o.max_context = 4096;
@@ -422,25 +423,14 @@ TEST(ServerSessions, LongPrefillIsChunkedAndOtherSessionsKeepVerifying) {
   Fixture f = Start(o, so);
   auto other = f.t.client->Open({1, 2});
   ASSERT_TRUE(other.ok());
-  f.toy->set_step_delay(absl::Milliseconds(5));
-  std::vector<int32_t> prompt(640);  // 40 chunks
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7) % 97);
-  const int64_t steps0 = f.toy->steps();
-  std::atomic<bool> opened{false};
-  absl::StatusOr<client::OpenResult> big;
-  std::thread t([&] {
-    big = f.t.client->Open(prompt);
-    opened = true;
-  });
+  LongOpen big(f, 640);  // 40 chunks
   int rounds_during = 0;
-  while (!opened.load()) {
+  while (!big.opened.load()) {
     ASSERT_TRUE(f.t.client->Verify(other->session_id, DraftTree{}).ok());
-    if (!opened.load()) ++rounds_during;
+    if (!big.opened.load()) ++rounds_during;
   }
-  t.join();
-  ASSERT_TRUE(big.ok()) << big.status();
-  EXPECT_EQ(big->next_token, ToyEngine::Greedy(o, prompt, 1)[0]);
-  EXPECT_GE(f.toy->steps() - steps0, 40);
+  big.Finish();
+  EXPECT_GE(f.toy->steps() - big.steps0, 40);
   EXPECT_GE(rounds_during, 5) << "verify rounds waited for the whole prefill";
 }
 
@@ -460,27 +450,16 @@ TEST(ServerSessions, FullBatchVerifyDoesNotWaitForLongPrefill) {
     ASSERT_TRUE(s.ok()) << s.status();
     ids.push_back(s->session_id);
   }
-  f.toy->set_step_delay(absl::Milliseconds(5));
-  std::vector<int32_t> prompt(1280);  // 80 chunks: >= 400 ms
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7) % 97);
-  const int64_t steps0 = f.toy->steps();
-  std::atomic<bool> opened{false};
-  absl::StatusOr<client::OpenResult> big;
-  std::thread t([&] {
-    big = f.t.client->Open(prompt);
-    opened = true;
-  });
-  ASSERT_TRUE(WaitFor([&] { return f.toy->steps() - steps0 >= 3; }));  // the prefill runs
+  LongOpen big(f, 1280);                                                   // 80 chunks: >= 400 ms
+  ASSERT_TRUE(WaitFor([&] { return f.toy->steps() - big.steps0 >= 3; }));  // the prefill runs
   int calls_during = 0;
   for (int r = 0; r < 3; ++r) {
     auto v = f.t.client->VerifyMany(ids, std::vector<DraftTree>(kN));
     ASSERT_TRUE(v.ok()) << v.status();
     ASSERT_EQ(v->size(), static_cast<size_t>(kN));
-    if (!opened.load()) ++calls_during;
+    if (!big.opened.load()) ++calls_during;
   }
-  t.join();
-  ASSERT_TRUE(big.ok()) << big.status();
-  EXPECT_EQ(big->next_token, ToyEngine::Greedy(o, prompt, 1)[0]);
+  big.Finish();
   EXPECT_EQ(calls_during, 3) << "a full-batch Verify waited for the whole prefill";
   EXPECT_LE(f.toy->max_batch_seen(), kN);
 }

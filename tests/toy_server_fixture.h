@@ -1,11 +1,20 @@
 // A verifyd server on loopback over the toy engine (server/toy_engine.h), for the
-// server, session and limits tests: the one copy of their start-up fixture; and the toy
-// engine reporting device memory, for GetInfo's memory field.
+// server, session and limits tests: the one copy of their start-up fixture, of holding a call
+// inside the paused engine, of polling for a condition and of checking a status code; and the
+// toy engine reporting device memory, for GetInfo's memory field.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "server/testing/test_server.h"
@@ -17,6 +26,12 @@ struct Fixture {
   testing::TestServer t;
   testing::ToyEngine* toy = nullptr;  // owned by the server
   testing::ToyEngineOptions toy_options;
+
+  // The toy model's greedy continuation of `prompt` (n tokens, the first the pending token
+  // after the prompt).
+  std::vector<int32_t> Greedy(const std::vector<int32_t>& prompt, int n) const {
+    return testing::ToyEngine::Greedy(toy_options, prompt, n);
+  }
 };
 
 // Metrics off unless asked for: stopping the HTTP exposer costs ~2 s.
@@ -30,6 +45,36 @@ inline Fixture Start(testing::ToyEngineOptions toy_options = {}, ServerOptions o
   EXPECT_TRUE(t.ok()) << t.status();
   if (t.ok()) f.t = *std::move(t);
   return f;
+}
+
+// Waits until `pred` holds (polling), up to `timeout`.
+template <typename Pred>
+bool WaitFor(Pred pred, absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    if (pred()) return true;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return pred();
+}
+
+// Pauses the toy engine and runs `call` on a new thread, returning once the engine step
+// `call` starts has entered the engine, where it stays until f.toy->Resume().
+template <typename Call>
+std::thread StartHeldCall(Fixture& f, Call call) {
+  f.toy->Pause();
+  const int64_t entered = f.toy->steps_entered();
+  std::thread t(std::move(call));
+  EXPECT_TRUE(WaitFor([&] { return f.toy->steps_entered() > entered; }))
+      << "the call's step never entered the engine";
+  return t;
+}
+
+// `st` has `code`, and its message contains `substr` when one is given.
+inline void ExpectCode(const absl::Status& st, absl::StatusCode code,
+                       const std::string& substr = "") {
+  EXPECT_EQ(st.code(), code) << st;
+  if (!substr.empty()) EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr(substr)) << st;
 }
 
 // The toy engine reporting the device memory it is given (tp::Engine::memory()), as the CUDA
