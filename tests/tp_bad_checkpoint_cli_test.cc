@@ -1,12 +1,9 @@
 // verifyd --model DIR with a bad checkpoint (a truncated file, a missing tensor) exits non-zero
 // before serving, with a message naming the file and the tensor; a good one logs the files and
 // mapped bytes of the checkpoint it opened.
-#include <unistd.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -17,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/process_util.h"
+#include "tests/temp_dir_util.h"
 #include "tp/presets.h"
 #include "tp/safetensors.h"
 #include "tp/weights.h"
@@ -32,13 +30,7 @@ namespace fs = std::filesystem;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-std::string TempDir(const std::string& tag) {
-  const fs::path p =
-      fs::temp_directory_path() / ("verifyd_cli_" + tag + "_" + std::to_string(getpid()) + "_" +
-                                   std::to_string(std::random_device{}()));
-  fs::create_directories(p);
-  return p.string();
-}
+std::string TempDir(const std::string& tag) { return test_util::MakeTempDir("verifyd_cli_", tag); }
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);

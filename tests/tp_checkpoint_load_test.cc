@@ -4,8 +4,6 @@
 // come in (directory, explicit source, host weights), and bad checkpoints (truncated file,
 // missing tensor, non-finite value) failing CpuEngine::Create with messages naming the file
 // and the tensor.
-#include <unistd.h>
-
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -16,13 +14,13 @@
 #include <memory>
 #include <new>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/heap_counter.h"
+#include "tests/temp_dir_util.h"
 #include "tp/checkpoint_reader.h"
 #include "tp/cpu/cpu_engine.h"
 #include "tp/presets.h"
@@ -39,13 +37,7 @@ using ::testing::HasSubstr;
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-std::string TempDir(const std::string& tag) {
-  const fs::path p =
-      fs::temp_directory_path() / ("verifyd_load_" + tag + "_" + std::to_string(getpid()) + "_" +
-                                   std::to_string(std::random_device{}()));
-  fs::create_directories(p);
-  return p.string();
-}
+std::string TempDir(const std::string& tag) { return test_util::MakeTempDir("verifyd_load_", tag); }
 
 // Heap in use now, and the high-water mark since the last reset.
 struct HeapMark {

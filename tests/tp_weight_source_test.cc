@@ -3,8 +3,6 @@
 // edge blocks, slices equal the full read, sharded directories with an index, the in-memory
 // source equals the checkpoint source on presets, every error names its file and tensor, and
 // reading a rank's slice allocates no whole tensor (heap counted through operator new).
-#include <unistd.h>
-
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -24,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "kernels/common.h"
 #include "tests/heap_counter.h"
+#include "tests/temp_dir_util.h"
 #include "tp/checkpoint_reader.h"
 #include "tp/presets.h"
 #include "tp/safetensors.h"
@@ -53,12 +52,9 @@ class TempDirs : public ::testing::Environment {
 const ::testing::Environment* const kTempDirs = ::testing::AddGlobalTestEnvironment(new TempDirs());
 
 std::string TempDir(const std::string& tag) {
-  const fs::path p =
-      fs::temp_directory_path() / ("verifyd_ws_" + tag + "_" + std::to_string(getpid()) + "_" +
-                                   std::to_string(std::random_device{}()));
-  fs::create_directories(p);
-  TempDirs::List().push_back(p.string());
-  return p.string();
+  std::string dir = test_util::MakeTempDir("verifyd_ws_", tag);
+  TempDirs::List().push_back(dir);
+  return dir;
 }
 
 // ---- Writing safetensors files by hand ----------------------------------------------------

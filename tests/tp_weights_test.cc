@@ -1,8 +1,6 @@
 // Preset weights (deterministic, counter-based, bf16-exact) and checkpoint I/O (safetensors
 // write -> read, sharded directories, F16, errors naming the tensor, preset on disk gives the
 // same logits).
-#include <unistd.h>
-
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "kernels/common.h"
 #include "kernels/weight_init.h"
+#include "tests/temp_dir_util.h"
 #include "tp/cpu/cpu_engine.h"
 #include "tp/presets.h"
 #include "tp/safetensors.h"
@@ -27,13 +26,7 @@ using kernels::WeightTensorKey;
 using kernels::WeightUniform;
 using kernels::WeightValue;
 
-std::string TempDir(const std::string& tag) {
-  const fs::path p =
-      fs::temp_directory_path() / ("verifyd_tp_" + tag + "_" + std::to_string(getpid()) + "_" +
-                                   std::to_string(std::random_device{}()));
-  fs::create_directories(p);
-  return p.string();
-}
+std::string TempDir(const std::string& tag) { return test_util::MakeTempDir("verifyd_tp_", tag); }
 
 TEST(WeightInit, UniformInRangeAndCounterBased) {
   const uint64_t key = WeightTensorKey(5, WeightNameHash("x"));
