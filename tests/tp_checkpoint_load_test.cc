@@ -190,13 +190,18 @@ TEST(CheckpointLoad, Tp4LoadHeapStaysWithinTheShards) {
   fs::remove_all(fs::path(dir).parent_path());
 }
 
+// The tiny preset (seed 5) written to `dir` in shards of at most 200 kB, opened as a source.
+absl::StatusOr<std::unique_ptr<CheckpointWeightSource>> WriteAndOpenTiny(const std::string& dir) {
+  const absl::Status written = WritePresetToDirectory("tiny", 5, dir, /*max_shard_bytes=*/200000);
+  if (!written.ok()) return written;
+  return CheckpointWeightSource::Open(dir);
+}
+
 // The same logits (bit for bit) whether the weights come from the directory, from one source
 // shared by several engines, or from host weights loaded whole; at TP 1 and 2.
 TEST(CheckpointLoad, DirectorySourceAndHostWeightsGiveIdenticalLogits) {
   const std::string dir = TempDir("same") + "/tiny-ckpt";
-  ASSERT_TRUE(WritePresetToDirectory("tiny", 5, dir, /*max_shard_bytes=*/200000).ok());
-  absl::StatusOr<std::unique_ptr<CheckpointWeightSource>> opened =
-      CheckpointWeightSource::Open(dir);
+  absl::StatusOr<std::unique_ptr<CheckpointWeightSource>> opened = WriteAndOpenTiny(dir);
   ASSERT_TRUE(opened.ok()) << opened.status();
   std::shared_ptr<const WeightSource> source = *std::move(opened);
   absl::StatusOr<ModelWeights> whole = LoadModelFromDirectory(dir);
@@ -227,9 +232,7 @@ TEST(CheckpointLoad, DirectorySourceAndHostWeightsGiveIdenticalLogits) {
 // shard done, in order, with the bytes of the model's tensors, ending at all of them.
 TEST(CheckpointLoad, ProgressReportsEveryShardAndEveryModelByte) {
   const std::string dir = TempDir("progress") + "/tiny-ckpt";
-  ASSERT_TRUE(WritePresetToDirectory("tiny", 5, dir, /*max_shard_bytes=*/200000).ok());
-  absl::StatusOr<std::unique_ptr<CheckpointWeightSource>> opened =
-      CheckpointWeightSource::Open(dir);
+  absl::StatusOr<std::unique_ptr<CheckpointWeightSource>> opened = WriteAndOpenTiny(dir);
   ASSERT_TRUE(opened.ok()) << opened.status();
   std::vector<LoadProgress> reports;
   (*opened)->SetProgressCallback([&](const LoadProgress& p) { reports.push_back(p); });
