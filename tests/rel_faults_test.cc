@@ -54,6 +54,23 @@ bool WaitServing(VerifyClient& c, absl::Duration timeout) {
 
 std::string Log(const std::string& path) { return rel::ReadFile(path).value_or("(no log)"); }
 
+// The real verifyd binary on the tiny CPU model with 4,096 KV slots, listening on a free
+// loopback port, logging to verifyd.log in a temporary directory; `flags` add the rest.
+struct Verifyd {
+  rel::TempDir dir;
+  const int port = rel::FreePort();
+  const std::string target = absl::StrCat("127.0.0.1:", port);
+  const std::string log = dir.File("verifyd.log");
+  pid_t pid = -1;
+
+  explicit Verifyd(const std::vector<std::string>& flags) {
+    std::vector<std::string> args = {VERIFYD_BINARY, "--backend=cpu", "--model=tiny",
+                                     "--kv_slots=4096", "--listen=" + target};
+    args.insert(args.end(), flags.begin(), flags.end());
+    pid = rel::Spawn(args, log);
+  }
+};
+
 TEST(RelFaults, RankFailureMakesHealthNotServingAndInFlightCallsUnavailable) {
   tp::FaultInjector faults;
   tp::EngineOptions eo;
@@ -119,16 +136,9 @@ TEST(RelFaults, RankFailureMakesHealthNotServingAndInFlightCallsUnavailable) {
 // arrive during it): verifyd answers UNAVAILABLE for a second, then exits without gRPC's
 // shutdown (the closed connections are UNAVAILABLE to the clients).
 TEST(RelFaults, CallsAfterAFailureAreUnavailableUntilVerifydExits) {
-  rel::TempDir dir;
-  const int port = rel::FreePort();
-  const std::string log = dir.File("verifyd.log");
-  const pid_t pid = rel::Spawn(
-      {VERIFYD_BINARY, "--backend=cpu", "--model=tiny", "--tp=2", "--kv_slots=4096",
-       absl::StrCat("--listen=127.0.0.1:", port), "--metrics_listen=", "--testing_fault=fail:1@40"},
-      log);
-  const std::string target = absl::StrCat("127.0.0.1:", port);
-  VerifyClient c(target, absl::Seconds(30));
-  ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << Log(log);
+  const Verifyd v({"--tp=2", "--metrics_listen=", "--testing_fault=fail:1@40"});
+  VerifyClient c(v.target, absl::Seconds(30));
+  ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << Log(v.log);
   auto s = c.Open({1, 2, 3});
   ASSERT_TRUE(s.ok()) << s.status();
   // Clients start new calls back to back, each on its own channel, until verifyd is gone.
@@ -140,7 +150,7 @@ TEST(RelFaults, CallsAfterAFailureAreUnavailableUntilVerifydExits) {
   std::vector<std::thread> clients;
   for (int i = 0; i < kClients; ++i) {
     clients.emplace_back([&, i] {
-      VerifyClient own(target, absl::Seconds(10));
+      VerifyClient own(v.target, absl::Seconds(10));
       while (!stop) {
         const absl::Status st =
             i % 2 == 0 ? own.GetInfo().status() : own.Verify(s->session_id, DraftTree{}).status();
@@ -151,11 +161,11 @@ TEST(RelFaults, CallsAfterAFailureAreUnavailableUntilVerifydExits) {
       }
     });
   }
-  const int code = rel::WaitExit(pid, absl::Seconds(60));
+  const int code = rel::WaitExit(v.pid, absl::Seconds(60));
   absl::SleepFor(absl::Milliseconds(300));  // calls against the closed port
   stop = true;
   for (auto& t : clients) t.join();
-  EXPECT_EQ(code, 1) << Log(log);
+  EXPECT_EQ(code, 1) << Log(v.log);
   std::string seen;
   int total = 0;
   for (const auto& [k, n] : codes) {
@@ -165,20 +175,14 @@ TEST(RelFaults, CallsAfterAFailureAreUnavailableUntilVerifydExits) {
   EXPECT_GT(codes[absl::StatusCode::kUnavailable], 0) << seen;
   // GetInfo calls already past the gate when the engine failed may still answer OK.
   EXPECT_EQ(codes[absl::StatusCode::kUnavailable] + codes[absl::StatusCode::kOk], total) << seen;
-  EXPECT_THAT(Log(log), ::testing::HasSubstr("answering UNAVAILABLE for 1000 ms, then exit"));
+  EXPECT_THAT(Log(v.log), ::testing::HasSubstr("answering UNAVAILABLE for 1000 ms, then exit"));
 }
 
 TEST(RelFaults, VerifydExitsNonZeroWhenARankFails) {
-  rel::TempDir dir;
-  const int port = rel::FreePort();
-  const std::string log = dir.File("verifyd.log");
   // Step 0 is the prefill below; rank 1 fails at step 4 (the fourth Verify).
-  const pid_t pid = rel::Spawn(
-      {VERIFYD_BINARY, "--backend=cpu", "--model=tiny", "--tp=2", "--kv_slots=4096",
-       absl::StrCat("--listen=127.0.0.1:", port), "--metrics_listen=", "--testing_fault=fail:1@4"},
-      log);
-  VerifyClient c(absl::StrCat("127.0.0.1:", port), absl::Seconds(30));
-  ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << Log(log);
+  const Verifyd v({"--tp=2", "--metrics_listen=", "--testing_fault=fail:1@4"});
+  VerifyClient c(v.target, absl::Seconds(30));
+  ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << Log(v.log);
   auto s = c.Open({1, 2, 3});
   ASSERT_TRUE(s.ok()) << s.status();
   int ok_rounds = 0;
@@ -190,25 +194,17 @@ TEST(RelFaults, VerifydExitsNonZeroWhenARankFails) {
   }
   EXPECT_EQ(ok_rounds, 3);
   EXPECT_EQ(last.code(), absl::StatusCode::kUnavailable) << last;
-  const int code = rel::WaitExit(pid, absl::Seconds(60));
-  EXPECT_NE(code, 0) << Log(log);
-  EXPECT_NE(code, -1) << "verifyd did not exit by itself\n" << Log(log);
-  EXPECT_THAT(Log(log), ::testing::HasSubstr("engine failed"));
+  const int code = rel::WaitExit(v.pid, absl::Seconds(60));
+  EXPECT_NE(code, 0) << Log(v.log);
+  EXPECT_NE(code, -1) << "verifyd did not exit by itself\n" << Log(v.log);
+  EXPECT_THAT(Log(v.log), ::testing::HasSubstr("engine failed"));
 }
 
 TEST(RelFaults, SigtermWithCallsInFlightDrainsThemAndExitsZero) {
-  rel::TempDir dir;
-  const int port = rel::FreePort();
-  const std::string log = dir.File("verifyd.log");
   // Every engine step takes >= 200 ms, so calls are in flight when the signal comes.
-  const pid_t pid =
-      rel::Spawn({VERIFYD_BINARY, "--backend=cpu", "--model=tiny", "--kv_slots=4096",
-                  absl::StrCat("--listen=127.0.0.1:", port),
-                  "--metrics_listen=", "--testing_fault=slow:200", "--drain_timeout_s=30"},
-                 log);
-  const std::string target = absl::StrCat("127.0.0.1:", port);
-  VerifyClient c(target, absl::Seconds(30));
-  ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << Log(log);
+  const Verifyd v({"--metrics_listen=", "--testing_fault=slow:200", "--drain_timeout_s=30"});
+  VerifyClient c(v.target, absl::Seconds(30));
+  ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << Log(v.log);
   constexpr int kClients = 4;
   std::vector<std::string> ids;
   for (int i = 0; i < kClients; ++i) {
@@ -229,7 +225,7 @@ TEST(RelFaults, SigtermWithCallsInFlightDrainsThemAndExitsZero) {
   std::vector<std::thread> clients;
   for (int i = 0; i < kClients; ++i) {
     clients.emplace_back([&, i] {
-      VerifyClient own(target, absl::Seconds(30));
+      VerifyClient own(v.target, absl::Seconds(30));
       for (;;) {
         const absl::Time start = absl::Now();
         call_start_ns[i] = absl::ToUnixNanos(start);
@@ -262,32 +258,25 @@ TEST(RelFaults, SigtermWithCallsInFlightDrainsThemAndExitsZero) {
   {
     std::lock_guard<std::mutex> lock(mu);
     sigterm_at = absl::Now();
-    ASSERT_EQ(::kill(pid, SIGTERM), 0);
+    ASSERT_EQ(::kill(v.pid, SIGTERM), 0);
   }
-  const int code = rel::WaitExit(pid, absl::Seconds(60));
+  const int code = rel::WaitExit(v.pid, absl::Seconds(60));
   for (auto& t : clients) t.join();
-  EXPECT_EQ(code, 0) << Log(log);
+  EXPECT_EQ(code, 0) << Log(v.log);
   EXPECT_GE(in_flight_ok, 1) << "no call was in flight at SIGTERM";
-  EXPECT_EQ(in_flight_failed, 0) << Log(log);
+  EXPECT_EQ(in_flight_failed, 0) << Log(v.log);
 }
 
 TEST(RelFaults, ClientKilledMidCallLeavesNothingAfterTheTtl) {
-  rel::TempDir dir;
-  const int port = rel::FreePort();
   const int metrics_port = rel::FreePort();
-  const std::string log = dir.File("verifyd.log");
-  const pid_t pid = rel::Spawn({VERIFYD_BINARY, "--backend=cpu", "--model=tiny", "--kv_slots=4096",
-                                absl::StrCat("--listen=127.0.0.1:", port),
-                                absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port),
-                                "--session_ttl_s=1", "--testing_fault=slow:50"},
-                               log);
-  const std::string target = absl::StrCat("127.0.0.1:", port);
-  VerifyClient c(target, absl::Seconds(30));
-  ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << Log(log);
+  const Verifyd v({absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port), "--session_ttl_s=1",
+                   "--testing_fault=slow:50"});
+  VerifyClient c(v.target, absl::Seconds(30));
+  ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << Log(v.log);
   // A load generator with 4 sessions and far more rounds than it will get to run.
-  const pid_t load = rel::Spawn({VERIFYCTL_BINARY, "load", absl::StrCat("--target=", target),
+  const pid_t load = rel::Spawn({VERIFYCTL_BINARY, "load", absl::StrCat("--target=", v.target),
                                  "--sessions=4", "--rounds=100000", "--quiet"},
-                                dir.File("verifyctl.log"));
+                                v.dir.File("verifyctl.log"));
   auto page = [&] { return testing::HttpGet(metrics_port, "/metrics").value_or(""); };
   ASSERT_TRUE(WaitFor(
       [&] {
@@ -311,8 +300,8 @@ TEST(RelFaults, ClientKilledMidCallLeavesNothingAfterTheTtl) {
   auto s = c.Open({1, 2});
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_TRUE(c.Verify(s->session_id, DraftTree{}).ok());
-  ASSERT_EQ(::kill(pid, SIGTERM), 0);
-  EXPECT_EQ(rel::WaitExit(pid, absl::Seconds(30)), 0) << Log(log);
+  ASSERT_EQ(::kill(v.pid, SIGTERM), 0);
+  EXPECT_EQ(rel::WaitExit(v.pid, absl::Seconds(30)), 0) << Log(v.log);
 }
 
 }  // namespace
