@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "kernels/status.h"
 #include "tp/communicator.h"
 
 namespace verifyd::tp {
@@ -23,23 +24,28 @@ std::vector<absl::Status> RunRanks(std::vector<std::unique_ptr<Communicator>>& c
   return st;
 }
 
+// Runs fn(rank, comm) on one thread per rank of a new group of `world` (10 s timeout); every
+// rank must return OK.
+template <typename Fn>
+void ExpectEveryRankOk(int world, Fn fn) {
+  auto comms = CreateInProcessGroup(world, 10000);
+  ASSERT_EQ(comms.size(), static_cast<size_t>(world));
+  for (const absl::Status& s : RunRanks(comms, fn)) EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST(InProcessCommunicator, AllReduceSumIsExactAndIdentical) {
   for (int world : {1, 2, 3, 4, 8}) {
-    auto comms = CreateInProcessGroup(world, 10000);
-    ASSERT_EQ(comms.size(), static_cast<size_t>(world));
     const size_t count = 1000;
     std::vector<std::vector<float>> bufs(world);
-    auto st = RunRanks(comms, [&](int r, Communicator* c) -> absl::Status {
+    ExpectEveryRankOk(world, [&](int r, Communicator* c) -> absl::Status {
       EXPECT_EQ(c->rank(), r);
       EXPECT_EQ(c->world_size(), world);
       std::vector<float>& b = bufs[r];
       for (int iter = 0; iter < 5; ++iter) {  // several collectives back to back
         b.resize(count);
         for (size_t i = 0; i < count; ++i) b[i] = static_cast<float>((r + 1) * (i % 7) + iter);
-        if (absl::Status s = c->AllReduceSum(b.data(), count, kernels::DType::kFloat32, nullptr);
-            !s.ok()) {
-          return s;
-        }
+        VERIFYD_RETURN_IF_ERROR(
+            c->AllReduceSum(b.data(), count, kernels::DType::kFloat32, nullptr));
         // sum_r ((r+1) * (i%7) + iter) = (i%7) * w(w+1)/2 + w * iter
         for (size_t i = 0; i < count; ++i) {
           const float want = static_cast<float>((i % 7) * world * (world + 1) / 2 + world * iter);
@@ -48,38 +54,31 @@ TEST(InProcessCommunicator, AllReduceSumIsExactAndIdentical) {
       }
       return absl::OkStatus();
     });
-    for (const auto& s : st) EXPECT_TRUE(s.ok()) << s;
   }
 }
 
 TEST(InProcessCommunicator, AllReduceSumBf16) {
-  const int world = 4;
-  auto comms = CreateInProcessGroup(world, 10000);
-  auto st = RunRanks(comms, [&](int r, Communicator* c) -> absl::Status {
+  ExpectEveryRankOk(4, [&](int r, Communicator* c) -> absl::Status {
     std::vector<kernels::bf16_bits> b(64);
     for (size_t i = 0; i < b.size(); ++i)
       b[i] = kernels::FloatToBf16(static_cast<float>(r * 2 + i));
-    if (absl::Status s = c->AllReduceSum(b.data(), b.size(), kernels::DType::kBFloat16, nullptr);
-        !s.ok()) {
-      return s;
-    }
+    VERIFYD_RETURN_IF_ERROR(
+        c->AllReduceSum(b.data(), b.size(), kernels::DType::kBFloat16, nullptr));
     for (size_t i = 0; i < b.size(); ++i) {
       const float want = kernels::RoundToBf16(static_cast<float>(2 * 6 + 4 * i));
       if (kernels::Bf16ToFloat(b[i]) != want) return absl::InternalError("wrong bf16 sum");
     }
     return absl::OkStatus();
   });
-  for (const auto& s : st) EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(InProcessCommunicator, AllGatherPlacesEachRank) {
   const int world = 4;
   const size_t bytes = 37;
-  auto comms = CreateInProcessGroup(world, 10000);
-  auto st = RunRanks(comms, [&](int r, Communicator* c) -> absl::Status {
+  ExpectEveryRankOk(world, [&](int r, Communicator* c) -> absl::Status {
     std::vector<unsigned char> send(bytes), recv(bytes * world, 0xee);
     for (size_t i = 0; i < bytes; ++i) send[i] = static_cast<unsigned char>(r * 50 + i);
-    if (absl::Status s = c->AllGather(send.data(), recv.data(), bytes, nullptr); !s.ok()) return s;
+    VERIFYD_RETURN_IF_ERROR(c->AllGather(send.data(), recv.data(), bytes, nullptr));
     for (int k = 0; k < world; ++k) {
       for (size_t i = 0; i < bytes; ++i) {
         if (recv[k * bytes + i] != static_cast<unsigned char>(k * 50 + i)) {
@@ -89,17 +88,14 @@ TEST(InProcessCommunicator, AllGatherPlacesEachRank) {
     }
     return absl::OkStatus();
   });
-  for (const auto& s : st) EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(InProcessCommunicator, AllGatherInPlace) {
   const int world = 3;
-  auto comms = CreateInProcessGroup(world, 10000);
-  auto st = RunRanks(comms, [&](int r, Communicator* c) -> absl::Status {
+  ExpectEveryRankOk(world, [&](int r, Communicator* c) -> absl::Status {
     std::vector<int32_t> buf(4 * world, -1);
     for (int i = 0; i < 4; ++i) buf[r * 4 + i] = r * 100 + i;  // own part in place
-    if (absl::Status s = c->AllGather(buf.data() + r * 4, buf.data(), 16, nullptr); !s.ok())
-      return s;
+    VERIFYD_RETURN_IF_ERROR(c->AllGather(buf.data() + r * 4, buf.data(), 16, nullptr));
     for (int k = 0; k < world; ++k) {
       for (int i = 0; i < 4; ++i) {
         if (buf[k * 4 + i] != k * 100 + i) return absl::InternalError("wrong in-place gather");
@@ -107,7 +103,6 @@ TEST(InProcessCommunicator, AllGatherInPlace) {
     }
     return absl::OkStatus();
   });
-  for (const auto& s : st) EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(InProcessCommunicator, AbortReleasesWaitingRanks) {
