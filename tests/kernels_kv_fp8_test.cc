@@ -26,6 +26,22 @@ uint8_t NearestE4m3(float x) {
   return static_cast<uint8_t>(best | (std::signbit(x) ? 0x80 : 0));
 }
 
+constexpr int kRope = 64;  // k_pe values of a latent row
+
+// A latent row: kv_lora c_kv values, then kRope k_pe values, normal with deviation `sd`.
+std::vector<float> RandomRow(int kv_lora, float sd, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> row(kv_lora + kRope);
+  for (auto& v : row) v = nd(rng) * sd;
+  return row;
+}
+
+// `row` through the FP8 format and back.
+std::vector<float> RoundTripped(std::vector<float> row, int kv_lora) {
+  KvFp8RoundTrip(row.data(), kv_lora, kRope, kKvFp8Group);
+  return row;
+}
+
 TEST(KvFp8, EveryFiniteCodeRoundTrips) {
   for (int c = 0; c < 256; ++c) {
     if ((c & 0x7f) == 0x7f) continue;  // NaN codes
@@ -69,14 +85,10 @@ TEST(KvFp8, RowRoundTripWithinTheFormatsError) {
   EXPECT_EQ(KvFp8RowBytes(512, 64, kKvFp8Group), 656);
   EXPECT_EQ(KvFp8RowBytes(32, 16, kKvFp8Group), 32 + 4 + 32);  // one partial group
   std::mt19937 rng(11);
-  std::normal_distribution<float> nd(0.f, 1.f);
   for (const int kv_lora : {512, 32, 200}) {
-    const int rope = 64;
-    std::vector<float> row(kv_lora + rope);
-    for (auto& v : row) v = nd(rng) * 2.f;
+    std::vector<float> row = RandomRow(kv_lora, 2.f, rng);
     row[3] = 0.f;
-    std::vector<float> rt = row;
-    KvFp8RoundTrip(rt.data(), kv_lora, rope, kKvFp8Group);
+    const std::vector<float> rt = RoundTripped(row, kv_lora);
     for (int g0 = 0; g0 < kv_lora; g0 += kKvFp8Group) {
       const int g1 = std::min(g0 + kKvFp8Group, kv_lora);
       float amax = 0.f;
@@ -94,7 +106,7 @@ TEST(KvFp8, RowRoundTripWithinTheFormatsError) {
       }
     }
     EXPECT_EQ(rt[3], 0.f);
-    for (int j = kv_lora; j < kv_lora + rope; ++j) {
+    for (int j = kv_lora; j < kv_lora + kRope; ++j) {
       EXPECT_EQ(rt[j], RoundToBf16(row[j]));
       EXPECT_LE(std::fabs(rt[j] - row[j]), std::fabs(row[j]) * std::ldexp(1.f, -8));
     }
@@ -109,17 +121,13 @@ TEST(KvFp8, RowRoundTripWithinTheFormatsError) {
 // the round trip, the GPU kernels with the bytes), at the documented offsets.
 TEST(KvFp8, EncodedBytesDecodeToTheRoundTrip) {
   std::mt19937 rng(13);
-  std::normal_distribution<float> nd(0.f, 1.f);
   for (const int kv_lora : {512, 64, 200}) {
-    const int rope = 64;
-    std::vector<float> row(kv_lora + rope);
-    for (auto& v : row) v = nd(rng) * 3.f;
-    std::vector<uint8_t> bytes(KvFp8RowBytes(kv_lora, rope, kKvFp8Group), 0xAB);
-    KvFp8EncodeRow(row.data(), kv_lora, rope, kKvFp8Group, bytes.data());
+    const std::vector<float> row = RandomRow(kv_lora, 3.f, rng);
+    std::vector<uint8_t> bytes(KvFp8RowBytes(kv_lora, kRope, kKvFp8Group), 0xAB);
+    KvFp8EncodeRow(row.data(), kv_lora, kRope, kKvFp8Group, bytes.data());
     std::vector<float> decoded(row.size(), NAN);
-    KvFp8DecodeRow(bytes.data(), kv_lora, rope, kKvFp8Group, decoded.data());
-    std::vector<float> rt = row;
-    KvFp8RoundTrip(rt.data(), kv_lora, rope, kKvFp8Group);
+    KvFp8DecodeRow(bytes.data(), kv_lora, kRope, kKvFp8Group, decoded.data());
+    const std::vector<float> rt = RoundTripped(row, kv_lora);
     for (size_t j = 0; j < row.size(); ++j) EXPECT_EQ(decoded[j], rt[j]) << kv_lora << " " << j;
     // The first scale sits right after the codes; the rope part after the last scale.
     float s0 = 0.f;
