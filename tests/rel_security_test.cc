@@ -83,6 +83,20 @@ class SecurityTest : public ::testing::Test {
                                "bob   0123456789abcdef-bob\n")
                     .ok());
   }
+  // TLS with the test PKI's server certificate.
+  SecurityOptions Tls() const {
+    SecurityOptions o;
+    o.tls_cert_file = pki_.server_cert;
+    o.tls_key_file = pki_.server_key;
+    return o;
+  }
+  // Tls(), and a client certificate signed by the test CA required (mutual TLS).
+  SecurityOptions Mtls() const {
+    SecurityOptions o = Tls();
+    o.tls_client_ca_file = pki_.ca_cert;
+    return o;
+  }
+
   rel::TempDir dir_;
   rel::TestPki pki_;
   std::string token_file_;
@@ -164,9 +178,7 @@ TEST(TokenAuthenticatorTest, RejectsBadFilesWithoutEchoingTokens) {
 }
 
 TEST_F(SecurityTest, TlsServesTlsClientsAndRejectsPlaintextAndUntrusted) {
-  SecurityOptions o;
-  o.tls_cert_file = pki_.server_cert;
-  o.tls_key_file = pki_.server_key;
+  SecurityOptions o = Tls();
   auto s = StartEcho(o);
   ASSERT_TRUE(s);
   EXPECT_EQ(s->sec.Describe(), "tls");
@@ -182,10 +194,7 @@ TEST_F(SecurityTest, TlsServesTlsClientsAndRejectsPlaintextAndUntrusted) {
 }
 
 TEST_F(SecurityTest, MutualTlsRequiresATrustedClientCertAndNamesTheClient) {
-  SecurityOptions o;
-  o.tls_cert_file = pki_.server_cert;
-  o.tls_key_file = pki_.server_key;
-  o.tls_client_ca_file = pki_.ca_cert;
+  SecurityOptions o = Mtls();
   auto s = StartEcho(o);
   ASSERT_TRUE(s);
   EXPECT_EQ(s->sec.Describe(), "mtls");
@@ -208,9 +217,7 @@ TEST_F(SecurityTest, MutualTlsRequiresATrustedClientCertAndNamesTheClient) {
 }
 
 TEST_F(SecurityTest, BearerTokenOverTlsIsRequiredAndNamesTheClient) {
-  SecurityOptions o;
-  o.tls_cert_file = pki_.server_cert;
-  o.tls_key_file = pki_.server_key;
+  SecurityOptions o = Tls();
   o.auth_token_file = token_file_;
   auto s = StartEcho(o);
   ASSERT_TRUE(s);
@@ -311,10 +318,7 @@ void ExpectSessionsBound(client::VerifyClient& alice, client::VerifyClient& bob)
 }
 
 TEST_F(SecurityTest, ServerBindsSessionsToTheMtlsClient) {
-  SecurityOptions o;
-  o.tls_cert_file = pki_.server_cert;
-  o.tls_key_file = pki_.server_key;
-  o.tls_client_ca_file = pki_.ca_cert;
+  SecurityOptions o = Mtls();
   auto server = StartServer(o);
   ASSERT_TRUE(server);
   const std::string target = absl::StrCat("127.0.0.1:", server->port());
@@ -326,9 +330,7 @@ TEST_F(SecurityTest, ServerBindsSessionsToTheMtlsClient) {
 }
 
 TEST_F(SecurityTest, ServerBindsSessionsToTheTokenAndHealthPortNeedsNoAuth) {
-  SecurityOptions o;
-  o.tls_cert_file = pki_.server_cert;
-  o.tls_key_file = pki_.server_key;
+  SecurityOptions o = Tls();
   o.auth_token_file = token_file_;
   auto server = StartServer(o, "127.0.0.1:0");
   ASSERT_TRUE(server);
@@ -396,10 +398,7 @@ TEST_F(SecurityTest, VerifydServesMutualTlsAndPlaintextHealth) {
 }
 
 TEST_F(SecurityTest, VerifyctlSpeaksMutualTlsAndTokens) {
-  SecurityOptions o;
-  o.tls_cert_file = pki_.server_cert;
-  o.tls_key_file = pki_.server_key;
-  o.tls_client_ca_file = pki_.ca_cert;
+  SecurityOptions o = Mtls();
   o.auth_token_file = token_file_;
   auto server = StartServer(o);
   ASSERT_TRUE(server);
