@@ -40,6 +40,10 @@ class FakeSystemd {
     unsetenv("WATCHDOG_USEC");
     unsetenv("WATCHDOG_PID");
   }
+  // With the watchdog enabled for this process: WatchdogSec = `watchdog_usec` microseconds.
+  explicit FakeSystemd(int64_t watchdog_usec) : FakeSystemd() {
+    EnableWatchdog(watchdog_usec, getpid());
+  }
   ~FakeSystemd() {
     close(fd_);
     unlink(path_.c_str());
@@ -160,8 +164,7 @@ TEST(SystemdNotifier, WatchdogIgnoresOtherPid) {
 }
 
 TEST(SystemdNotifier, WatchdogPingsWhileEngineProgresses) {
-  FakeSystemd sd;
-  sd.EnableWatchdog(300000, getpid());  // WatchdogSec=300ms
+  FakeSystemd sd(300000);  // WatchdogSec=300ms
   SystemdNotifier n;
   ASSERT_EQ(n.watchdog_timeout(), absl::Milliseconds(300));
   std::atomic<uint64_t> steps{0};
@@ -189,8 +192,7 @@ TEST(SystemdNotifier, WatchdogPingsWhileEngineProgresses) {
 }
 
 TEST(SystemdNotifier, IdleEngineKeepsPinging) {
-  FakeSystemd sd;
-  sd.EnableWatchdog(300000, getpid());
+  FakeSystemd sd(300000);
   SystemdNotifier n;
   SystemdNotifier::WatchdogOptions opt;
   opt.stall_after = absl::Milliseconds(100);
@@ -203,8 +205,7 @@ TEST(SystemdNotifier, IdleEngineKeepsPinging) {
 }
 
 TEST(SystemdNotifier, PingsStopWhileEngineStallsAndResumeAfter) {
-  FakeSystemd sd;
-  sd.EnableWatchdog(1000000, getpid());
+  FakeSystemd sd(1000000);
   SystemdNotifier n;
   SystemdNotifier::WatchdogOptions opt;
   opt.stall_after = absl::Milliseconds(150);
@@ -245,8 +246,7 @@ TEST(SystemdNotifier, PingsStopWhileEngineStallsAndResumeAfter) {
 }
 
 TEST(SystemdNotifier, HealthCheckFormPingsOnlyWhileHealthy) {
-  FakeSystemd sd;
-  sd.EnableWatchdog(300000, getpid());
+  FakeSystemd sd(300000);
   SystemdNotifier n;
   EXPECT_EQ(n.StartWatchdogOnHealth(nullptr).code(), absl::StatusCode::kInvalidArgument);
   std::atomic<bool> healthy{true};
@@ -312,8 +312,7 @@ TEST(SystemdNotifier, StallCallbackRunsWithoutSystemd) {
 // bound), never WATCHDOG=1, so it cannot keep systemd's watchdog fed while another notifier's
 // check says the engine is stuck.
 TEST(SystemdNotifier, MonitorWithoutPingsUnderSystemd) {
-  FakeSystemd sd;
-  sd.EnableWatchdog(300000, getpid());
+  FakeSystemd sd(300000);
   SystemdNotifier n;
   std::atomic<bool> healthy{true};
   std::atomic<int> stalls{0};
