@@ -15,10 +15,8 @@ target_link_libraries(verifyd_rel_testutil PUBLIC gRPC::grpc++ absl::status absl
 
 verifyd_add_test(rel_security_test LABEL cpu TIMEOUT 120
   SOURCES rel_security_test.cc
-  LIBS verifyd_server_lib verifyd_rel_testutil verifyd_client verifyd_proto)
-target_compile_definitions(rel_security_test PRIVATE VERIFYD_BINARY="$<TARGET_FILE:verifyd>"
-  VERIFYCTL_BINARY="$<TARGET_FILE:verifyctl>")
-add_dependencies(rel_security_test verifyd verifyctl)
+  LIBS verifyd_server_lib verifyd_rel_testutil verifyd_client verifyd_proto
+  BINARIES verifyd verifyctl)
 
 # --- Fuzzing ------------------------------------------------------------------------------
 set(VERIFYD_FUZZ_SECONDS 30 CACHE STRING "Seconds each libFuzzer harness runs in rel_fuzz_*")
@@ -97,11 +95,8 @@ verifyd_rel_fuzz(kernels_params
 verifyd_add_test(rel_limits_test LABEL cpu TIMEOUT 120
   SOURCES rel_limits_test.cc LIBS verifyd_server_testing)
 verifyd_add_test(rel_faults_test LABEL cpu TIMEOUT 300
-  SOURCES rel_faults_test.cc LIBS verifyd_server_testing verifyd_rel_testutil verifyd_tp)
-target_compile_definitions(rel_faults_test PRIVATE
-  VERIFYD_BINARY="$<TARGET_FILE:verifyd>" VERIFYCTL_BINARY="$<TARGET_FILE:verifyctl>")
-add_dependencies(rel_faults_test verifyd verifyctl)
+  SOURCES rel_faults_test.cc LIBS verifyd_server_testing verifyd_rel_testutil verifyd_tp
+  BINARIES verifyd verifyctl)
 verifyd_add_test(rel_soak_test LABEL cpu TIMEOUT 300
-  SOURCES rel_soak_test.cc LIBS verifyd_server_testing verifyd_rel_testutil verifyd_tp)
-target_compile_definitions(rel_soak_test PRIVATE VERIFYD_BINARY="$<TARGET_FILE:verifyd>")
-add_dependencies(rel_soak_test verifyd)
+  SOURCES rel_soak_test.cc LIBS verifyd_server_testing verifyd_rel_testutil verifyd_tp
+  BINARIES verifyd)

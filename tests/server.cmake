@@ -15,26 +15,21 @@ verifyd_add_test(server_sampling_test LABEL cpu
 verifyd_add_test(server_lossless_test LABEL cpu
   SOURCES server_lossless_test.cc LIBS verifyd_server_testing verifyd_tp)
 verifyd_add_test(server_main_test LABEL cpu
-  SOURCES server_main_test.cc LIBS verifyd_server_testing verifyd_test_process)
-target_compile_definitions(server_main_test PRIVATE
-  VERIFYD_BINARY="$<TARGET_FILE:verifyd>" VERIFYCTL_BINARY="$<TARGET_FILE:verifyctl>"
-  VERIFYD_SOURCE_ROOT="${CMAKE_SOURCE_DIR}")
-add_dependencies(server_main_test verifyd verifyctl)
+  SOURCES server_main_test.cc LIBS verifyd_server_testing verifyd_test_process
+  BINARIES verifyd verifyctl)
+target_compile_definitions(server_main_test PRIVATE VERIFYD_SOURCE_ROOT="${CMAKE_SOURCE_DIR}")
 if(TARGET PkgConfig::SYSTEMD)
   target_compile_definitions(server_main_test PRIVATE VERIFYD_WITH_SYSTEMD=1)
 endif()
 # verifyd --print_memory_plan through the binary (the per-GPU plan, nothing loaded).
 verifyd_add_test(server_memory_plan_test LABEL cpu
-  SOURCES server_memory_plan_test.cc LIBS verifyd_tp verifyd_test_process absl::time)
-target_compile_definitions(server_memory_plan_test PRIVATE VERIFYD_BINARY="$<TARGET_FILE:verifyd>")
-add_dependencies(server_memory_plan_test verifyd)
+  SOURCES server_memory_plan_test.cc LIBS verifyd_tp verifyd_test_process absl::time
+  BINARIES verifyd)
 verifyd_add_test(client_demo_test LABEL cpu
   SOURCES client_demo_test.cc LIBS verifyd_server_testing)
 verifyd_add_test(server_metrics_test LABEL cpu
   SOURCES server_metrics_test.cc LIBS verifyd_server_lib)
 verifyd_add_test(client_verifyctl_test LABEL cpu
-  SOURCES client_verifyctl_test.cc LIBS verifyd_server_testing verifyd_test_process)
-target_compile_definitions(client_verifyctl_test PRIVATE
-  VERIFYD_BINARY="$<TARGET_FILE:verifyd>" VERIFYCTL_BINARY="$<TARGET_FILE:verifyctl>"
-  VERIFYD_SOURCE_ROOT="${CMAKE_SOURCE_DIR}")
-add_dependencies(client_verifyctl_test verifyd verifyctl)
+  SOURCES client_verifyctl_test.cc LIBS verifyd_server_testing verifyd_test_process
+  BINARIES verifyd verifyctl)
+target_compile_definitions(client_verifyctl_test PRIVATE VERIFYD_SOURCE_ROOT="${CMAKE_SOURCE_DIR}")

@@ -21,10 +21,8 @@ verifyd_add_test(tp_checkpoint_load_test LABEL cpu
 if(TARGET verifyd)
   verifyd_add_test(tp_bad_checkpoint_cli_test LABEL cpu
     SOURCES tp_bad_checkpoint_cli_test.cc
-    LIBS ${VERIFYD_TP_TEST_LIBS} verifyd_test_process absl::time)
-  target_compile_definitions(tp_bad_checkpoint_cli_test PRIVATE
-    VERIFYD_BINARY="$<TARGET_FILE:verifyd>")
-  add_dependencies(tp_bad_checkpoint_cli_test verifyd)
+    LIBS ${VERIFYD_TP_TEST_LIBS} verifyd_test_process absl::time
+    BINARIES verifyd)
 endif()
 # Sampled verification on the CPU engine: draws against the target distribution (chi-square),
 # logprobs against the logits, hidden states against the residual stream, the reference sampler.
