@@ -62,6 +62,16 @@ v1::OpenSessionRequest OpenRequest(const std::vector<int32_t>& prompt) {
   return r;
 }
 
+// The raw Verify message of one item, `tree` for `session` (as VerifyStream sends it).
+v1::VerifyRequest OneItem(const std::string& session, const client::DraftTree& tree) {
+  v1::VerifyRequest req;
+  v1::VerifyItem* it = req.add_items();
+  it->set_session_id(session);
+  it->mutable_tree()->mutable_tokens()->Add(tree.tokens.begin(), tree.tokens.end());
+  it->mutable_tree()->mutable_parents()->Add(tree.parents.begin(), tree.parents.end());
+  return req;
+}
+
 void ExpectError(const absl::Status& st, absl::StatusCode code, const std::string& field) {
   EXPECT_EQ(st.code(), code) << st;
   EXPECT_EQ(st.message().rfind(field, 0), 0u)
@@ -203,12 +213,7 @@ TEST(ServerSampling, HiddenStatesAndLogprobsOfCommittedTokens) {
         ASSERT_TRUE(r.ok()) << r.status();
         out = *r;
       } else {
-        v1::VerifyRequest req;
-        v1::VerifyItem* it = req.add_items();
-        it->set_session_id(s->session_id);
-        it->mutable_tree()->mutable_tokens()->Add(tree.tokens.begin(), tree.tokens.end());
-        it->mutable_tree()->mutable_parents()->Add(tree.parents.begin(), tree.parents.end());
-        auto r = stream->RoundTrip(req);
+        auto r = stream->RoundTrip(OneItem(s->session_id, tree));
         ASSERT_TRUE(r.ok()) << r.status();
         const v1::VerifyResult& x = r->results(0);
         out.accepted_tokens.assign(x.accepted_tokens().begin(), x.accepted_tokens().end());
@@ -318,12 +323,7 @@ TEST(ServerSampling, TooLargeHiddenStatesAreResourceExhausted) {
       << big.status();
   // The same over VerifyStream ends that stream with the status.
   auto stream = f->t.client->OpenStream();
-  v1::VerifyRequest req;
-  v1::VerifyItem* it = req.add_items();
-  it->set_session_id(s->session_id);
-  it->mutable_tree()->mutable_tokens()->Add(deep.tokens.begin(), deep.tokens.end());
-  it->mutable_tree()->mutable_parents()->Add(deep.parents.begin(), deep.parents.end());
-  auto sr = stream->RoundTrip(req);
+  auto sr = stream->RoundTrip(OneItem(s->session_id, deep));
   ASSERT_FALSE(sr.ok());
   EXPECT_EQ(sr.status().code(), absl::StatusCode::kResourceExhausted);
   // Other sessions are served; the refused session is where it was and takes small rounds.
