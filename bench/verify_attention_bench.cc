@@ -42,8 +42,8 @@ ABSL_FLAG(std::string, json, "verify_attention_bench.json", "where to write the 
 ABSL_FLAG(int, iters, 50, "timed iterations per shape (median reported)");
 ABSL_FLAG(int, warmup, 10, "untimed iterations per shape");
 ABSL_FLAG(std::string, config, "auto",
-          "kernel configuration: auto, m16 (mma.sync 16-row), s64 (seesaw wgmma, sm_90a) or km16 "
-          "(keys-on-M wgmma, FP8 cache, sm_90a)");
+          "kernel configuration (kernels/cuda/verify_attention/config.h): " +
+              verifyd::kernels::cuda::VerifyKernelConfigChoices());
 ABSL_FLAG(bool, positional, false,
           "positional plans (the batch-invariant mode's; --config=auto: the device's choice)");
 ABSL_FLAG(bool, shared_context, true,
@@ -368,19 +368,13 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   const std::string cfg = absl::GetFlag(FLAGS_config);
-  vc::VerifyKernelConfig config = vc::VerifyKernelConfig::kAuto;
-  if (cfg == "m16") {
-    config = vc::VerifyKernelConfig::kM16;
-  } else if (cfg == "s64") {
-    config = vc::VerifyKernelConfig::kS64;
-  } else if (cfg == "km16") {
-    config = vc::VerifyKernelConfig::kKm16;
-  } else if (cfg == "s64staged") {
-    config = vc::VerifyKernelConfig::kS64Staged;
-  } else if (cfg != "auto") {
-    std::fprintf(stderr, "--config: '%s' is not auto, m16, s64, km16 or s64staged\n", cfg.c_str());
+  const absl::StatusOr<vc::VerifyKernelConfig> parsed =
+      vc::ParseVerifyKernelConfig(cfg, "--config");
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(parsed.status().message()).c_str());
     return 2;
   }
+  const vc::VerifyKernelConfig config = *parsed;
   // Positional plans get the engine's batch-invariant workspace (more partials, index lists).
   auto ws = absl::GetFlag(FLAGS_positional)
                 ? vc::VerifyAttentionWorkspace::Allocate(1 << 20, 1 << 16, int64_t{1} << 19,

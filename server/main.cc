@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "kernels/cuda/verify_attention/config.h"
 #include "server/engine_factory.h"
 #include "server/server.h"
 #include "server/startup_metrics.h"
@@ -72,6 +73,11 @@ ABSL_FLAG(bool, batch_invariant, true,
           "of the step, so speculative output equals plain decoding bit for bit); false: the "
           "batch-adaptive kernels, lossless only up to float near-ties (docs/PERF.md has the "
           "speed of both)");
+ABSL_FLAG(std::string, verify_kernel, "auto",
+          "cuda backend, with --batch_invariant=false: the verify attention configuration, "
+          "for benchmarks and diagnosis (kernels/cuda/verify_attention/config.h): " +
+              verifyd::kernels::cuda::VerifyKernelConfigChoices() +
+              "; auto: the planner's choice per step");
 ABSL_FLAG(int64_t, kv_slots, 65536, "latent KV pool capacity in tokens");
 ABSL_FLAG(std::string, kv_dtype, "auto",
           "latent KV cache storage: auto (float32 on the cpu backend, bf16 on cuda) or fp8 "
@@ -336,6 +342,13 @@ absl::StatusOr<verifyd::server::EngineSpec> EngineSpecFromFlags() {
   spec.engine.cuda.fp8_staging_keys = absl::GetFlag(FLAGS_fp8_staging_keys);
   spec.engine.cuda.expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
   spec.engine.cuda.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  {
+    absl::StatusOr<verifyd::kernels::cuda::VerifyKernelConfig> vk =
+        verifyd::kernels::cuda::ParseVerifyKernelConfig(absl::GetFlag(FLAGS_verify_kernel),
+                                                        "--verify_kernel");
+    if (!vk.ok()) return vk.status();
+    spec.engine.cuda.verify_kernel = *vk;
+  }
   spec.engine.cuda.slice_rank = absl::GetFlag(FLAGS_slice_rank);
   spec.testing_fault = absl::GetFlag(FLAGS_testing_fault);
   return spec;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/cuda/verify_attention/config.h"
 #include "tp/engine.h"
 #include "tp/model_config.h"
 #include "tp/rank_group.h"
@@ -133,7 +134,8 @@ struct EngineOptions {
     // benchmarks (a step the forced kernel cannot run fails with the planner's error: e.g.
     // kS64 off sm_90, kKm16 with a bf16 cache). Batch-invariant steps keep their positional
     // configuration.
-    enum class VerifyKernel { kAuto, kM16, kS64, kKm16, kS64Staged };
+    // The configurations and their names: kernels/cuda/verify_attention/config.h.
+    using VerifyKernel = kernels::cuda::VerifyKernelConfig;
     VerifyKernel verify_kernel = VerifyKernel::kAuto;
     // FP8 latent cache on sm_90: keys of one step that the verify attention may dequantize
     // into a bf16 staging area per layer (VerifyKernelConfig::kS64Staged, for steps with many

@@ -27,24 +27,6 @@ namespace {
 namespace kc = kernels::cuda;
 using Clock = std::chrono::steady_clock;
 
-// EngineOptions::Cuda::verify_kernel as the planner's configuration.
-kc::VerifyKernelConfig VerifyKernelConfigOf(EngineOptions::Cuda::VerifyKernel k) {
-  using K = EngineOptions::Cuda::VerifyKernel;
-  switch (k) {
-    case K::kM16:
-      return kc::VerifyKernelConfig::kM16;
-    case K::kS64:
-      return kc::VerifyKernelConfig::kS64;
-    case K::kKm16:
-      return kc::VerifyKernelConfig::kKm16;
-    case K::kS64Staged:
-      return kc::VerifyKernelConfig::kS64Staged;
-    case K::kAuto:
-      break;
-  }
-  return kc::VerifyKernelConfig::kAuto;
-}
-
 // The device plan arena's int32 array at byte offset `off`.
 int32_t* DevI32(const CudaRankContext& rk, size_t off) {
   return reinterpret_cast<int32_t*>(rk.plan_dev + off);
@@ -171,7 +153,7 @@ absl::StatusOr<kc::VerifyAttentionPlan> CudaEngine::Impl::PlanAttention(
   // decoding gives that token); the planner otherwise picks the kernel and the key splits by
   // the batch's shape.
   kc::VerifyPlanOptions vo;
-  if (!rk.batch_invariant) vo.config = VerifyKernelConfigOf(options.cuda.verify_kernel);
+  if (!rk.batch_invariant) vo.config = options.cuda.verify_kernel;
   // Requests that share a prefix of their slot lists (forks, a common system prompt) read it
   // once per pack of requests (verify_attention/api.h "Shared prefixes").
   if (options.cuda.shared_prefix_attention && !rk.batch_invariant) {

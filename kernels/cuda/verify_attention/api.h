@@ -45,8 +45,8 @@
 // a draft tree, its ancestors and itself) are numbered 0..n-1; for a tree that number is the
 // key's position in the sequence. Each work item holds the heads of *one* node (16 or 64 of
 // them) and a range of those keys, cut at lengths that depend on n alone
-// (PositionalSplitKeys, multiples of 64 so every variant's tiles start at the same
-// positions); splits are merged in split order by the combine kernel in one fixed layout. A
+// (PositionalSplitKeys, multiples of 128 so every variant's tiles, and the seesaw kernel's
+// tile pairs, start at the same positions); splits are merged in split order by the combine kernel in one fixed layout. A
 // range that reaches the tail is read through an index list the planner has the GPU build
 // (context slots, then the node's visible tail slots) in the workspace; the others read the
 // request's own slot list. The kernels are the plain ones (any configuration; the engine asks
@@ -90,6 +90,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/cuda/verify_attention/config.h"
 #include "kernels/verify_attention.h"
 
 namespace verifyd::kernels::cuda {
@@ -105,41 +106,14 @@ struct VerifyAttentionDeviceInfo {
   static absl::StatusOr<VerifyAttentionDeviceInfo> Query();
 };
 
-// Kernel configurations (chosen by the planner; callers may force one for benchmarks).
-// Values 2..4 belonged to retired variants and are not reused.
-enum class VerifyKernelConfig : int {
-  kAuto = 0,
-  kM16 = 1,  // 16 folded rows per CTA, Q fragments in registers: the memory-bound path
-  // 64 rows, 64-key tiles, wgmma "seesaw" schedule with a cp.async producer warpgroup
-  // (sm_90a only): kAuto's many-rows choice on sm_90. docs/KERNEL_NOTES.md.
-  kS64 = 5,
-  // FP8 latent cache only: 16 rows, 64-key tiles, keys on the wgmma M side (the stored codes
-  // become f16 operands in registers; sm_90a only): kAuto's FP8 choice on sm_90 but for many
-  // rows per request (there kS64's FP8 variant).
-  kKm16 = 8,
-  // FP8 latent cache only: the batch's keys dequantized once into bf16 rows of the workspace
-  // (bf16(e4m3 x scale), one rounding; VerifyAttentionWorkspace::max_staged_keys), then the
-  // bf16 kS64 kernel over them (sm_90a). kAuto's FP8 choice when a request has many rows
-  // (IsStagedFp8Batch: the dequantization, once per key, costs less than the seesaw FP8
-  // variant converting every tile again for each 64-row tile) and the keys fit the staging
-  // area; never in positional plans.
-  kS64Staged = 9,
-  // Values 6 and 7 belonged to the in-kernel positional variants (now a plan property:
-  // VerifyPlanOptions::positional) and are not reused.
-};
-
 // The configuration of positional plans on a device of compute capability `cc_major`: on
 // sm_90 the seesaw kernel (its producer streams keys best), or the keys-on-M kernel for an FP8
 // cache (`kv_fp8`); the 16-row kernel elsewhere. A function of the device and the cache format
 // only, so every step of an engine uses the same one.
 VerifyKernelConfig PositionalConfigFor(int cc_major, bool kv_fp8 = false);
 
-// "m16", "s64", "km16" or "s64staged" ("auto" for kAuto): the names benchmarks and the engine's
-// test API use.
-const char* VerifyKernelConfigName(VerifyKernelConfig config);
-
 // Positional plans: a node with n visible keys runs in ceil(n / len) splits of `len` keys,
-// len = the smallest multiple of 64 that covers n in at most
+// len = the smallest multiple of 128 that covers n in at most
 // min(ceil(n / chunk_keys), max_splits) splits. Depends on n (and the rule, one per engine)
 // alone.
 inline constexpr int kPositionalChunkKeys = 1024;

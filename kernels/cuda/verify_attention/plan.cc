@@ -21,15 +21,6 @@ namespace {
 
 size_t AlignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-// VERIFYD_VA_KERNEL=mma: kAuto picks kM16 everywhere (what non-sm_90 devices run).
-bool AutoForcedToMma() {
-  static const bool forced = [] {
-    const char* v = std::getenv("VERIFYD_VA_KERNEL");
-    return v != nullptr && std::strcmp(v, "mma") == 0;
-  }();
-  return forced;
-}
-
 bool Fits(const VariantInfo& v, const VerifyAttentionDeviceInfo& device) {
   return static_cast<int64_t>(v.smem_bytes) <= device.max_smem_per_block;
 }
@@ -93,7 +84,6 @@ absl::StatusOr<VariantInfo> AutoVariant(const VerifyAttentionDeviceInfo& device,
   const bool tiny = IsTinyDecodeBatch(max_folded_rows_per_request, total_keys);
   for (const VariantInfo& v : kVariantTable) {
     if (v.kv_fp8 != kv_fp8) continue;
-    if (AutoForcedToMma() && v.config != VerifyKernelConfig::kM16) continue;
     if (!v.runs_on(device.cc_major) || !Fits(v, device)) continue;
     if (v.auto_use == AutoUse::kNotTinyDecode && tiny) continue;
     if (v.auto_use == AutoUse::kManyRows &&
@@ -140,22 +130,6 @@ bool PlanFitsWorkspace(const VerifyAttentionPlan& plan, const VerifyAttentionWor
 VerifyKernelConfig PositionalConfigFor(int cc_major, bool kv_fp8) {
   if (cc_major != 9) return VerifyKernelConfig::kM16;
   return kv_fp8 ? VerifyKernelConfig::kKm16 : VerifyKernelConfig::kS64;
-}
-
-const char* VerifyKernelConfigName(VerifyKernelConfig config) {
-  switch (config) {
-    case VerifyKernelConfig::kAuto:
-      return "auto";
-    case VerifyKernelConfig::kM16:
-      return "m16";
-    case VerifyKernelConfig::kS64:
-      return "s64";
-    case VerifyKernelConfig::kKm16:
-      return "km16";
-    case VerifyKernelConfig::kS64Staged:
-      return "s64staged";
-  }
-  return "unknown";
 }
 
 namespace detail {

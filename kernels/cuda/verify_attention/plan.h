@@ -24,7 +24,6 @@ absl::StatusOr<VariantInfo> ResolveVariant(VerifyKernelConfig config,
 // kAuto: the first variant of the format in table order that runs on the device, fits its
 // shared memory and whose AutoUse rule holds for a batch with this many folded rows in its
 // largest request and keys in all (a staged variant also needs total_keys <= max_staged_keys).
-// VERIFYD_VA_KERNEL=mma (read once per process) restricts the choice to kM16.
 absl::StatusOr<VariantInfo> AutoVariant(const VerifyAttentionDeviceInfo& device,
                                         int64_t max_folded_rows_per_request, int64_t total_keys,
                                         bool kv_fp8 = false, int64_t max_staged_keys = 0);
