@@ -176,6 +176,7 @@ TEST(VerifyAttentionPlan, CarriesItsVariantAndDevice) {
         p.qk_dim = 576;
         p.v_dim = 512;
         p.kv_fp8 = fp8;
+        p.mask_words = 1;
         std::vector<uint64_t> mask(4, 0);
         for (int r = 0; r < 4; ++r) mask[r] = (uint64_t{1} << (r < 3 ? r + 1 : 1)) - 1;
         VerifyPlanOptions opt;
