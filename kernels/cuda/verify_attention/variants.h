@@ -15,7 +15,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
 
 #include "absl/status/status.h"
 #include "kernels/cuda/verify_attention/api.h"
@@ -67,18 +66,56 @@ constexpr bool IsStagedFp8Batch(int64_t max_folded_rows_per_request, int64_t tot
 
 // ---- the variants ------------------------------------------------------------------------
 
-// 64 rows, 64-key tiles, warp-specialised wgmma "seesaw" schedule (seesaw.cu).
-struct SeesawS64 {
-  static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kS64;
-  static constexpr const char* kName = "seesaw wgmma (s64)";
-  static constexpr int kRows = SeesawTraits::kRows;
-  static constexpr int kKeys = SeesawTraits::kKeys;
-  static constexpr int kStages = SeesawTraits::kStages;
-  static constexpr size_t kSmemBytes = kSeesawSmemBytes;
+// What a variant does not restate: one CTA per SM, its own format's keys (not staged), one
+// split per work item, picked by kAuto wherever it runs.
+struct VariantDefaults {
   static constexpr int kCtasPerSm = 1;
-  static constexpr bool kKvFp8 = false;
+  static constexpr bool kStaged = false;       // reads the keys staged as bf16 rows (kS64Staged)
+  static constexpr bool kSplitGroups = false;  // takes VerifyWorkItem::split_keys > 0
+  static constexpr AutoUse kAuto = AutoUse::kAlways;
+};
+
+// Where a variant runs (kArch: the words of the UNIMPLEMENTED message elsewhere).
+struct OnSm90 {
+  static constexpr const char* kArch = "an sm_90 device";
+  static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
+};
+struct OnSm90a {
   static constexpr const char* kArch = "an sm_90 device (sm_90a build)";
   static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
+};
+struct OnSm80Portable {
+  static constexpr const char* kArch = "sm_80 or newer";
+  static constexpr bool RunsOn(int cc_major) { return cc_major >= 8 && cc_major != 9; }
+};
+
+// The warp-specialised wgmma families (a producer warpgroup, two math warpgroups; sm_90a):
+// tile geometry from the family's traits, shared memory from its layout.
+template <class Traits, size_t SmemBytes, bool KvFp8>
+struct WarpSpecializedVariant : VariantDefaults, OnSm90a {
+  static constexpr int kRows = Traits::kRows;
+  static constexpr int kKeys = Traits::kKeys;
+  static constexpr int kStages = Traits::kStages;
+  static constexpr size_t kSmemBytes = SmemBytes;
+  static constexpr bool kKvFp8 = KvFp8;
+};
+
+// The mma.sync 16-row family: 16 rows, 32-key tiles; stages, cache format and where Q lives
+// (registers or shared memory) per variant; shared memory from MmaTraits.
+template <int Stages, bool KvFp8, bool QInRegs = true>
+struct MmaM16Variant : VariantDefaults {
+  static constexpr int kRows = 16;
+  static constexpr int kKeys = 32;
+  static constexpr int kStages = Stages;
+  static constexpr bool kQInRegs = QInRegs;
+  static constexpr bool kKvFp8 = KvFp8;
+  static constexpr size_t kSmemBytes = MmaTraits<16, 32, Stages, KvFp8, QInRegs>::kSmemBytes;
+};
+
+// 64 rows, 64-key tiles, warp-specialised wgmma "seesaw" schedule (seesaw.cu).
+struct SeesawS64 : WarpSpecializedVariant<SeesawTraits, kSeesawSmemBytes, false> {
+  static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kS64;
+  static constexpr const char* kName = "seesaw wgmma (s64)";
   static constexpr AutoUse kAuto = AutoUse::kNotTinyDecode;
   static constexpr bool kSplitGroups = true;  // VerifyWorkItem::split_keys
   static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
@@ -96,54 +133,27 @@ struct SeesawStagedFp8S64 : SeesawS64 {
 };
 
 // FP8 latent cache, the seesaw schedule on f16 tiles its math warpgroups convert from the
-// stored rows (seesaw.cu, ConvertTileFp8): 64 rows, 64-key tiles (226,176 bytes). sm_90a. kAuto's
-// FP8 choice for many-row batches (IsManyRowsBatch); forced as kS64 with an FP8 cache.
-struct SeesawFp8S64 {
+// stored rows (seesaw_fp8.cuh, ConvertTileFp8): 64 rows, 64-key tiles (226,176 bytes).
+// sm_90a. kAuto's FP8 choice for many-row batches (IsManyRowsBatch); forced as kS64 with an
+// FP8 cache.
+struct SeesawFp8S64 : WarpSpecializedVariant<SeesawTraits, kSeesawFp8SmemBytes, true> {
   static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kS64;
   static constexpr const char* kName = "seesaw wgmma, FP8 cache, f16 tiles (s64)";
-  static constexpr int kRows = SeesawTraits::kRows;
-  static constexpr int kKeys = SeesawTraits::kKeys;
-  static constexpr int kStages = SeesawTraits::kStages;
-  static constexpr size_t kSmemBytes = kSeesawFp8SmemBytes;
-  static constexpr int kCtasPerSm = 1;
-  static constexpr bool kKvFp8 = true;
-  static constexpr const char* kArch = "an sm_90 device (sm_90a build)";
-  static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
   static constexpr AutoUse kAuto = AutoUse::kManyRows;
   static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
 };
 
 // 16 rows, 32-key tiles, mma.sync, 5 stages (four tiles in flight; ~207 KB): sm_90.
-struct MmaM16Sm90 {
+struct MmaM16Sm90 : MmaM16Variant<5, false>, OnSm90 {
   static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kM16;
   static constexpr const char* kName = "mma.sync 16-row, 5 stages (m16)";
-  static constexpr int kRows = 16;
-  static constexpr int kKeys = 32;
-  static constexpr int kStages = 5;
-  static constexpr int kCtasPerSm = 1;
-  static constexpr bool kQInRegs = true;
-  static constexpr size_t kSmemBytes = MmaTraits<kRows, kKeys, kStages>::kSmemBytes;
-  static constexpr bool kKvFp8 = false;
-  static constexpr const char* kArch = "an sm_90 device";
-  static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
-  static constexpr AutoUse kAuto = AutoUse::kAlways;
   static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
 };
 
 // 16 rows, 32-key tiles, mma.sync, 2 stages within 99 KB of shared memory: sm_80, sm_120.
-struct MmaM16Portable {
+struct MmaM16Portable : MmaM16Variant<2, false>, OnSm80Portable {
   static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kM16;
   static constexpr const char* kName = "mma.sync 16-row, 2 stages (m16)";
-  static constexpr int kRows = 16;
-  static constexpr int kKeys = 32;
-  static constexpr int kStages = 2;
-  static constexpr int kCtasPerSm = 1;
-  static constexpr bool kQInRegs = true;
-  static constexpr size_t kSmemBytes = MmaTraits<kRows, kKeys, kStages>::kSmemBytes;
-  static constexpr bool kKvFp8 = false;
-  static constexpr const char* kArch = "sm_80 or newer";
-  static constexpr bool RunsOn(int cc_major) { return cc_major >= 8 && cc_major != 9; }
-  static constexpr AutoUse kAuto = AutoUse::kAlways;
   static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
 };
 static_assert(MmaM16Portable::kSmemBytes <= 99 * 1024, "m16 portable: within 99 KB (sm_120)");
@@ -151,18 +161,9 @@ static_assert(MmaM16Portable::kSmemBytes <= 99 * 1024, "m16 portable: within 99 
 // FP8 latent cache, keys on the wgmma M side (keys_on_m.cu): 16 rows, 64-key tiles, the
 // stored codes converted to f16 MMA operands in registers (no dequantized tile), a producer
 // warpgroup and two math warpgroups with their own tiles (209,120 bytes). sm_90a.
-struct KeysOnMFp8Sm90 {
+struct KeysOnMFp8Sm90 : WarpSpecializedVariant<KeysOnMTraits, kKeysOnMSmemBytes, true> {
   static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kKm16;
   static constexpr const char* kName = "keys-on-M wgmma, FP8 cache (km16)";
-  static constexpr int kRows = KeysOnMTraits::kRows;
-  static constexpr int kKeys = KeysOnMTraits::kKeys;
-  static constexpr int kStages = KeysOnMTraits::kStages;
-  static constexpr size_t kSmemBytes = kKeysOnMSmemBytes;
-  static constexpr int kCtasPerSm = 1;
-  static constexpr bool kKvFp8 = true;
-  static constexpr const char* kArch = "an sm_90 device (sm_90a build)";
-  static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
-  static constexpr AutoUse kAuto = AutoUse::kAlways;
   static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
 };
 
@@ -170,37 +171,18 @@ struct KeysOnMFp8Sm90 {
 // (656 bytes a key) into 2 FP8 stages and dequantizing each into one bf16 tile before its
 // MMAs, Q read from shared memory (~102 KB, <= 128 registers): two CTAs per SM, whose
 // barrier-bound tile loops interleave. sm_90.
-struct MmaM16Fp8Sm90 {
+struct MmaM16Fp8Sm90 : MmaM16Variant<2, true, /*QInRegs=*/false>, OnSm90 {
   static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kM16;
   static constexpr const char* kName = "mma.sync 16-row, FP8 cache, 2 CTAs per SM (m16)";
-  static constexpr int kRows = 16;
-  static constexpr int kKeys = 32;
-  static constexpr int kStages = 2;
   static constexpr int kCtasPerSm = 2;
-  static constexpr bool kQInRegs = false;
-  static constexpr size_t kSmemBytes = MmaTraits<kRows, kKeys, kStages, true, kQInRegs>::kSmemBytes;
-  static constexpr bool kKvFp8 = true;
-  static constexpr const char* kArch = "an sm_90 device";
-  static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
-  static constexpr AutoUse kAuto = AutoUse::kAlways;
   static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
 };
 
 // FP8 cache, 2 FP8 stages within 99 KB of shared memory (~83 KB), the CTA's 8 warps
 // dequantizing each stage into one bf16 tile before its MMAs: sm_80, sm_120.
-struct MmaM16Fp8Portable {
+struct MmaM16Fp8Portable : MmaM16Variant<2, true>, OnSm80Portable {
   static constexpr VerifyKernelConfig kConfig = VerifyKernelConfig::kM16;
   static constexpr const char* kName = "mma.sync 16-row, FP8 cache, 2 stages (m16)";
-  static constexpr int kRows = 16;
-  static constexpr int kKeys = 32;
-  static constexpr int kStages = 2;
-  static constexpr int kCtasPerSm = 1;
-  static constexpr bool kQInRegs = true;
-  static constexpr size_t kSmemBytes = MmaTraits<kRows, kKeys, kStages, true>::kSmemBytes;
-  static constexpr bool kKvFp8 = true;
-  static constexpr const char* kArch = "sm_80 or newer";
-  static constexpr bool RunsOn(int cc_major) { return cc_major >= 8 && cc_major != 9; }
-  static constexpr AutoUse kAuto = AutoUse::kAlways;
   static absl::Status Launch(const VerifyKernelArgs& args, int grid, void* stream);
 };
 static_assert(MmaM16Fp8Portable::kSmemBytes <= 99 * 1024, "m16 FP8 portable: within 99 KB");
@@ -232,35 +214,11 @@ struct VariantInfo {
   bool split_groups = false;
 };
 
-// V::kStaged where a variant declares it, else false.
-template <class V, class = void>
-struct StagedOf : std::false_type {};
-template <class V>
-struct StagedOf<V, std::void_t<decltype(V::kStaged)>> : std::bool_constant<V::kStaged> {};
-
-// V::kSplitGroups where a variant declares it, else false.
-template <class V, class = void>
-struct SplitGroupsOf : std::false_type {};
-template <class V>
-struct SplitGroupsOf<V, std::void_t<decltype(V::kSplitGroups)>>
-    : std::bool_constant<V::kSplitGroups> {};
-
 template <class V>
 constexpr VariantInfo InfoOf(int index) {
-  return {index,
-          V::kConfig,
-          V::kName,
-          V::kArch,
-          V::kRows,
-          V::kKeys,
-          V::kStages,
-          V::kSmemBytes,
-          V::kAuto,
-          &V::RunsOn,
-          V::kKvFp8,
-          V::kCtasPerSm,
-          StagedOf<V>::value,
-          SplitGroupsOf<V>::value};
+  return {index,     V::kConfig,    V::kName,      V::kArch,       V::kRows,
+          V::kKeys,  V::kStages,    V::kSmemBytes, V::kAuto,       &V::RunsOn,
+          V::kKvFp8, V::kCtasPerSm, V::kStaged,    V::kSplitGroups};
 }
 template <class... V>
 constexpr std::array<VariantInfo, sizeof...(V)> MakeVariantTable(VariantList<V...>) {
