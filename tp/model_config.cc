@@ -14,54 +14,36 @@ namespace {
 
 using json = nlohmann::json;
 
-// Reads an integer key when present and not null; a wrong type is InvalidArgument.
-absl::Status ReadInt(const json& j, const char* key, int64_t* out, bool required) {
+// Reads `key` into *out when present and not null; a value that is not `kind` (is_kind) is
+// InvalidArgument naming the key; absent or null is an error only when `required`.
+template <class T>
+absl::Status ReadKey(const json& j, const char* key, T* out, bool (json::*is_kind)() const noexcept,
+                     const char* kind, bool required) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) {
     if (required)
       return absl::InvalidArgumentError(absl::StrCat("config.json: missing key '", key, "'"));
     return absl::OkStatus();
   }
-  if (!it->is_number_integer()) {
+  if (!((*it).*is_kind)()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("config.json: key '", key, "' must be an integer, got ", it->dump()));
+        absl::StrCat("config.json: key '", key, "' must be ", kind, ", got ", it->dump()));
   }
-  *out = it->get<int64_t>();
+  *out = it->get<T>();
   return absl::OkStatus();
 }
 
+absl::Status ReadInt(const json& j, const char* key, int64_t* out, bool required) {
+  return ReadKey(j, key, out, &json::is_number_integer, "an integer", required);
+}
 absl::Status ReadDouble(const json& j, const char* key, double* out) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_number()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json: key '", key, "' must be a number, got ", it->dump()));
-  }
-  *out = it->get<double>();
-  return absl::OkStatus();
+  return ReadKey(j, key, out, &json::is_number, "a number", false);
 }
-
-// Reads a string key when present and not null.
 absl::Status ReadString(const json& j, const char* key, std::string* out) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_string()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json: key '", key, "' must be a string, got ", it->dump()));
-  }
-  *out = it->get<std::string>();
-  return absl::OkStatus();
+  return ReadKey(j, key, out, &json::is_string, "a string", false);
 }
-
 absl::Status ReadBool(const json& j, const char* key, bool* out) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_boolean()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json: key '", key, "' must be a boolean, got ", it->dump()));
-  }
-  *out = it->get<bool>();
-  return absl::OkStatus();
+  return ReadKey(j, key, out, &json::is_boolean, "a boolean", false);
 }
 
 // The model types whose config.json this parser reads (Kimi-K2 ships the DeepSeek-V3

@@ -15,6 +15,31 @@ std::vector<std::string> PresetNames() {
 
 namespace {
 
+// The attention and dense-MLP dimensions every preset states.
+struct PresetShape {
+  int64_t vocab, hidden, layers, heads, q_lora, kv_lora, rope, nope, v, inter, max_positions;
+};
+// clang-format off
+//                                        vocab hidden layers heads q_lora kv_lora rope nope    v  inter  max_pos
+constexpr PresetShape kTinyShape       = {  512,   128,     2,    8,    64,     64,  16,  32,  32,   256,    4096};
+constexpr PresetShape kSmallShape      = { 2048,   256,     4,   16,   128,    128,  32,  64,  64,   512,    8192};
+constexpr PresetShape kKimiK2AttnShape = {32000,  7168,     2,   64,  1536,    512,  64, 128, 128, 18432,  262144};
+// clang-format on
+
+void SetShape(ModelConfig* c, const PresetShape& s) {
+  c->vocab_size = s.vocab;
+  c->hidden_size = s.hidden;
+  c->num_hidden_layers = s.layers;
+  c->num_attention_heads = s.heads;
+  c->q_lora_rank = s.q_lora;
+  c->kv_lora_rank = s.kv_lora;
+  c->qk_rope_head_dim = s.rope;
+  c->qk_nope_head_dim = s.nope;
+  c->v_head_dim = s.v;
+  c->intermediate_size = s.inter;
+  c->max_position_embeddings = s.max_positions;
+}
+
 // What Kimi-K2 and DeepSeek-V3 share: the MLA shapes (hidden 7168, q_lora 1536, kv_lora 512,
 // rope 64, nope 128, v 128), 61 layers, the dense MLP (18432) and routed experts (2048) with
 // top-8 sigmoid noaux_tc routing and one shared expert, YaRN over 4096 original positions with
@@ -48,61 +73,54 @@ void SetDeepseekV3Architecture(ModelConfig* c) {
   c->quant.block_cols = 128;
 }
 
+// Where Kimi-K2 and DeepSeek-V3 differ (their published config.json files).
+struct PublishedDeepseekV3 {
+  int64_t vocab, heads, max_positions;
+  double rope_theta;
+  int64_t routed_experts, first_k_dense_replace, n_group, topk_group;
+  double routed_scaling_factor, yarn_factor, yarn_beta_fast;
+  int64_t nextn_predict_layers;
+};
+// clang-format off
+//                                            vocab heads max_pos rope_theta experts k_dense n_group topk_group scaling yarn beta_fast nextn
+// moonshotai/Kimi-K2-Instruct.
+constexpr PublishedDeepseekV3 kKimiK2     = {163840,  64, 131072,   50000.0,   384,     1,      1,         1,  2.827, 32.0,     1.0,   0};
+// deepseek-ai/DeepSeek-V3 (its MTP layer is listed, not run).
+constexpr PublishedDeepseekV3 kDeepseekV3 = {129280, 128, 163840,   10000.0,   256,     3,      8,         4,    2.5, 40.0,    32.0,   1};
+// clang-format on
+
+void SetPublished(ModelConfig* c, const PublishedDeepseekV3& p) {
+  SetDeepseekV3Architecture(c);
+  c->vocab_size = p.vocab;
+  c->num_attention_heads = p.heads;
+  c->max_position_embeddings = p.max_positions;
+  c->rope_theta = p.rope_theta;
+  c->moe.n_routed_experts = p.routed_experts;
+  c->moe.first_k_dense_replace = p.first_k_dense_replace;
+  c->moe.n_group = p.n_group;
+  c->moe.topk_group = p.topk_group;
+  c->moe.routed_scaling_factor = p.routed_scaling_factor;
+  c->rope_scaling.factor = p.yarn_factor;
+  c->rope_scaling.beta_fast = p.yarn_beta_fast;
+  c->num_nextn_predict_layers = p.nextn_predict_layers;
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> PresetConfig(const std::string& name, int64_t num_layers) {
   ModelConfig c;
   c.name = name;
   if (name == "tiny") {
-    c.vocab_size = 512;
-    c.hidden_size = 128;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 8;
-    c.q_lora_rank = 64;
-    c.kv_lora_rank = 64;
-    c.qk_rope_head_dim = 16;
-    c.qk_nope_head_dim = 32;
-    c.v_head_dim = 32;
-    c.intermediate_size = 256;
-    c.max_position_embeddings = 4096;
+    SetShape(&c, kTinyShape);
   } else if (name == "small") {
-    c.vocab_size = 2048;
-    c.hidden_size = 256;
-    c.num_hidden_layers = 4;
-    c.num_attention_heads = 16;
-    c.q_lora_rank = 128;
-    c.kv_lora_rank = 128;
-    c.qk_rope_head_dim = 32;
-    c.qk_nope_head_dim = 64;
-    c.v_head_dim = 64;
-    c.intermediate_size = 512;
-    c.max_position_embeddings = 8192;
+    SetShape(&c, kSmallShape);
   } else if (name == "kimi-k2-attn") {
-    c.vocab_size = 32000;
-    c.hidden_size = 7168;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 64;
-    c.q_lora_rank = 1536;
-    c.kv_lora_rank = 512;
-    c.qk_rope_head_dim = 64;
-    c.qk_nope_head_dim = 128;
-    c.v_head_dim = 128;
-    c.intermediate_size = 18432;
-    c.max_position_embeddings = 262144;
+    SetShape(&c, kKimiK2AttnShape);
     c.rope_theta = 50000.0;
   } else if (name == "tiny-moe") {
     // tiny's attention, one dense layer, then two MoE layers; YaRN.
-    c.vocab_size = 512;
-    c.hidden_size = 128;
+    SetShape(&c, kTinyShape);
     c.num_hidden_layers = 3;
-    c.num_attention_heads = 8;
-    c.q_lora_rank = 64;
-    c.kv_lora_rank = 64;
-    c.qk_rope_head_dim = 16;
-    c.qk_nope_head_dim = 32;
-    c.v_head_dim = 32;
-    c.intermediate_size = 256;
-    c.max_position_embeddings = 4096;
     c.moe.n_routed_experts = 16;
     c.moe.num_experts_per_tok = 4;
     c.moe.n_shared_experts = 1;
@@ -121,35 +139,9 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& name, int64_t num_la
     c.rope_scaling.mscale = 1.0;
     c.rope_scaling.mscale_all_dim = 0.8;  // != mscale: cos / sin and softmax both scaled
   } else if (name == "kimi-k2") {
-    // moonshotai/Kimi-K2-Instruct config.json.
-    SetDeepseekV3Architecture(&c);
-    c.vocab_size = 163840;
-    c.num_attention_heads = 64;
-    c.max_position_embeddings = 131072;
-    c.rope_theta = 50000.0;
-    c.moe.n_routed_experts = 384;
-    c.moe.first_k_dense_replace = 1;
-    c.moe.n_group = 1;
-    c.moe.topk_group = 1;
-    c.moe.routed_scaling_factor = 2.827;
-    c.rope_scaling.factor = 32.0;
-    c.rope_scaling.beta_fast = 1.0;
-    c.num_nextn_predict_layers = 0;
+    SetPublished(&c, kKimiK2);
   } else if (name == "deepseek-v3") {
-    // deepseek-ai/DeepSeek-V3 config.json (its MTP layer is listed, not run).
-    SetDeepseekV3Architecture(&c);
-    c.vocab_size = 129280;
-    c.num_attention_heads = 128;
-    c.max_position_embeddings = 163840;
-    c.rope_theta = 10000.0;
-    c.moe.n_routed_experts = 256;
-    c.moe.first_k_dense_replace = 3;
-    c.moe.n_group = 8;
-    c.moe.topk_group = 4;
-    c.moe.routed_scaling_factor = 2.5;
-    c.rope_scaling.factor = 40.0;
-    c.rope_scaling.beta_fast = 32.0;
-    c.num_nextn_predict_layers = 1;
+    SetPublished(&c, kDeepseekV3);
   } else {
     return absl::NotFoundError(absl::StrCat("unknown preset '", name,
                                             "' (known: ", absl::StrJoin(PresetNames(), ", "), ")"));
