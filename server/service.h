@@ -94,6 +94,13 @@ class VerifyServiceImpl final : public verify::v1::VerifyService::Service {
                       verify::v1::ForkSessionResponse* resp);
   // Cancelled from the scheduler becomes DeadlineExceeded once `deadline` has passed.
   static absl::Status MapCancelled(const absl::Status& st, absl::Time deadline);
+  // SessionManager::Acquire of session `id` (named `field` in the request) for `owner`,
+  // waiting at most until `deadline`: NOT_FOUND names the field, a cancelled wait maps as
+  // MapCancelled.
+  absl::StatusOr<std::shared_ptr<Session>> AcquireSession(grpc::ServerContext* ctx,
+                                                          const std::string& id,
+                                                          const std::string& owner,
+                                                          absl::Time deadline, const char* field);
 
   // The VerifyStream loop: `read` fills the request and returns kMessage, kEnd (half-close or
   // the client went) or kMalformed; `write` sends a response (false: the client went).

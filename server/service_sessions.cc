@@ -49,13 +49,8 @@ absl::Status VerifyServiceImpl::DoOpen(grpc::ServerContext* ctx, const v1::OpenS
   // A prefix session is held (busy) only until its slots are shared with the new session.
   std::shared_ptr<Session> prefix;
   if (!req.prefix_session_id().empty()) {
-    auto p = sessions_->Acquire(req.prefix_session_id(), owner, Bounds(ctx, deadline));
-    if (!p.ok()) {
-      if (p.status().code() == absl::StatusCode::kNotFound) {
-        return WithField(p.status(), "prefix_session_id");
-      }
-      return MapCancelled(p.status(), deadline);
-    }
+    auto p = AcquireSession(ctx, req.prefix_session_id(), owner, deadline, "prefix_session_id");
+    if (!p.ok()) return p.status();
     prefix = *std::move(p);
     if (absl::Status st =
             CheckPrefixPrompt(prefix->committed_len(), static_cast<int>(prompt.size()), limits_);
@@ -124,13 +119,8 @@ absl::Status VerifyServiceImpl::DoTruncate(grpc::ServerContext* ctx,
     return absl::InvalidArgumentError(
         absl::StrCat("committed_len: ", req.committed_len(), " must be >= 1"));
   }
-  auto s = sessions_->Acquire(req.session_id(), Owner(*ctx), Bounds(ctx, deadline));
-  if (!s.ok()) {
-    if (s.status().code() == absl::StatusCode::kNotFound) {
-      return WithField(s.status(), "session_id");
-    }
-    return MapCancelled(s.status(), deadline);
-  }
+  auto s = AcquireSession(ctx, req.session_id(), Owner(*ctx), deadline, "session_id");
+  if (!s.ok()) return s.status();
   const int64_t len = (*s)->committed_len();
   if (req.committed_len() > len) {
     sessions_->Release(*s);
@@ -159,13 +149,8 @@ absl::Status VerifyServiceImpl::DoFork(grpc::ServerContext* ctx, const v1::ForkS
   const absl::Time deadline = Deadline(*ctx, absl::Now());
   VERIFYD_RETURN_IF_ERROR(SessionIdPresent(req.session_id(), "session_id"));
   const std::string owner = Owner(*ctx);
-  auto parent = sessions_->Acquire(req.session_id(), owner, Bounds(ctx, deadline));
-  if (!parent.ok()) {
-    if (parent.status().code() == absl::StatusCode::kNotFound) {
-      return WithField(parent.status(), "session_id");
-    }
-    return MapCancelled(parent.status(), deadline);
-  }
+  auto parent = AcquireSession(ctx, req.session_id(), owner, deadline, "session_id");
+  if (!parent.ok()) return parent.status();
   auto child = sessions_->Fork(*parent, owner);
   if (child.ok()) {
     // Read from the parent while we still hold it (the child is already idle and could, in
