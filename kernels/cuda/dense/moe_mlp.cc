@@ -71,37 +71,48 @@ LocalPairs LocalPairRows(const MoeMlpArgs& a) {
   return {first, first + LocalExperts(s)};
 }
 
-// The experts' inputs: xn's rows through the permutation, bf16 into x or (fp8) quantized into
-// xq / xq_scale, for the local experts' pairs only.
-absl::Status GatherExpertInputs(const MoeMlpArgs& a, bool fp8) {
-  const MoeMlpBuffers& b = a.buffers;
+// The fields both gathers (MoeGatherParams, MoeGatherQuantFp8Params) share: xn's rows through
+// the permutation, for the local experts' pairs only.
+template <class Gather>
+Gather ExpertGatherOf(const MoeMlpArgs& a) {
   const LocalPairs rows = LocalPairRows(a);
-  const int64_t P = a.shape.rows * a.shape.top_k, H = a.shape.hidden;
-  if (fp8) {
-    MoeGatherQuantFp8Params g;
-    g.n = P;
-    g.cols = H;
-    g.x = a.xn;
-    g.ldx = H;
-    g.perm_rows = b.perm_rows;
-    g.out = b.xq;
-    g.out_scale = b.xq_scale;
-    g.row_begin = rows.begin;
-    g.row_end = rows.end;
-    g.stream = a.stream;
-    return MoeGatherQuantFp8Cuda(g);
-  }
-  MoeGatherParams g;
-  g.n = P;
-  g.cols = H;
+  Gather g;
+  g.n = a.shape.rows * a.shape.top_k;
+  g.cols = a.shape.hidden;
   g.x = a.xn;
-  g.ldx = H;
-  g.perm_rows = b.perm_rows;
-  g.out = b.x;
+  g.ldx = a.shape.hidden;
+  g.perm_rows = a.buffers.perm_rows;
   g.row_begin = rows.begin;
   g.row_end = rows.end;
   g.stream = a.stream;
+  return g;
+}
+
+// The experts' inputs: bf16 into x or (fp8) quantized into xq / xq_scale.
+absl::Status GatherExpertInputs(const MoeMlpArgs& a, bool fp8) {
+  if (fp8) {
+    auto g = ExpertGatherOf<MoeGatherQuantFp8Params>(a);
+    g.out = a.buffers.xq;
+    g.out_scale = a.buffers.xq_scale;
+    return MoeGatherQuantFp8Cuda(g);
+  }
+  auto g = ExpertGatherOf<MoeGatherParams>(a);
+  g.out = a.buffers.x;
   return MoeGatherCuda(g);
+}
+
+// The operands both router-logit paths (MoeRouterLogitsParams, GemmF32Params) share:
+// logits[rows, experts] = x_router . router^T, fp32.
+template <class Gemm>
+Gemm RouterOperandsOf(const MoeMlpArgs& a) {
+  Gemm p;
+  p.x = a.x_router;
+  p.ldx = a.shape.hidden;
+  p.w = a.weights.router;
+  p.ldw = a.shape.hidden;
+  p.y = a.buffers.logits;
+  p.ldy = a.shape.num_experts;
+  return p;
 }
 
 // d = a . b^T per group of `gemm` (grouped_gemm.h): the groups' rows from the device offsets.
@@ -243,29 +254,17 @@ absl::Status RunMoeMlp(const MoeMlpArgs& a) {
   }
   mark(MoePhase::kRoute);
   if (s.rows <= kMoeRouterKernelMaxRows || a.batch_invariant) {
-    MoeRouterLogitsParams p;
+    auto p = RouterOperandsOf<MoeRouterLogitsParams>(a);
     p.rows = static_cast<int>(s.rows);
     p.num_experts = s.num_experts;
     p.hidden = s.hidden;
-    p.x = a.x_router;
-    p.ldx = s.hidden;
-    p.w = w.router;
-    p.ldw = s.hidden;
-    p.y = b.logits;
-    p.ldy = s.num_experts;
     p.stream = a.stream;
     VERIFYD_RETURN_IF_ERROR(MoeRouterLogitsCuda(p));
   } else {
-    GemmF32Params p;
+    auto p = RouterOperandsOf<GemmF32Params>(a);
     p.m = s.rows;
     p.n = s.num_experts;
     p.k = s.hidden;
-    p.x = a.x_router;
-    p.ldx = s.hidden;
-    p.w = w.router;
-    p.ldw = s.hidden;
-    p.y = b.logits;
-    p.ldy = s.num_experts;
     VERIFYD_RETURN_IF_ERROR(GemmF32(a.cublas, p));
   }
   {
