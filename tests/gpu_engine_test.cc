@@ -406,11 +406,11 @@ TEST(GpuEngine, SharedPrefixForksMatchCpuEngine) {
   auto rc = cpu->StepWithLogits(forks, &lc);
   ASSERT_TRUE(rg.ok()) << rg.status();
   ASSERT_TRUE(rc.ok()) << rc.status();
-  EXPECT_GT(gpu->last_shared_prefix_packs(), 0) << "the forks were not packed";
+  EXPECT_GT(gpu->last_step().shared_prefix_packs, 0) << "the forks were not packed";
   Compare cmp;
   CompareLogits(lg, lc, AllPredictions(*rg), AllPredictions(*rc), cfg.vocab_size, &cmp);
   std::printf("forks: %d packs; logits rel L2 %.3g, %lld / %lld greedy tokens differ\n",
-              gpu->last_shared_prefix_packs(), cmp.rel_l2,
+              gpu->last_step().shared_prefix_packs, cmp.rel_l2,
               static_cast<long long>(cmp.token_mismatches), static_cast<long long>(cmp.rows));
   EXPECT_LT(cmp.rel_l2, kLogitRelTol);
   EXPECT_EQ(cmp.unexplained, 0);
@@ -443,9 +443,9 @@ TEST(GpuEngine, MatchesCpuEngineFp8GeneratedWeights) {
     auto gpu = MakeGpu(cfg, 1, 4096);
     ASSERT_NE(gpu, nullptr);
     if (kernels::cuda::GroupedGemmAvailable(0)) {
-      EXPECT_EQ(gpu->expert_mode(), "fp8 block-scaled grouped GEMMs");
-      EXPECT_TRUE(gpu->fp8_attention());
-      EXPECT_EQ(gpu->fp8_mlps(), "dense, shared experts");
+      EXPECT_EQ(gpu->load_report().expert_mode, "fp8 block-scaled grouped GEMMs");
+      EXPECT_TRUE(gpu->load_report().fp8_attention);
+      EXPECT_EQ(gpu->load_report().fp8_mlps, "dense, shared experts");
     }
   }
   RunGpuVsCpu("tiny-moe-fp8", false, false, VerifyKernel::kAuto, 0.3, 0.3);
@@ -469,7 +469,7 @@ TEST(GpuEngine, SliceRankRecordsCollectives) {
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_EQ((*e)->tp_size(), 2);
   EXPECT_FALSE((*e)->batch_invariant());  // a slice is never reported exact
-  EXPECT_EQ((*e)->local_experts(), cfg.moe.n_routed_experts / 2);
+  EXPECT_EQ((*e)->load_report().local_experts, cfg.moe.n_routed_experts / 2);
   std::mt19937 rng(9);
   const TwoSteps s = MakeTwoSteps(rng, static_cast<int>(cfg.vocab_size), 4);
   for (const auto* batch : {&s.prefill, &s.tree}) {
@@ -477,7 +477,7 @@ TEST(GpuEngine, SliceRankRecordsCollectives) {
     ASSERT_TRUE(r.ok()) << r.status();
     int64_t rows = 0;
     for (const auto& q : *batch) rows += static_cast<int64_t>(q.tokens.size());
-    const std::vector<CollectiveCall> calls = (*e)->last_collectives();
+    const std::vector<CollectiveCall> calls = (*e)->last_step().collectives;
     ASSERT_EQ(static_cast<int64_t>(calls.size()), 2 * cfg.num_hidden_layers + 2);
     for (size_t i = 0; i + 1 < calls.size(); ++i) {
       EXPECT_EQ(calls[i].kind, CollectiveKind::kAllGather) << i;
@@ -497,9 +497,9 @@ TEST(GpuEngine, SliceRankRecordsCollectives) {
   // Profiled: the split adds up and the touched experts are counted.
   (*e)->set_profile(true);
   ASSERT_TRUE((*e)->Step(s.tree).ok());
-  const CudaStepProfile p = (*e)->last_profile();
+  const CudaStepProfile p = (*e)->last_step().profile;
   EXPECT_GT(p.experts_touched, 0);
-  EXPECT_LE(p.experts_touched, 2 * (*e)->local_experts());  // two MoE layers
+  EXPECT_LE(p.experts_touched, 2 * (*e)->load_report().local_experts);  // two MoE layers
   EXPECT_GT(p.router_ms, 0);
   EXPECT_GT(p.experts_ms, 0);
   EXPECT_NEAR(p.attention_ms + p.gemm_ms + p.router_ms + p.dispatch_ms + p.experts_ms +

@@ -388,7 +388,7 @@ class GpuVerifyKernels : public ::testing::TestWithParam<KernelCase> {
   }
 
   void ExpectLastStepOnTheKernel() {
-    const std::string ran = engine_->last_verify_kernel();
+    const std::string ran = engine_->last_step().verify_kernel;
     if (GetParam().kernel == VerifyKernel::kAuto) {
       EXPECT_NE(ran, "fallback") << label_;
     } else {
@@ -462,18 +462,18 @@ TEST_P(GpuFp8ExpertsTest, KeepsExpertsInFp8AndMatchesTransformers) {
   int major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   if (major == 9) {
-    EXPECT_EQ(e->expert_mode(), "fp8 block-scaled grouped GEMMs");
+    EXPECT_EQ(e->load_report().expert_mode, "fp8 block-scaled grouped GEMMs");
     // The dense MLP (intermediate 256) is 128-aligned on every rank in moe_fp8_mlp128 and
     // moe_fp8_attn128; moe_fp8_block128's (160) is not. Every shared expert is (256). Only
     // moe_fp8_attn128's attention projections are whole blocks.
-    EXPECT_EQ(e->fp8_mlps(),
+    EXPECT_EQ(e->load_report().fp8_mlps,
               name_ == "moe_fp8_block128" ? "shared experts" : "dense, shared experts");
-    EXPECT_EQ(e->fp8_attention(), name_ == "moe_fp8_attn128");
+    EXPECT_EQ(e->load_report().fp8_attention, name_ == "moe_fp8_attn128");
   }
   std::printf("%s: experts run as %s; other FP8 MLPs: %s; FP8 attention projections: %s\n",
-              label_.c_str(), e->expert_mode().c_str(),
-              e->fp8_mlps().empty() ? "none" : e->fp8_mlps().c_str(),
-              e->fp8_attention() ? "yes" : "no");
+              label_.c_str(), e->load_report().expert_mode.c_str(),
+              e->load_report().fp8_mlps.empty() ? "none" : e->load_report().fp8_mlps.c_str(),
+              e->load_report().fp8_attention ? "yes" : "no");
   reftest::GreedyDecodeAndCompare(*e, ref_, label_, Fp8LogitTol(name_), kKvSlots);
 }
 
@@ -495,9 +495,9 @@ TEST_P(GpuFp8ExpertsTest, Fp8ExpertsMatchBf16Experts) {
   std::unique_ptr<CudaEngine> b = MakeEngine(name_, tp_, /*fp8_experts=*/false);
   ASSERT_NE(f, nullptr);
   ASSERT_NE(b, nullptr);
-  EXPECT_NE(b->expert_mode(), "fp8 block-scaled grouped GEMMs");
-  EXPECT_EQ(b->fp8_mlps(), "");
-  EXPECT_FALSE(b->fp8_attention());
+  EXPECT_NE(b->load_report().expert_mode, "fp8 block-scaled grouped GEMMs");
+  EXPECT_EQ(b->load_report().fp8_mlps, "");
+  EXPECT_FALSE(b->load_report().fp8_attention);
   const int64_t V = f->config().vocab_size;
   LogitsDiff diff;
   for (const PromptRef& pr : ref_.prompts) {
@@ -571,13 +571,13 @@ TEST(GpuExpertParallel, MatchesTensorParallelExperts) {
       ASSERT_NE(ep, nullptr);
       ASSERT_NE(tpx, nullptr);
       const int64_t E = ep->config().moe.n_routed_experts;
-      EXPECT_EQ(ep->local_experts(), E / tp) << "tp " << tp;
-      EXPECT_EQ(tpx->local_experts(), E) << "tp " << tp;
-      if (ep->expert_mode() != tpx->expert_mode()) {
+      EXPECT_EQ(ep->load_report().local_experts, E / tp) << "tp " << tp;
+      EXPECT_EQ(tpx->load_report().local_experts, E) << "tp " << tp;
+      if (ep->load_report().expert_mode != tpx->load_report().expert_mode) {
         std::printf(
             "tp=%d fp8_experts=%d: not compared (expert parallel: %s; tensor-parallel "
             "experts: %s)\n",
-            tp, fp8, ep->expert_mode().c_str(), tpx->expert_mode().c_str());
+            tp, fp8, ep->load_report().expert_mode.c_str(), tpx->load_report().expert_mode.c_str());
         EXPECT_TRUE(fp8) << "only the FP8 request may end in different paths";
         continue;
       }
@@ -585,9 +585,9 @@ TEST(GpuExpertParallel, MatchesTensorParallelExperts) {
       std::printf(
           "%s tp=%d %s: expert-parallel vs tensor-parallel experts over %lld rows: max "
           "rel-L2 %.3g, max rel %.3g, %lld greedy differences (%lld not near-ties)\n",
-          name.c_str(), tp, ep->expert_mode().c_str(), static_cast<long long>(diff.rows),
-          diff.max_rel_l2, diff.max_rel, static_cast<long long>(diff.flips),
-          static_cast<long long>(diff.unexplained));
+          name.c_str(), tp, ep->load_report().expert_mode.c_str(),
+          static_cast<long long>(diff.rows), diff.max_rel_l2, diff.max_rel,
+          static_cast<long long>(diff.flips), static_cast<long long>(diff.unexplained));
       EXPECT_GT(diff.rows, 0);
       EXPECT_LT(diff.max_rel_l2, 1e-2) << "tp " << tp << " fp8 " << fp8;
       EXPECT_LT(diff.max_rel, 1e-2) << "tp " << tp << " fp8 " << fp8;
@@ -611,7 +611,7 @@ TEST(GpuExpertPaths, PerExpertMatchesGrouped) {
         MakeEngine(name, tp, /*fp8_experts=*/false, true, /*grouped_experts=*/false);
     ASSERT_NE(grouped, nullptr);
     ASSERT_NE(each, nullptr);
-    EXPECT_EQ(each->expert_mode(), "bf16 per-expert cuBLAS GEMMs");
+    EXPECT_EQ(each->load_report().expert_mode, "bf16 per-expert cuBLAS GEMMs");
     const LogitsDiff diff = CompareOnReferencePrompts(*each, *grouped, ref);
     std::printf(
         "%s tp=%d: per-expert vs grouped bf16 experts over %lld rows: max rel-L2 %.3g, "

@@ -78,6 +78,10 @@ ABSL_FLAG(std::string, batches, "1,8,32", "requests per step");
 ABSL_FLAG(int, warmup, 2, "untimed steps per configuration");
 ABSL_FLAG(int, iters, 5, "timed steps per configuration (median reported)");
 ABSL_FLAG(bool, verify_kernel, true, "use the optimised verify attention kernel");
+ABSL_FLAG(std::string, verify_config, "auto",
+          "with --batch_invariant=false: the verify attention configuration "
+          "(kernels/cuda/verify_attention/config.h): " +
+              verifyd::kernels::cuda::VerifyKernelConfigChoices());
 ABSL_FLAG(bool, batch_invariant, true,
           "batch-invariant engine steps (EngineOptions::cuda, the default; false: the "
           "batch-adaptive kernels)");
@@ -294,6 +298,16 @@ int main(int argc, char** argv) {
   o.kv_slots = max_ctx + max_batch * (max_nodes + 1) + 64;
   o.cuda.use_verify_kernel = absl::GetFlag(FLAGS_verify_kernel);
   o.cuda.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  {
+    const absl::StatusOr<verifyd::kernels::cuda::VerifyKernelConfig> vk =
+        verifyd::kernels::cuda::ParseVerifyKernelConfig(absl::GetFlag(FLAGS_verify_config),
+                                                        "--verify_config");
+    if (!vk.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(vk.status().message()).c_str());
+      return 2;
+    }
+    o.cuda.verify_kernel = *vk;
+  }
   o.cuda.shared_context_attention = absl::GetFlag(FLAGS_shared_context);
   o.cuda.positional_chunk_keys = absl::GetFlag(FLAGS_positional_chunk_keys);
   o.cuda.positional_max_splits = absl::GetFlag(FLAGS_positional_max_splits);
@@ -416,11 +430,12 @@ int main(int argc, char** argv) {
         const double prof_wall =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count();
-        Row row{ctx, nodes, batch, med, batch * (nodes + 1) / (med / 1e3), e.last_profile(), 0};
+        Row row{ctx, nodes, batch, med, batch * (nodes + 1) / (med / 1e3), e.last_step().profile,
+                0};
         row.host_ms = std::max(0.0, prof_wall - row.prof.total_ms);
-        row.shared_packs = e.last_shared_prefix_packs();
+        row.shared_packs = e.last_step().shared_prefix_packs;
         if (slice_rank >= 0) {
-          const std::vector<verifyd::tp::CollectiveCall> calls = e.last_collectives();
+          const std::vector<verifyd::tp::CollectiveCall> calls = e.last_step().collectives;
           row.collectives = static_cast<int64_t>(calls.size());
           for (const auto& call : calls) row.comm_bytes += call.bytes;
           row.modeled_comm_ms = 1e3 * verifyd::tp::ModeledSeconds(comm_model, calls);
@@ -513,7 +528,7 @@ int main(int argc, char** argv) {
                  {"kv_cache_bytes", e.memory().kv_cache_bytes},
                  {"kv_tokens", e.memory().kv_tokens},
                  {"create_s", create_s}};
-  j["expert_mode"] = e.expert_mode();
+  j["expert_mode"] = e.load_report().expert_mode;
   j["shared_prefix"] = absl::GetFlag(FLAGS_shared_prefix);
   j["model"] = c.name;
   j["layers"] = c.num_hidden_layers;
@@ -531,10 +546,10 @@ int main(int argc, char** argv) {
                        ? absl::StrCat("generated (", m, ", seed ", absl::GetFlag(FLAGS_seed), ")")
                        : absl::StrCat("checkpoint ", std::filesystem::path(m).filename().string());
   }
-  j["fp8_attention"] = e.fp8_attention();
+  j["fp8_attention"] = e.load_report().fp8_attention;
   j["kv_cache_dtype"] = e.kv_cache_dtype();
-  j["fp8_mlps"] = e.fp8_mlps();
-  j["fp8_gemm"] = e.fp8_gemm();
+  j["fp8_mlps"] = e.load_report().fp8_mlps;
+  j["fp8_gemm"] = e.load_report().fp8_gemm;
   for (const Row& r : rows) {
     j["rows"].push_back(
         {{"context", r.context},

@@ -138,59 +138,43 @@ absl::StatusOr<std::vector<StepResult>> CudaEngine::StepWithLogits(
 
 EngineMemory CudaEngine::memory() const { return impl_->memory; }
 
-std::vector<CollectiveCall> CudaEngine::last_collectives() const {
-  std::lock_guard<std::mutex> lock(impl_->step_mu);
-  return impl_->last_collectives;
-}
-
 void CudaEngine::set_profile(bool on) {
   std::lock_guard<std::mutex> lock(impl_->step_mu);
   impl_->options.cuda.profile = on;
-}
-
-CudaStepProfile CudaEngine::last_profile() const {
-  std::lock_guard<std::mutex> lock(impl_->step_mu);
-  return impl_->ranks.empty() ? CudaStepProfile{} : impl_->ranks[0]->profile;
-}
-
-int64_t CudaEngine::local_experts() const {
-  if (impl_->config.moe.n_routed_experts == 0 || impl_->ranks.empty()) return 0;
-  return impl_->ranks[0]->local_experts;
-}
-
-std::string CudaEngine::expert_mode() const {
-  if (impl_->config.moe.n_routed_experts == 0 || impl_->ranks.empty()) return "";
-  return kc::ExpertPathName(impl_->ranks[0]->expert_path);
-}
-
-std::string CudaEngine::fp8_mlps() const {
-  if (impl_->ranks.empty()) return "";
-  const CudaRankContext& rk = *impl_->ranks[0];
-  if (rk.fp8_dense && rk.fp8_shared) return "dense, shared experts";
-  return rk.fp8_dense ? "dense" : rk.fp8_shared ? "shared experts" : "";
-}
-
-int CudaEngine::last_shared_prefix_packs() const {
-  return impl_->ranks.empty() ? 0 : impl_->ranks[0]->shared_prefix_packs;
-}
-
-std::string CudaEngine::last_verify_kernel() const {
-  return impl_->ranks.empty() ? "" : impl_->ranks[0]->last_verify_kernel;
 }
 
 std::string CudaEngine::kv_cache_dtype() const {
   return impl_->options.kv_dtype == KvDtype::kFp8 ? "fp8_e4m3" : "bfloat16";
 }
 
-bool CudaEngine::fp8_attention() const {
-  return !impl_->ranks.empty() && impl_->ranks[0]->fp8_attention;
+CudaLoadReport CudaEngine::load_report() const {
+  CudaLoadReport r;
+  if (impl_->ranks.empty()) return r;
+  const CudaRankContext& rk = *impl_->ranks[0];
+  if (impl_->config.moe.n_routed_experts > 0) {
+    r.expert_mode = kc::ExpertPathName(rk.expert_path);
+    r.local_experts = rk.local_experts;
+  }
+  if (rk.fp8_dense && rk.fp8_shared) {
+    r.fp8_mlps = "dense, shared experts";
+  } else {
+    r.fp8_mlps = rk.fp8_dense ? "dense" : rk.fp8_shared ? "shared experts" : "";
+  }
+  r.fp8_attention = rk.fp8_attention;
+  if (rk.fp8_offsets != nullptr) r.fp8_gemm = rk.fp8_lt != nullptr ? "cublaslt" : "grouped";
+  return r;
 }
 
-std::string CudaEngine::fp8_gemm() const {
-  if (impl_->ranks.empty()) return "";
+CudaStepReport CudaEngine::last_step() const {
+  std::lock_guard<std::mutex> lock(impl_->step_mu);
+  CudaStepReport r;
+  r.collectives = impl_->last_collectives;
+  if (impl_->ranks.empty()) return r;
   const CudaRankContext& rk = *impl_->ranks[0];
-  if (rk.fp8_offsets == nullptr) return "";
-  return rk.fp8_lt != nullptr ? "cublaslt" : "grouped";
+  r.profile = rk.profile;
+  r.shared_prefix_packs = rk.shared_prefix_packs;
+  r.verify_kernel = rk.last_verify_kernel;
+  return r;
 }
 
 absl::StatusOr<std::vector<float>> CudaEngine::LatentRow(int rank, int64_t layer, int32_t slot) {

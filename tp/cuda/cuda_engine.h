@@ -8,8 +8,9 @@
 //
 // A Step: the batch is validated and planned once on the caller's thread (tp::BuildBatchPlan:
 // InvalidArgument naming the field, before any KV write); each rank copies the plan (tokens,
-// positions, slot lists, tree masks) to its device in one transfer, computes the RoPE table
-// and the verify-attention split plan once, and runs every layer from them
+// positions, slot lists, tree masks) and the step's verify-attention split plan (made once a
+// step on the caller's thread) to its device, computes the RoPE table once, and runs every
+// layer from them
 // (tp/cuda/mla_layer.h): cuBLAS GEMMs, fused RMSNorm / RoPE / latent-KV write / SwiGLU
 // kernels, the verify attention kernel (kernels/cuda/verify_attention/api.h where it
 // supports the shape, else kernels/cuda/dense/fallback_attention.h),
@@ -41,6 +42,7 @@
 
 #include "absl/status/statusor.h"
 #include "tp/comm_model.h"
+#include "tp/cuda/step_profile.h"
 #include "tp/engine.h"
 #include "tp/engine_options.h"
 #include "tp/model_config.h"
@@ -52,24 +54,40 @@ int CudaDeviceCount();
 // True when at least one CUDA device is visible: `--backend auto` picks "cuda" then.
 bool CudaDevicesAvailable();
 
-// Time split of the last step on rank 0 (milliseconds of GPU stream time), when
-// EngineOptions::cuda.profile is set.
-struct CudaStepProfile {
-  double attention_ms = 0;  // verify attention kernels (+ combine)
-  // Dense GEMMs: projections incl. the absorbed per-head products, dense MLPs, shared
-  // experts, LM head.
-  double gemm_ms = 0;
-  double router_ms = 0;        // MoE router logits + top-k
-  double dispatch_ms = 0;      // MoE permutation, gathers, weighted combine
-  double experts_ms = 0;       // routed experts' GEMMs, SwiGLU and FP8 quantization
-  double sampling_ms = 0;      // argmax, sampling, acceptance, copy out
-  double comm_ms = 0;          // all-reduce / all-gather
-  double other_ms = 0;         // norms, rope, KV write, SwiGLU of dense MLPs, plan upload
-  double total_ms = 0;         // first to last event
-  bool verify_kernel = false;  // the optimised kernel ran this step (else the fallback)
-  // MoE models: the rank's routed experts that at least one row reached, summed over the MoE
-  // layers (the expert weights the step had to read).
-  int64_t experts_touched = 0;
+// What rank 0 of a CudaEngine chose at load (CudaEngine::load_report; tests and benchmarks).
+struct CudaLoadReport {
+  // How the routed experts run (kernels/cuda/dense/moe_mlp.h ExpertPath: "fp8 block-scaled
+  // grouped GEMMs", "bf16 grouped GEMMs" or "bf16 per-expert cuBLAS GEMMs"); "" without MoE.
+  std::string expert_mode;
+  // Which other SwiGLU MLPs are kept in FP8 (moe_mlp.h RunFp8Mlp): "dense", "shared experts",
+  // "dense, shared experts" or "" (bf16).
+  std::string fp8_mlps;
+  // Whether the attention projections (q_a, kv_a, q_b / q_proj, o_proj) are kept in FP8
+  // (moe_mlp.h RunFp8Linear; rank_context.h fp8_attention).
+  bool fp8_attention = false;
+  // How those FP8 linears (not the routed experts) run: "cublaslt" (fp8_gemm.h), "grouped"
+  // (the one-group grouped kernel: batch-invariant steps, or no cuBLASLt algorithm) or ""
+  // (none in FP8).
+  std::string fp8_gemm;
+  // Routed experts held: n_routed_experts (a slice of each: tensor-parallel experts) or
+  // n_routed_experts / tp (expert parallelism); 0 without MoE.
+  int64_t local_experts = 0;
+};
+
+// What rank 0 of a CudaEngine ran in its last step (CudaEngine::last_step; tests and
+// benchmarks).
+struct CudaStepReport {
+  CudaStepProfile profile;  // the time split (EngineOptions::cuda.profile), else zeros
+  // Packs of requests that read a shared prefix once in the verify-attention plan
+  // (kernels/cuda/verify_attention/api.h "Shared prefixes").
+  int shared_prefix_packs = 0;
+  // The verify attention configuration ("m16", "s64", "km16", "s64staged":
+  // kernels/cuda/verify_attention/config.h) or "fallback" (kernels/cuda/dense/
+  // fallback_attention.h: shapes the optimised kernels do not take).
+  std::string verify_kernel;
+  // A slice's (EngineOptions::cuda.slice_rank) collectives, recorded in call order instead of
+  // run (tp/cuda/recording_communicator.h); empty otherwise.
+  std::vector<CollectiveCall> collectives;
 };
 
 class CudaEngine final : public Engine {
@@ -108,37 +126,9 @@ class CudaEngine final : public Engine {
   absl::Status FillLatentCacheRandom(uint64_t seed);
   // Turns the per-step time split on or off (EngineOptions::cuda.profile) between steps.
   void set_profile(bool on);
-  // The time split of the last step (profile option), else zeros.
-  CudaStepProfile last_profile() const;
-  // How rank 0 runs the routed experts (kernels/cuda/dense/moe_mlp.h ExpertPath: "fp8 block-scaled
-  // grouped GEMMs", "bf16 grouped GEMMs" or "bf16 per-expert cuBLAS GEMMs"); "" without MoE.
-  std::string expert_mode() const;
-  // Which other SwiGLU MLPs rank 0 keeps in FP8 (moe_mlp.h RunFp8Mlp): "dense", "shared
-  // experts", "dense, shared experts" or "" (bf16).
-  std::string fp8_mlps() const;
-  // Whether rank 0 keeps the attention projections (q_a, kv_a, q_b / q_proj, o_proj) in FP8
-  // (moe_mlp.h RunFp8Linear; rank_context.h fp8_attention).
-  bool fp8_attention() const;
-  // How rank 0 runs those FP8 linears (not the routed experts): "cublaslt" (fp8_gemm.h),
-  // "grouped" (the one-group grouped kernel: batch-invariant steps, or no cuBLASLt algorithm)
-  // or "" (none in FP8).
-  std::string fp8_gemm() const;
-  // Routed experts rank 0 holds: n_routed_experts (a slice of each: tensor-parallel experts)
-  // or n_routed_experts / tp (expert parallelism); 0 without MoE.
-  int64_t local_experts() const;
-  // Packs of requests that read a shared prefix once in rank 0's last verify-attention plan
-  // (kernels/cuda/verify_attention/api.h "Shared prefixes"). Test / benchmark API.
-  int last_shared_prefix_packs() const;
-  // The verify attention rank 0's last step ran: its plan's configuration ("m16", "s64",
-  // "km16", "s64staged"; kernels/cuda/verify_attention/api.h VerifyKernelConfigName) or "fallback"
-  // (kernels/cuda/dense/ fallback_attention.h: shapes the optimised kernels do not take). Test /
-  // benchmark API.
-  std::string last_verify_kernel() const;
-
-  // A slice's (EngineOptions::cuda.slice_rank) collectives of the last step, recorded in
-  // call order instead of run (tp/cuda/recording_communicator.h); empty otherwise.
-  // Benchmark API.
-  std::vector<CollectiveCall> last_collectives() const;
+  // Test and benchmark introspection: what rank 0 chose at load, and what its last step ran.
+  CudaLoadReport load_report() const;
+  CudaStepReport last_step() const;
 
   struct Impl;
 

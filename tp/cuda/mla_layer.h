@@ -21,30 +21,10 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/cuda/verify_attention/api.h"
-#include "kernels/verify_attention.h"
+#include "tp/cuda/layer_step.h"
 #include "tp/cuda/rank_context.h"
-#include "tp/model_config.h"
 
 namespace verifyd::tp {
-
-// What every kernel of one step reads besides the rank's buffers.
-struct MlaStep {
-  const ModelConfig* config = nullptr;
-  int tp = 1;
-  int64_t kv_slots = 0;
-  int64_t rows = 0;             // R: tail rows of the batch
-  int64_t batch = 0;            // B: requests
-  int sync_timeout_ms = 60000;  // deadline of a host wait inside the step (MoE layers)
-  // The step plan on the device.
-  const int32_t* tokens = nullptr;     // [R]
-  const int32_t* positions = nullptr;  // [R]
-  const int32_t* slots = nullptr;      // [R] tail slots
-  // The attention of every layer (all but `kv`, set per layer), and the optimised kernel's
-  // split plan; null: the fallback attention.
-  kernels::VerifyAttentionParams attention;
-  const kernels::cuda::VerifyAttentionPlan* verify_plan = nullptr;
-};
 
 // cos / sin of the step's positions (rk.cos_t, rk.sin_t): shared by every layer.
 absl::Status ComputeRopeTable(const MlaStep& s, CudaRankContext& rk);

@@ -24,7 +24,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "tp/cuda/mla_layer.h"
+#include "tp/cuda/layer_step.h"
 #include "tp/cuda/rank_context.h"
 
 namespace verifyd::tp {
