@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Model of the seesaw verify-attention schedule (kernels/cuda/verify_attention_seesaw.cu).
+"""Model of the seesaw verify-attention schedule (kernels/cuda/verify_attention/seesaw.cu
+and its headers seesaw_tiles.cuh, seesaw_fp8.cuh, seesaw_roles.cuh).
 
 Three parts, all host-only, for whoever changes the schedule:
 
