@@ -10,21 +10,33 @@
 namespace verifyd::kernels::cuda {
 namespace {
 
-// Unaligned q / kv / out are refused before anything is launched (the kernels move rows with
-// 16-byte and bulk copies), naming the field. The fake device pointers are never touched.
-TEST(VerifyAttentionLaunch, RejectsUnalignedPointers) {
+// One request of 4 rows over 1000 keys with 8 heads, planned for a 132-SM device against a
+// workspace that gives capacity only.
+class VerifyAttentionLaunch : public ::testing::Test {
+ protected:
+  VerifyAttentionLaunch() {
+    ws.max_work_items = 1024;
+    ws.max_combine_items = 1024;
+    ws.max_partial_rows = 65536;
+    p.batch = 1;
+    p.total_rows = 4;
+    p.num_heads = 8;
+  }
+  absl::StatusOr<VerifyAttentionPlan> Plan(const VerifyAttentionParams& params) const {
+    return PlanVerifyAttention(params, qi.data(), ki.data(), dev, ws);
+  }
+
   const VerifyAttentionDeviceInfo dev{132, 9, 0, 232448, 233472};
-  VerifyAttentionWorkspace ws;  // capacity only
-  ws.max_work_items = 1024;
-  ws.max_combine_items = 1024;
-  ws.max_partial_rows = 65536;
+  VerifyAttentionWorkspace ws;
   const std::vector<int32_t> qi = {0, 4}, ki = {0, 1000};
   VerifyAttentionParams p;
-  p.batch = 1;
-  p.total_rows = 4;
-  p.num_heads = 8;
+};
+
+// Unaligned q / kv / out are refused before anything is launched (the kernels move rows with
+// 16-byte and bulk copies), naming the field. The fake device pointers are never touched.
+TEST_F(VerifyAttentionLaunch, RejectsUnalignedPointers) {
   p.kv_slots = 1000;
-  auto plan = PlanVerifyAttention(p, qi.data(), ki.data(), dev, ws);
+  auto plan = Plan(p);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_FALSE(plan->work.empty());
   alignas(16) static unsigned char fake[64];
@@ -47,18 +59,8 @@ TEST(VerifyAttentionLaunch, RejectsUnalignedPointers) {
 
 // A plan for another batch shape or cache format, and unsupported params, are refused without
 // a launch.
-TEST(VerifyAttentionLaunch, RejectsMismatchedPlan) {
-  const VerifyAttentionDeviceInfo dev{132, 9, 0, 232448, 233472};
-  VerifyAttentionWorkspace ws;
-  ws.max_work_items = 1024;
-  ws.max_combine_items = 1024;
-  ws.max_partial_rows = 65536;
-  const std::vector<int32_t> qi = {0, 4}, ki = {0, 1000};
-  VerifyAttentionParams p;
-  p.batch = 1;
-  p.total_rows = 4;
-  p.num_heads = 8;
-  auto plan = PlanVerifyAttention(p, qi.data(), ki.data(), dev, ws);
+TEST_F(VerifyAttentionLaunch, RejectsMismatchedPlan) {
+  auto plan = Plan(p);
   ASSERT_TRUE(plan.ok()) << plan.status();
   VerifyAttentionParams other = p;
   other.num_heads = 16;
@@ -72,7 +74,7 @@ TEST(VerifyAttentionLaunch, RejectsMismatchedPlan) {
   absl::Status s = VerifyAttentionCuda(other, *plan, ws);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("bf16 latent cache"), std::string::npos) << s;
-  auto fp8_plan = PlanVerifyAttention(other, qi.data(), ki.data(), dev, ws);
+  auto fp8_plan = Plan(other);
   ASSERT_TRUE(fp8_plan.ok()) << fp8_plan.status();
   EXPECT_TRUE(fp8_plan->kv_fp8);
   s = VerifyAttentionCuda(p, *fp8_plan, ws);
