@@ -72,6 +72,44 @@ std::string Page(int port) {
   return verifyd::server::testing::HttpGet(port, "/metrics").value_or("");
 }
 
+// verifyd run with `flags`, listening on a free loopback port and logging to
+// TempPath(log_name); `env` is added to its environment.
+struct Verifyd {
+  const int port = FreePort();
+  const std::string target = absl::StrCat("127.0.0.1:", port);
+  const std::string log;
+  pid_t pid = -1;
+
+  Verifyd(const std::string& log_name, const std::vector<std::string>& flags,
+          const std::vector<std::pair<std::string, std::string>>& env = {})
+      : log(TempPath(log_name)) {
+    std::vector<std::string> args = {VERIFYD_BINARY, "--listen=" + target};
+    args.insert(args.end(), flags.begin(), flags.end());
+    pid = Spawn(args, log, env);
+  }
+};
+
+#ifdef VERIFYD_WITH_SYSTEMD
+// A datagram socket bound at `path` (removed first) standing in for systemd's notify socket,
+// its receives timing out after 100 ms; -1 when it cannot be made.
+int NotifySocket(const std::string& path) {
+  ::unlink(path.c_str());
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) return -1;
+  std::strcpy(addr.sun_path, path.c_str());
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM, 0);
+  if (fd < 0) return -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  timeval tv{0, 100000};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+#endif
+
 TEST(VerifydMain, UsageErrorsExitTwoWithOneLine) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--no_such_flag"}, "verifyd: unknown flag --no_such_flag"},
@@ -100,18 +138,14 @@ TEST(VerifydMain, UsageErrorsExitTwoWithOneLine) {
 // NOT_SERVING and every call UNAVAILABLE "model loading", the health port NOT_SERVING, /metrics
 // verifyd_model_loaded 0; then SERVING, and the calls work.
 TEST(VerifydMain, ListenersAnswerWhileTheModelLoads) {
-  const int port = FreePort();
   const int health_port = FreePort();
   const int metrics_port = FreePort();
-  const std::string log = TempPath("loading.log");
-  const pid_t pid =
-      Spawn({VERIFYD_BINARY, "--backend=cpu", "--kv_slots=4096", "--testing_fault=load:4000",
-             "--served_model_name=kimi-test", absl::StrCat("--listen=127.0.0.1:", port),
-             absl::StrCat("--health_listen=127.0.0.1:", health_port),
-             absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)},
-            log);
-  ASSERT_GT(pid, 0);
-  verifyd::client::VerifyClient api(absl::StrCat("127.0.0.1:", port), absl::Seconds(2));
+  const Verifyd v("loading.log", {"--backend=cpu", "--kv_slots=4096", "--testing_fault=load:4000",
+                                  "--served_model_name=kimi-test",
+                                  absl::StrCat("--health_listen=127.0.0.1:", health_port),
+                                  absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)});
+  ASSERT_GT(v.pid, 0);
+  verifyd::client::VerifyClient api(v.target, absl::Seconds(2));
   verifyd::client::VerifyClient probe(absl::StrCat("127.0.0.1:", health_port), absl::Seconds(2));
   // Up within a second or so of the start, long before the 4 s load ends.
   const absl::Time deadline = absl::Now() + absl::Seconds(3);
@@ -121,7 +155,7 @@ TEST(VerifydMain, ListenersAnswerWhileTheModelLoads) {
     if (h.ok()) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
-  ASSERT_TRUE(h.ok()) << h.status() << ReadFile(log);
+  ASSERT_TRUE(h.ok()) << h.status() << ReadFile(v.log);
   EXPECT_EQ(*h, verifyd::client::HealthStatus::kNotServing);
   EXPECT_EQ(probe.Health().value_or(verifyd::client::HealthStatus::kUnknown),
             verifyd::client::HealthStatus::kNotServing);
@@ -134,9 +168,9 @@ TEST(VerifydMain, ListenersAnswerWhileTheModelLoads) {
   EXPECT_EQ(MetricValue(loading_page, "verifyd_model_loaded"), 0) << loading_page;
   EXPECT_THAT(loading_page, HasSubstr("verifyd_model_loaded{model_name=\"kimi-test\"} 0"));
   EXPECT_EQ(MetricValue(loading_page, "verifyd_active_sessions"), -1) << "engine metrics later";
-  EXPECT_THAT(ReadFile(log), ::testing::Not(HasSubstr("serving listen=")));
+  EXPECT_THAT(ReadFile(v.log), ::testing::Not(HasSubstr("serving listen=")));
 
-  ASSERT_TRUE(WaitServing(api, absl::Seconds(30))) << ReadFile(log);
+  ASSERT_TRUE(WaitServing(api, absl::Seconds(30))) << ReadFile(v.log);
   EXPECT_EQ(probe.Health().value_or(verifyd::client::HealthStatus::kUnknown),
             verifyd::client::HealthStatus::kServing);
   auto s = api.Open({1, 2, 3});
@@ -146,8 +180,8 @@ TEST(VerifydMain, ListenersAnswerWhileTheModelLoads) {
   EXPECT_EQ(MetricValue(page, "verifyd_active_sessions"), 1) << page;
   EXPECT_THAT(page, HasSubstr("verifyd_active_sessions{model_name=\"kimi-test\"} 1"));
   EXPECT_GE(MetricValue(page, "verifyd_model_load_seconds"), 4.0) << page;
-  ASSERT_EQ(::kill(pid, SIGTERM), 0);
-  EXPECT_EQ(WaitExit(pid, absl::Seconds(30)), 0) << ReadFile(log);
+  ASSERT_EQ(::kill(v.pid, SIGTERM), 0);
+  EXPECT_EQ(WaitExit(v.pid, absl::Seconds(30)), 0) << ReadFile(v.log);
 }
 
 // A model that fails to load: exit 2 with the critical "engine:" line, after the listeners
@@ -167,17 +201,14 @@ TEST(VerifydMain, LoadFailureExitsTwo) {
 // A step running longer than --stall_timeout_s turns health NOT_SERVING on both ports (no
 // systemd involved), and SERVING again once it finishes.
 TEST(VerifydMain, StuckStepTurnsHealthNotServing) {
-  const int port = FreePort();
   const int health_port = FreePort();
-  const std::string log = TempPath("stall.log");
-  const pid_t pid =
-      Spawn({VERIFYD_BINARY, "--backend=cpu", "--kv_slots=4096", "--testing_fault=slow:3000",
-             "--stall_timeout_s=1", absl::StrCat("--listen=127.0.0.1:", port),
-             absl::StrCat("--health_listen=127.0.0.1:", health_port), "--metrics_listen="},
-            log);
-  verifyd::client::VerifyClient api(absl::StrCat("127.0.0.1:", port), absl::Seconds(30));
+  const Verifyd v(
+      "stall.log",
+      {"--backend=cpu", "--kv_slots=4096", "--testing_fault=slow:3000", "--stall_timeout_s=1",
+       absl::StrCat("--health_listen=127.0.0.1:", health_port), "--metrics_listen="});
+  verifyd::client::VerifyClient api(v.target, absl::Seconds(30));
   verifyd::client::VerifyClient probe(absl::StrCat("127.0.0.1:", health_port), absl::Seconds(5));
-  ASSERT_TRUE(WaitServing(api, absl::Seconds(30))) << ReadFile(log);
+  ASSERT_TRUE(WaitServing(api, absl::Seconds(30))) << ReadFile(v.log);
   std::atomic<bool> done{false};
   absl::Status opened;
   std::thread call([&] {
@@ -197,30 +228,25 @@ TEST(VerifydMain, StuckStepTurnsHealthNotServing) {
   }
   call.join();
   EXPECT_TRUE(opened.ok()) << opened;
-  EXPECT_TRUE(probe_not_serving) << ReadFile(log);
-  EXPECT_TRUE(api_not_serving) << ReadFile(log);
-  EXPECT_TRUE(WaitServing(probe, absl::Seconds(5))) << ReadFile(log);
-  EXPECT_THAT(ReadFile(log), HasSubstr("engine stalled: health NOT_SERVING"));
-  ASSERT_EQ(::kill(pid, SIGTERM), 0);
-  EXPECT_EQ(WaitExit(pid, absl::Seconds(30)), 0) << ReadFile(log);
+  EXPECT_TRUE(probe_not_serving) << ReadFile(v.log);
+  EXPECT_TRUE(api_not_serving) << ReadFile(v.log);
+  EXPECT_TRUE(WaitServing(probe, absl::Seconds(5))) << ReadFile(v.log);
+  EXPECT_THAT(ReadFile(v.log), HasSubstr("engine stalled: health NOT_SERVING"));
+  ASSERT_EQ(::kill(v.pid, SIGTERM), 0);
+  EXPECT_EQ(WaitExit(v.pid, absl::Seconds(30)), 0) << ReadFile(v.log);
 }
 
 TEST(VerifydMain, SigtermDrainsAndExitsZero) {
-  const int port = FreePort();
-  const std::string log = TempPath("sigterm.log");
-  const pid_t pid =
-      Spawn({VERIFYD_BINARY, "--backend=toy", absl::StrCat("--listen=127.0.0.1:", port),
-             "--metrics_listen=", "--kv_slots=4096"},
-            log);
-  ASSERT_GT(pid, 0);
-  verifyd::client::VerifyClient c(absl::StrCat("127.0.0.1:", port), absl::Seconds(5));
-  ASSERT_TRUE(WaitServing(c, absl::Seconds(20))) << ReadFile(log);
+  const Verifyd v("sigterm.log", {"--backend=toy", "--metrics_listen=", "--kv_slots=4096"});
+  ASSERT_GT(v.pid, 0);
+  verifyd::client::VerifyClient c(v.target, absl::Seconds(5));
+  ASSERT_TRUE(WaitServing(c, absl::Seconds(20))) << ReadFile(v.log);
   auto s = c.Open({1, 2, 3});
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_TRUE(c.Verify(s->session_id, {}).ok());
-  ASSERT_EQ(::kill(pid, SIGTERM), 0);
-  EXPECT_EQ(WaitExit(pid, absl::Seconds(20)), 0) << ReadFile(log);
-  const std::string text = ReadFile(log);
+  ASSERT_EQ(::kill(v.pid, SIGTERM), 0);
+  EXPECT_EQ(WaitExit(v.pid, absl::Seconds(20)), 0) << ReadFile(v.log);
+  const std::string text = ReadFile(v.log);
   EXPECT_THAT(text, HasSubstr("draining"));
   EXPECT_THAT(text, HasSubstr("level=info"));
 }
@@ -231,23 +257,12 @@ TEST(VerifydMain, SigtermDrainsAndExitsZero) {
 // SIGTERM.
 TEST(VerifydMain, NotifiesSystemdReadyWatchdogStopping) {
   const std::string sock_path = TempPath("notify.sock");
-  ::unlink(sock_path.c_str());
-  const int fd = ::socket(AF_UNIX, SOCK_DGRAM, 0);
+  const int fd = NotifySocket(sock_path);
   ASSERT_GE(fd, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  ASSERT_LT(sock_path.size(), sizeof(addr.sun_path));
-  std::strcpy(addr.sun_path, sock_path.c_str());
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  timeval tv{0, 100000};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 
-  const int port = FreePort();
-  const std::string log = TempPath("notify.log");
-  const pid_t pid = Spawn({VERIFYD_BINARY, "--backend=toy",
-                           absl::StrCat("--listen=127.0.0.1:", port), "--metrics_listen="},
-                          log, {{"NOTIFY_SOCKET", sock_path}, {"WATCHDOG_USEC", "200000"}});
-  ASSERT_GT(pid, 0);
+  const Verifyd v("notify.log", {"--backend=toy", "--metrics_listen="},
+                  {{"NOTIFY_SOCKET", sock_path}, {"WATCHDOG_USEC", "200000"}});
+  ASSERT_GT(v.pid, 0);
   std::vector<std::string> messages;
   auto receive_for = [&](absl::Duration d) {
     const absl::Time deadline = absl::Now() + d;
@@ -257,8 +272,8 @@ TEST(VerifydMain, NotifiesSystemdReadyWatchdogStopping) {
       if (k > 0) messages.emplace_back(buf, static_cast<size_t>(k));
     }
   };
-  verifyd::client::VerifyClient c(absl::StrCat("127.0.0.1:", port), absl::Seconds(5));
-  ASSERT_TRUE(WaitServing(c, absl::Seconds(20))) << ReadFile(log);
+  verifyd::client::VerifyClient c(v.target, absl::Seconds(5));
+  ASSERT_TRUE(WaitServing(c, absl::Seconds(20))) << ReadFile(v.log);
   receive_for(absl::Milliseconds(600));
   ASSERT_FALSE(messages.empty());
   // Each datagram is newline-separated assignments; READY=1 / STOPPING=1 come first in theirs.
@@ -271,9 +286,9 @@ TEST(VerifydMain, NotifiesSystemdReadyWatchdogStopping) {
   EXPECT_TRUE(starts_with(messages[0], "STATUS=loading model tiny")) << messages[0];
   const auto pings = std::count(messages.begin(), messages.end(), "WATCHDOG=1");
   EXPECT_GE(pings, 3) << "100 ms pings over 600 ms";
-  ::kill(pid, SIGTERM);
+  ::kill(v.pid, SIGTERM);
   receive_for(absl::Milliseconds(300));
-  EXPECT_EQ(WaitExit(pid, absl::Seconds(20)), 0) << ReadFile(log);
+  EXPECT_EQ(WaitExit(v.pid, absl::Seconds(20)), 0) << ReadFile(v.log);
   EXPECT_TRUE(std::any_of(messages.begin(), messages.end(), [&](const std::string& m) {
     return starts_with(m, "STOPPING=1\n") || m == "STOPPING=1";
   }));
@@ -291,22 +306,13 @@ TEST(VerifydMain, CheckpointLoadReportsProgress) {
   }
   ASSERT_GE(shards, 2);
   const std::string sock_path = TempPath("ckpt.sock");
-  ::unlink(sock_path.c_str());
-  const int fd = ::socket(AF_UNIX, SOCK_DGRAM, 0);
+  const int fd = NotifySocket(sock_path);
   ASSERT_GE(fd, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strcpy(addr.sun_path, sock_path.c_str());
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  timeval tv{0, 100000};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  const int port = FreePort();
   const int metrics_port = FreePort();
-  const std::string log = TempPath("ckpt.log");
-  const pid_t pid = Spawn({VERIFYD_BINARY, "--backend=cpu", "--model=" + dir, "--tp=2",
-                           "--kv_slots=4096", absl::StrCat("--listen=127.0.0.1:", port),
-                           absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)},
-                          log, {{"NOTIFY_SOCKET", sock_path}});
+  const Verifyd v("ckpt.log",
+                  {"--backend=cpu", "--model=" + dir, "--tp=2", "--kv_slots=4096",
+                   absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)},
+                  {{"NOTIFY_SOCKET", sock_path}});
   std::vector<std::string> messages;
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   bool ready = false;
@@ -317,12 +323,12 @@ TEST(VerifydMain, CheckpointLoadReportsProgress) {
     messages.emplace_back(buf, static_cast<size_t>(k));
     ready = messages.back().rfind("READY=1", 0) == 0;
   }
-  ASSERT_TRUE(ready) << ReadFile(log);
+  ASSERT_TRUE(ready) << ReadFile(v.log);
   const std::string all = absl::StrJoin(messages, "|");
   EXPECT_THAT(all, HasSubstr(absl::StrCat("STATUS=loading ", shards, "/", shards, " shards, ")));
   EXPECT_THAT(all, HasSubstr(" GB/s"));
   EXPECT_THAT(all, HasSubstr("EXTEND_TIMEOUT_USEC=120000000"));
-  EXPECT_THAT(ReadFile(log),
+  EXPECT_THAT(ReadFile(v.log),
               HasSubstr(absl::StrCat("model load: ", shards, "/", shards, " shards")));
   const std::string page = Page(metrics_port);
   const double total = MetricValue(page, "verifyd_model_load_total_bytes");
@@ -332,8 +338,8 @@ TEST(VerifydMain, CheckpointLoadReportsProgress) {
   // Every series is labelled with the served model name: by default the --model value.
   EXPECT_THAT(page, HasSubstr(absl::StrCat("verifyd_model_loaded{model_name=\"", dir, "\"} 1")));
   EXPECT_THAT(page, HasSubstr(absl::StrCat("verifyd_requests_total{model_name=\"", dir, "\",")));
-  ASSERT_EQ(::kill(pid, SIGTERM), 0);
-  EXPECT_EQ(WaitExit(pid, absl::Seconds(30)), 0) << ReadFile(log);
+  ASSERT_EQ(::kill(v.pid, SIGTERM), 0);
+  EXPECT_EQ(WaitExit(v.pid, absl::Seconds(30)), 0) << ReadFile(v.log);
   ::close(fd);
   ::unlink(sock_path.c_str());
   std::filesystem::remove_all(dir);
@@ -389,15 +395,11 @@ TEST(VerifydMain, BadFlagValueFailsNamingTheFlag) {
 // --kv_dtype=fp8 on the cpu backend: the server loads the tiny preset, serves a session (the
 // format's accuracy is tested by tp_reference_checkpoint_test) and exits 0 on SIGTERM.
 TEST(VerifydMain, Fp8KvCacheServes) {
-  const int port = FreePort();
-  const std::string log = TempPath("kvfp8.log");
-  const pid_t pid =
-      Spawn({VERIFYD_BINARY, "--backend=cpu", "--kv_dtype=fp8",
-             absl::StrCat("--listen=127.0.0.1:", port), "--metrics_listen=", "--kv_slots=4096"},
-            log);
-  ASSERT_GT(pid, 0);
-  verifyd::client::VerifyClient c(absl::StrCat("127.0.0.1:", port), absl::Seconds(5));
-  ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << ReadFile(log);
+  const Verifyd v("kvfp8.log",
+                  {"--backend=cpu", "--kv_dtype=fp8", "--metrics_listen=", "--kv_slots=4096"});
+  ASSERT_GT(v.pid, 0);
+  verifyd::client::VerifyClient c(v.target, absl::Seconds(5));
+  ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << ReadFile(v.log);
   auto info = c.GetInfo();
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->kv_cache_dtype(), "fp8_e4m3");
@@ -405,20 +407,16 @@ TEST(VerifydMain, Fp8KvCacheServes) {
   auto s = c.Open({1, 2, 3});
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_TRUE(c.Verify(s->session_id, {}).ok());
-  EXPECT_THAT(ReadFile(log), HasSubstr("kv_dtype=fp8"));
-  ASSERT_EQ(::kill(pid, SIGTERM), 0);
-  EXPECT_EQ(WaitExit(pid, absl::Seconds(30)), 0) << ReadFile(log);
+  EXPECT_THAT(ReadFile(v.log), HasSubstr("kv_dtype=fp8"));
+  ASSERT_EQ(::kill(v.pid, SIGTERM), 0);
+  EXPECT_EQ(WaitExit(v.pid, absl::Seconds(30)), 0) << ReadFile(v.log);
 }
 
 TEST(Verifyctl, SubcommandsAndDemoAgainstLiveServer) {
-  const int port = FreePort();
-  const std::string log = TempPath("ctl.log");
-  const pid_t pid = Spawn({VERIFYD_BINARY, "--backend=toy",
-                           absl::StrCat("--listen=127.0.0.1:", port), "--metrics_listen="},
-                          log);
-  verifyd::client::VerifyClient c(absl::StrCat("127.0.0.1:", port), absl::Seconds(5));
-  ASSERT_TRUE(WaitServing(c, absl::Seconds(20))) << ReadFile(log);
-  const std::string ctl = absl::StrCat(VERIFYCTL_BINARY, " --target=127.0.0.1:", port, " ");
+  const Verifyd v("ctl.log", {"--backend=toy", "--metrics_listen="});
+  verifyd::client::VerifyClient c(v.target, absl::Seconds(5));
+  ASSERT_TRUE(WaitServing(c, absl::Seconds(20))) << ReadFile(v.log);
+  const std::string ctl = absl::StrCat(VERIFYCTL_BINARY, " --target=", v.target, " ");
 
   auto [rc_info, info] = RunCommand(ctl + "info");
   EXPECT_EQ(rc_info, 0) << info;
@@ -457,8 +455,8 @@ TEST(Verifyctl, SubcommandsAndDemoAgainstLiveServer) {
   auto [rc_usage, usage] = RunCommand(ctl + "frobnicate");
   EXPECT_EQ(rc_usage, 2);
 
-  ::kill(pid, SIGTERM);
-  EXPECT_EQ(WaitExit(pid, absl::Seconds(20)), 0) << ReadFile(log);
+  ::kill(v.pid, SIGTERM);
+  EXPECT_EQ(WaitExit(v.pid, absl::Seconds(20)), 0) << ReadFile(v.log);
 }
 
 }  // namespace
