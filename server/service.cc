@@ -157,9 +157,11 @@ WaitBounds VerifyServiceImpl::Bounds(grpc::ServerContext* ctx, absl::Time deadli
   return b;
 }
 
-absl::StatusOr<std::shared_ptr<Session>> VerifyServiceImpl::AcquireSession(
-    grpc::ServerContext* ctx, const std::string& id, const std::string& owner, absl::Time deadline,
-    const char* field) {
+absl::StatusOr<std::shared_ptr<Session>> VerifyServiceImpl::AcquireSession(grpc::ServerContext* ctx,
+                                                                           const std::string& id,
+                                                                           const std::string& owner,
+                                                                           absl::Time deadline,
+                                                                           const char* field) {
   auto s = sessions_->Acquire(id, owner, Bounds(ctx, deadline));
   if (s.ok()) return s;
   if (s.status().code() == absl::StatusCode::kNotFound) return WithField(s.status(), field);

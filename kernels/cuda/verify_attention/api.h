@@ -46,16 +46,16 @@
 // key's position in the sequence. Each work item holds the heads of *one* node (16 or 64 of
 // them) and a range of those keys, cut at lengths that depend on n alone
 // (PositionalSplitKeys, multiples of 128 so every variant's tiles, and the seesaw kernel's
-// tile pairs, start at the same positions); splits are merged in split order by the combine kernel in one fixed layout. A
-// range that reaches the tail is read through an index list the planner has the GPU build
-// (context slots, then the node's visible tail slots) in the workspace; the others read the
-// request's own slot list. The kernels are the plain ones (any configuration; the engine asks
-// for PositionalConfigFor(device)). A row's output is then a function of its query and its
-// visible keys in order, nothing else: not the batch, not the tree's other nodes, not the
-// occupancy of the GPU. A node of a draft tree gets bit for bit what the same token gets when
-// decoded alone at that position (lossless speculative decoding, bit-exact). The planner
-// needs the host copy of the tree mask (VerifyPlanOptions::host_tree_mask). When the partial
-// outputs or the index lists exceed the workspace, the plan runs in several passes (each:
+// tile pairs, start at the same positions); splits are merged in split order by the combine
+// kernel in one fixed layout. A range that reaches the tail is read through an index list the
+// planner has the GPU build (context slots, then the node's visible tail slots) in the
+// workspace; the others read the request's own slot list. The kernels are the plain ones (any
+// configuration; the engine asks for PositionalConfigFor(device)). A row's output is then a
+// function of its query and its visible keys in order, nothing else: not the batch, not the tree's
+// other nodes, not the occupancy of the GPU. A node of a draft tree gets bit for bit what the same
+// token gets when decoded alone at that position (lossless speculative decoding, bit-exact). The
+// planner needs the host copy of the tree mask (VerifyPlanOptions::host_tree_mask). When the
+// partial outputs or the index lists exceed the workspace, the plan runs in several passes (each:
 // index lists, attention, combine); a row's arithmetic does not depend on its pass.
 // Shared-context positional plans (VerifyPlanOptions::positional_shared_context) let a work
 // item hold several nodes for the splits that lie wholly in the context (the same keys at the
