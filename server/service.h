@@ -110,6 +110,15 @@ class VerifyServiceImpl final : public verify::v1::VerifyService::Service {
 
   grpc::Status Finish(const char* method, uint64_t request_id, const absl::Status& st,
                       absl::Time start, const std::string& detail);
+  // One unary RPC: a request id and start time, `core()` (the status), then Finish with
+  // `detail()`, read after the core (it may name what the core created).
+  template <typename Core, typename Detail>
+  grpc::Status Handle(const char* method, Core core, Detail detail) {
+    const uint64_t id = next_request_id_++;
+    const absl::Time start = absl::Now();
+    const absl::Status st = core();
+    return Finish(method, id, st, start, detail());
+  }
 
   tp::Engine* const engine_;
   SessionManager* const sessions_;

@@ -91,23 +91,24 @@ absl::Status VerifyServiceImpl::DoOpen(grpc::ServerContext* ctx, const v1::OpenS
 grpc::Status VerifyServiceImpl::OpenSession(grpc::ServerContext* ctx,
                                             const v1::OpenSessionRequest* req,
                                             v1::OpenSessionResponse* resp) {
-  const uint64_t id = next_request_id_++;
-  const absl::Time start = absl::Now();
-  const absl::Status st = DoOpen(ctx, *req, resp);
-  return Finish("OpenSession", id, st, start,
-                absl::StrCat("prompt_len=", req->prompt_tokens_size(), " prefix=",
-                             req->prefix_session_id(), " session=", resp->session_id()));
+  return Handle(
+      "OpenSession", [&] { return DoOpen(ctx, *req, resp); },
+      [&] {
+        return absl::StrCat("prompt_len=", req->prompt_tokens_size(),
+                            " prefix=", req->prefix_session_id(), " session=", resp->session_id());
+      });
 }
 
 grpc::Status VerifyServiceImpl::CloseSession(grpc::ServerContext* ctx,
                                              const v1::CloseSessionRequest* req,
                                              v1::CloseSessionResponse*) {
-  const uint64_t id = next_request_id_++;
-  const absl::Time start = absl::Now();
-  absl::Status st = SessionIdPresent(req->session_id(), "session_id");
-  if (st.ok()) st = sessions_->Close(req->session_id(), Owner(*ctx));
-  if (!st.ok() && st.code() == absl::StatusCode::kNotFound) st = WithField(st, "session_id");
-  return Finish("CloseSession", id, st, start, absl::StrCat("session=", req->session_id()));
+  auto close = [&] {
+    absl::Status st = SessionIdPresent(req->session_id(), "session_id");
+    if (st.ok()) st = sessions_->Close(req->session_id(), Owner(*ctx));
+    if (!st.ok() && st.code() == absl::StatusCode::kNotFound) st = WithField(st, "session_id");
+    return st;
+  };
+  return Handle("CloseSession", close, [&] { return absl::StrCat("session=", req->session_id()); });
 }
 
 absl::Status VerifyServiceImpl::DoTruncate(grpc::ServerContext* ctx,
@@ -137,11 +138,9 @@ absl::Status VerifyServiceImpl::DoTruncate(grpc::ServerContext* ctx,
 grpc::Status VerifyServiceImpl::TruncateSession(grpc::ServerContext* ctx,
                                                 const v1::TruncateSessionRequest* req,
                                                 v1::TruncateSessionResponse* resp) {
-  const uint64_t id = next_request_id_++;
-  const absl::Time start = absl::Now();
-  const absl::Status st = DoTruncate(ctx, *req, resp);
-  return Finish("TruncateSession", id, st, start,
-                absl::StrCat("session=", req->session_id(), " len=", req->committed_len()));
+  return Handle(
+      "TruncateSession", [&] { return DoTruncate(ctx, *req, resp); },
+      [&] { return absl::StrCat("session=", req->session_id(), " len=", req->committed_len()); });
 }
 
 absl::Status VerifyServiceImpl::DoFork(grpc::ServerContext* ctx, const v1::ForkSessionRequest& req,
@@ -167,11 +166,9 @@ absl::Status VerifyServiceImpl::DoFork(grpc::ServerContext* ctx, const v1::ForkS
 grpc::Status VerifyServiceImpl::ForkSession(grpc::ServerContext* ctx,
                                             const v1::ForkSessionRequest* req,
                                             v1::ForkSessionResponse* resp) {
-  const uint64_t id = next_request_id_++;
-  const absl::Time start = absl::Now();
-  const absl::Status st = DoFork(ctx, *req, resp);
-  return Finish("ForkSession", id, st, start,
-                absl::StrCat("parent=", req->session_id(), " session=", resp->session_id()));
+  return Handle(
+      "ForkSession", [&] { return DoFork(ctx, *req, resp); },
+      [&] { return absl::StrCat("parent=", req->session_id(), " session=", resp->session_id()); });
 }
 
 }  // namespace verifyd::server
