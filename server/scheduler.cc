@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
+#include "tp/step.h"
 
 namespace verifyd::server {
 
@@ -205,25 +206,16 @@ void Scheduler::OrderBySharedPrefix(std::vector<tp::StepRequest>* reqs_io,
                                     std::vector<std::pair<Job*, int>>* origin_io) {
   std::vector<tp::StepRequest>& reqs = *reqs_io;
   std::vector<std::pair<Job*, int>>& origin = *origin_io;
-  {
-    std::vector<size_t> order(reqs.size());
-    std::iota(order.begin(), order.end(), size_t{0});
-    auto first_slot = [&](size_t k) {
-      return reqs[k].context_slots.empty() ? int64_t{-1} : int64_t{reqs[k].context_slots[0]};
-    };
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return first_slot(a) < first_slot(b); });
-    std::vector<tp::StepRequest> sorted_reqs;
-    std::vector<std::pair<Job*, int>> sorted_origin;
-    sorted_reqs.reserve(reqs.size());
-    sorted_origin.reserve(origin.size());
-    for (size_t k : order) {
-      sorted_reqs.push_back(std::move(reqs[k]));
-      sorted_origin.push_back(origin[k]);
-    }
-    reqs = std::move(sorted_reqs);
-    origin = std::move(sorted_origin);
+  std::vector<tp::StepRequest> sorted_reqs;
+  std::vector<std::pair<Job*, int>> sorted_origin;
+  sorted_reqs.reserve(reqs.size());
+  sorted_origin.reserve(origin.size());
+  for (size_t k : tp::SharedPrefixOrder(reqs)) {
+    sorted_reqs.push_back(std::move(reqs[k]));
+    sorted_origin.push_back(origin[k]);
   }
+  reqs = std::move(sorted_reqs);
+  origin = std::move(sorted_origin);
 }
 
 // One StepRequest per prefill chunk / verify item of `batch`, and where each came from (job,

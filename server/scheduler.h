@@ -135,6 +135,8 @@ class Scheduler {
   void FormStepRequests(const std::vector<Job*>& batch, absl::Time start,
                         std::vector<tp::StepRequest>* reqs,
                         std::vector<std::pair<Job*, int>>* origin);
+  // Lays the requests (and their origins) out in tp::SharedPrefixOrder: the engine layer owns
+  // the order its attention planner packs shared prefixes in.
   static void OrderBySharedPrefix(std::vector<tp::StepRequest>* reqs,
                                   std::vector<std::pair<Job*, int>>* origin);
   void FailStep(const absl::Status& error, size_t requests, const std::vector<Job*>& batch,

@@ -12,6 +12,20 @@
 namespace verifyd::tp {
 namespace {
 
+// Requests whose contexts start at the same slot (forks) end up adjacent, requests without a
+// context first, ties in their given order.
+TEST(Step, SharedPrefixOrderGroupsForks) {
+  std::vector<StepRequest> batch(6);
+  batch[0].context_slots = {40, 41};
+  batch[1].context_slots = {7, 8, 9};
+  batch[2].context_slots = {};  // a first prefill chunk
+  batch[3].context_slots = {40, 41, 50};
+  batch[4].context_slots = {7, 8};
+  batch[5].context_slots = {};
+  EXPECT_EQ(SharedPrefixOrder(batch), (std::vector<size_t>{2, 5, 1, 4, 0, 3}));
+  EXPECT_TRUE(SharedPrefixOrder({}).empty());
+}
+
 TEST(Step, HiddenCapturesAndResultsFollowTheContract) {
   const ModelConfig c = *PresetConfig("tiny");
   const int64_t hid = c.hidden_size;

@@ -1,7 +1,21 @@
 // The backend-independent parts of an engine step (see step.h).
 #include "tp/step.h"
 
+#include <algorithm>
+#include <numeric>
+
 namespace verifyd::tp {
+
+std::vector<size_t> SharedPrefixOrder(const std::vector<StepRequest>& batch) {
+  std::vector<size_t> order(batch.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  auto first_slot = [&](size_t k) {
+    return batch[k].context_slots.empty() ? int64_t{-1} : int64_t{batch[k].context_slots[0]};
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return first_slot(a) < first_slot(b); });
+  return order;
+}
 
 HiddenCapturePlan PlanHiddenCaptures(const std::vector<StepRequest>& batch, const BatchPlan& plan,
                                      const ModelConfig& config) {

@@ -2,6 +2,8 @@
 // (tp/cpu/cpu_engine.cc) and the CUDA engine (tp/cuda/cuda_engine.cc), so that the lossless
 // contract is written once:
 //   PlanHiddenCaptures   which residual rows of which layers a step copies out (hidden states)
+//   SharedPrefixOrder    the order a step's requests are laid out in, so that the kernel
+//                        planner can pack requests that share a context prefix
 //   AssembleStepResults  each request's StepResult from the step's predictions and its tree
 //                        acceptance outputs: a prefill chunk commits every row (bonus = the
 //                        prediction after its last row), a verify tree its root and accepted
@@ -19,6 +21,14 @@
 #include "tp/model_config.h"
 
 namespace verifyd::tp {
+
+// The order in which to lay out a step's requests (a permutation of [0, batch.size())):
+// requests whose contexts start with the same KV slot — forks of one session, which share
+// their prefix's slots — next to each other, so that the verify-attention planner can read a
+// shared prefix once for all of them (kernels/cuda/verify_attention/api.h "Shared prefixes":
+// it packs adjacent requests only); requests without context first; otherwise the given order
+// (a stable sort by the first context slot). Results do not depend on the order.
+std::vector<size_t> SharedPrefixOrder(const std::vector<StepRequest>& batch);
 
 // After a decoder layer, plan rows [row0, row0 + rows) of the residual stream go to
 // hidden + offset, `stride` floats from one row to the next.
