@@ -79,7 +79,7 @@ verifyd_rel_fuzz(validation
 verifyd_rel_fuzz(sessions
   SOURCES ${_rel_src}/server/session_manager.cc ${_rel_src}/server/slot_allocator.cc
           ${_rel_src}/server/scheduler.cc ${_rel_src}/server/validation.cc
-          ${_rel_src}/server/metrics.cc ${_rel_src}/server/toy_engine.cc
+          ${_rel_src}/server/metrics.cc ${_rel_src}/server/toy_engine.cc ${_rel_src}/tp/step.cc
   LIBS verifyd_proto prometheus-cpp::core spdlog::spdlog absl::status absl::statusor
        absl::synchronization absl::time absl::strings absl::str_format absl::flat_hash_map
        absl::flat_hash_set absl::random_random Threads::Threads
