@@ -4,7 +4,7 @@
 //   cublas         cublasGemmEx with CUBLAS_GEMM_DEFAULT (what the engine calls today)
 //   cublaslt_pin   cuBLASLt with one algorithm for every m: the heuristic's first choice at
 //                  m = --pin_m, split-K forced off
-//   cutlass        the grouped GEMM of kernels/cuda/dense/grouped_gemm.h with one group
+//   cutlass        the grouped GEMM of kernels/cuda/moe/grouped_gemm.h with one group
 //   verifyd        GemmBf16 on a batch-invariant handle (gemm.h: the reference algorithm plus
 //                  row classes checked bit-equal to it on this device): what the engine runs
 // and times each at each m (median of --iters after 2 warm-ups), then prints the row-class
@@ -32,7 +32,7 @@
 #include "absl/time/time.h"
 #include "kernels/common.h"
 #include "kernels/cuda/dense/gemm.h"
-#include "kernels/cuda/dense/grouped_gemm.h"
+#include "kernels/cuda/moe/grouped_gemm.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, shapes, "1536x7168,7168x8192,4096x7168",

@@ -45,9 +45,9 @@
 #include "bench/moe_fill.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dense/gemm.h"
-#include "kernels/cuda/dense/grouped_gemm.h"
-#include "kernels/cuda/dense/moe.h"
-#include "kernels/cuda/dense/moe_mlp.h"
+#include "kernels/cuda/moe/grouped_gemm.h"
+#include "kernels/cuda/moe/moe.h"
+#include "kernels/cuda/moe/moe_mlp.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, rows, "1,8,64,256,1024,2048,8192",

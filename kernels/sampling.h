@@ -1,6 +1,6 @@
 // Sampled verification: the one definition of how the target's token is drawn, shared by the
 // C++ reference (kernels/reference/sampling_ref.h, the CPU backend) and the CUDA kernel
-// (kernels/cuda/dense/sampling.h). Plain C++ that nvcc also compiles for the device.
+// (kernels/cuda/sampling/sampling.h). Plain C++ that nvcc also compiles for the device.
 //
 // The draw for the token at absolute position q of a sequence (the row at position q - 1
 // predicts it), with parameters (temperature T, top_k, top_p, seed):

@@ -6,13 +6,13 @@
 if(VERIFYD_WITH_CUDA)
   verifyd_add_test(gpu_engine_dense_test LABEL gpu
     SOURCES gpu_engine_dense_test.cc
-    LIBS verifyd_kernels_cuda_dense verifyd_tp verifyd_kernels_ref CUDA::cudart CUDA::cublas)
+    LIBS verifyd_kernels_cuda_ops verifyd_tp verifyd_kernels_ref CUDA::cudart CUDA::cublas)
   verifyd_add_test(gpu_engine_test LABEL gpu TIMEOUT 900
     SOURCES gpu_engine_test.cc
     LIBS verifyd_tp_cuda verifyd_tp verifyd_kernels_ref)
   verifyd_add_test(gpu_reference_checkpoint_test LABEL gpu TIMEOUT 900
     SOURCES gpu_reference_checkpoint_test.cc
-    LIBS verifyd_tp_cuda verifyd_tp verifyd_kernels_cuda_dense verifyd_kernels_ref
+    LIBS verifyd_tp_cuda verifyd_tp verifyd_kernels_cuda_ops verifyd_kernels_ref
          nlohmann_json::nlohmann_json CUDA::cudart)
   target_compile_definitions(gpu_reference_checkpoint_test
                              PRIVATE VERIFYD_TEST_DATA_DIR="${CMAKE_SOURCE_DIR}/tests/data")

@@ -22,12 +22,12 @@
 
 #include "gtest/gtest.h"
 #include "kernels/common.h"
-#include "kernels/cuda/dense/argmax.h"
 #include "kernels/cuda/dense/elementwise.h"
 #include "kernels/cuda/dense/gemm.h"
 #include "kernels/cuda/dense/rms_norm.h"
 #include "kernels/cuda/dense/rope.h"
 #include "kernels/cuda/dense/weight_gen.h"
+#include "kernels/cuda/sampling/argmax.h"
 #include "kernels/kv_fp8.h"
 #include "kernels/reference/ops.h"
 #include "kernels/weight_init.h"

@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cuda/dense/argmax.h"
-#include "kernels/cuda/dense/grouped_gemm.h"
+#include "kernels/cuda/moe/grouped_gemm.h"
+#include "kernels/cuda/sampling/argmax.h"
 #include "kernels/kv_fp8.h"
 #include "tests/gpu_test_util.h"
 #include "tp/cpu/cpu_engine.h"

@@ -4,13 +4,13 @@
 if(VERIFYD_WITH_CUDA)
   verifyd_add_test(gpu_verify_attention_test LABEL gpu TIMEOUT 900
     SOURCES gpu_verify_attention_test.cc
-    LIBS verifyd_kernels_cuda verifyd_kernels_cuda_dense verifyd_kernels_ref CUDA::cudart)
+    LIBS verifyd_kernels_cuda verifyd_kernels_cuda_ops verifyd_kernels_ref CUDA::cudart)
   verifyd_add_test(gpu_tree_accept_test LABEL gpu
     SOURCES gpu_tree_accept_test.cc
     LIBS verifyd_kernels_cuda verifyd_kernels_ref CUDA::cudart)
   verifyd_add_test(gpu_moe_grouped_test LABEL gpu
     SOURCES gpu_moe_grouped_test.cc
-    LIBS verifyd_kernels_cuda_dense CUDA::cudart)
+    LIBS verifyd_kernels_cuda_ops CUDA::cudart)
   verifyd_add_test(kernels_verify_attention_launch_test LABEL cpu
     SOURCES kernels_verify_attention_launch_test.cc
     LIBS verifyd_kernels_cuda CUDA::cudart)

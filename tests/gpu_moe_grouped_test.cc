@@ -1,4 +1,4 @@
-// The MoE layer's grouped expert GEMMs (kernels/cuda/dense/grouped_gemm.h), FP8 activation
+// The MoE layer's grouped expert GEMMs (kernels/cuda/moe/grouped_gemm.h), FP8 activation
 // quantization (moe.h) and the FP8 SwiGLU MLP of dense layers and shared experts (moe_mlp.h
 // RunFp8Mlp) against host references, on fresh random inputs: group sizes with
 // empty groups, single rows and several M tiles; output rows past the last group poisoned
@@ -16,10 +16,10 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/common.h"
-#include "kernels/cuda/dense/fp8_gemm.h"
-#include "kernels/cuda/dense/grouped_gemm.h"
-#include "kernels/cuda/dense/moe.h"
-#include "kernels/cuda/dense/moe_mlp.h"
+#include "kernels/cuda/fp8/fp8_gemm.h"
+#include "kernels/cuda/moe/grouped_gemm.h"
+#include "kernels/cuda/moe/moe.h"
+#include "kernels/cuda/moe/moe_mlp.h"
 #include "tests/gpu_test_util.h"
 
 namespace verifyd {

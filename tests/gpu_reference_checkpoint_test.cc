@@ -41,7 +41,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/dense/moe.h"
+#include "kernels/cuda/moe/moe.h"
 #include "kernels/kv_fp8.h"
 #include "kernels/reference/moe.h"
 #include "kernels/verify_attention.h"
@@ -444,7 +444,7 @@ INSTANTIATE_TEST_SUITE_P(
 // before o_proj) through the same W8A8 GEMMs: measured on an H200 (cuBLASLt path) max rel
 // 0.206, rel-L2 0.237 against transformers and 0.211 / 0.236 against the bf16-weight engine,
 // greedy tokens equal except at near-ties (8 of 73 flipped, all near-ties): hence 0.3. A wrong
-// scale layout measured 0.66-0.99 (kernels/cuda/dense/fp8_gemm.h). The checkpoints' routing
+// scale layout measured 0.66-0.99 (kernels/cuda/fp8/fp8_gemm.h). The checkpoints' routing
 // is pinned (tests/data/make_reference_checkpoints.py), so no routing decision can flip.
 double Fp8LogitTol(const std::string& name) {
   if (name == "moe_fp8_attn128") return 0.3;

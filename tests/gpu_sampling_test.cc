@@ -1,4 +1,4 @@
-// Sampling, logprobs and hidden states on the CUDA engine (kernels/cuda/dense/sampling.h,
+// Sampling, logprobs and hidden states on the CUDA engine (kernels/cuda/sampling/sampling.h,
 // tp/cuda/cuda_engine.cc) against the C++ reference and the CPU engine, on the same seeded
 // presets and inputs:
 //   - every draw (top-k / top-p / plain, many seeds, TP 1 and loopback TP 2) equals the

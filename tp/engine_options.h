@@ -92,7 +92,7 @@ struct EngineOptions {
     // false: dequantized to bf16 (kv_b always is).
     bool fp8_experts = true;
     // The FP8 linears other than the routed experts (one-group GEMMs) run through cuBLASLt's
-    // block-scaled FP8 GEMM when it has one for the GPU (kernels/cuda/dense/fp8_gemm.h),
+    // block-scaled FP8 GEMM when it has one for the GPU (kernels/cuda/fp8/fp8_gemm.h),
     // except in batch-invariant steps; false: always the grouped kernel.
     bool fp8_cublaslt = true;
     // Requests of a step whose slot lists begin with the same context slots (forked

@@ -21,8 +21,8 @@ namespace {
 
 constexpr int64_t kBf16 = 2, kF32 = 4, kI32 = 4;
 constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;  // InitRankContext's kCublasWs
-constexpr int64_t kArgmaxPairBytes = 8;                       // kernels/cuda/dense/argmax.h
-constexpr int64_t kMoePermuteChunk = 256;                     // kernels/cuda/dense/moe.cu
+constexpr int64_t kArgmaxPairBytes = 8;                       // kernels/cuda/sampling/argmax.h
+constexpr int64_t kMoePermuteChunk = 256;                     // kernels/cuda/moe/moe.cu
 
 double Gb(int64_t bytes) { return static_cast<double>(bytes) / 1e9; }
 

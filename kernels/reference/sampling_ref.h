@@ -1,6 +1,6 @@
 // The C++ reference of sampled token selection and logprobs (the definition is in
 // kernels/sampling.h): the CPU backend's implementation and the oracle of the CUDA kernel
-// (kernels/cuda/dense/sampling.h). One row of full-vocabulary logits at a time, so a row's
+// (kernels/cuda/sampling/sampling.h). One row of full-vocabulary logits at a time, so a row's
 // result never depends on other rows (batch-invariant).
 //
 // Thread-safety: pure functions over caller-owned buffers.

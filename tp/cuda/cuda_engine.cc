@@ -22,9 +22,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/dense/moe.h"
 #include "kernels/cuda/dense/rope.h"
 #include "kernels/cuda/dense/weight_gen.h"
+#include "kernels/cuda/moe/moe.h"
 #include "kernels/cuda/tree_accept_cuda.h"
 #include "kernels/cuda/verify_attention/api.h"
 #include "kernels/kv_fp8.h"
@@ -53,7 +53,7 @@ using bf16 = kernels::bf16_bits;
 using Clock = std::chrono::steady_clock;
 
 // What the CUDA engine does not implement yet, refused at Create: Unimplemented naming the
-// config key. MoE (kernels/cuda/dense/moe.h), YaRN and FP8 checkpoints run (FP8 weights stay
+// config key. MoE (kernels/cuda/moe/moe.h), YaRN and FP8 checkpoints run (FP8 weights stay
 // FP8 on sm_90 where their slices are 128-aligned, else are dequantized to bf16 when loaded);
 // the limits left are the MoE kernels' sizes.
 absl::Status CheckCudaSupports(const ModelConfig& c) {

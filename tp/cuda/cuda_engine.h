@@ -20,7 +20,7 @@
 // tp/cuda/rank_context.h.
 //
 // Sampling and logprobs (tp/engine.h): when a step has sampled or logprob rows, the logits
-// are all-gathered to every rank (TP > 1) and rank 0 runs kernels/cuda/dense/sampling.h (one
+// are all-gathered to every rank (TP > 1) and rank 0 runs kernels/cuda/sampling/sampling.h (one
 // block per row) before acceptance, overwriting the drawn rows' predictions; the logprobs
 // come back with the step's other results. Hidden states: rank 0 copies the asked rows of the
 // residual stream (replicated on every rank after each all-reduce) after each asked layer
@@ -56,7 +56,7 @@ bool CudaDevicesAvailable();
 
 // What rank 0 of a CudaEngine chose at load (CudaEngine::load_report; tests and benchmarks).
 struct CudaLoadReport {
-  // How the routed experts run (kernels/cuda/dense/moe_mlp.h ExpertPath: "fp8 block-scaled
+  // How the routed experts run (kernels/cuda/moe/moe_mlp.h ExpertPath: "fp8 block-scaled
   // grouped GEMMs", "bf16 grouped GEMMs" or "bf16 per-expert cuBLAS GEMMs"); "" without MoE.
   std::string expert_mode;
   // Which other SwiGLU MLPs are kept in FP8 (moe_mlp.h RunFp8Mlp): "dense", "shared experts",

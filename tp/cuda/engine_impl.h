@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/dense/sampling.h"
+#include "kernels/cuda/sampling/sampling.h"
 #include "kernels/cuda/verify_attention/api.h"
 #include "tp/batch_plan.h"
 #include "tp/comm_model.h"

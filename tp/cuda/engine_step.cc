@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/dense/moe.h"
 #include "kernels/cuda/dense/rope.h"
+#include "kernels/cuda/moe/moe.h"
 #include "kernels/cuda/tree_accept_cuda.h"
 #include "kernels/cuda/verify_attention/api.h"
 #include "kernels/status.h"

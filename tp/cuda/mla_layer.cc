@@ -2,14 +2,14 @@
 #include "tp/cuda/mla_layer.h"
 
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/dense/argmax.h"
 #include "kernels/cuda/dense/elementwise.h"
 #include "kernels/cuda/dense/fallback_attention.h"
 #include "kernels/cuda/dense/gemm.h"
-#include "kernels/cuda/dense/moe.h"
-#include "kernels/cuda/dense/moe_mlp.h"
 #include "kernels/cuda/dense/rms_norm.h"
 #include "kernels/cuda/dense/rope.h"
+#include "kernels/cuda/moe/moe.h"
+#include "kernels/cuda/moe/moe_mlp.h"
+#include "kernels/cuda/sampling/argmax.h"
 #include "kernels/status.h"
 #include "tp/cuda/moe_layer.h"
 

@@ -2,9 +2,9 @@
 #include "tp/cuda/moe_layer.h"
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/dense/moe.h"
-#include "kernels/cuda/dense/moe_mlp.h"
 #include "kernels/cuda/dense/rms_norm.h"
+#include "kernels/cuda/moe/moe.h"
+#include "kernels/cuda/moe/moe_mlp.h"
 #include "kernels/status.h"
 
 namespace verifyd::tp {

@@ -9,7 +9,7 @@
 //
 // One call (R rows; buffers in tp/cuda/rank_context.h): moe_xf = RMSNorm(x) in fp32
 // (post_attention_layernorm; xn, the caller's bf16 copy of the same norm, feeds the experts),
-// then kernels::cuda::RunMoeMlp (kernels/cuda/dense/moe_mlp.h: router, routing, permutation,
+// then kernels::cuda::RunMoeMlp (kernels/cuda/moe/moe_mlp.h: router, routing, permutation,
 // the routed experts on the rank's expert path, shared experts, fixed-order combine) into x
 // directly at TP 1, else into part (the caller all-reduces it into x). The grouped expert
 // paths (sm_90) never wait for the host; the per-expert fallback waits once (WaitRankStream,

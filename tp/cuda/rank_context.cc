@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/dense/gemm.h"
-#include "kernels/cuda/dense/moe.h"
 #include "kernels/cuda/dense/rope.h"
+#include "kernels/cuda/moe/moe.h"
 #include "kernels/kv_fp8.h"
 #include "kernels/status.h"
 #include "kernels/yarn.h"

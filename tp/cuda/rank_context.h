@@ -51,11 +51,11 @@
 #include "absl/status/statusor.h"
 #include "kernels/common.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/dense/argmax.h"
-#include "kernels/cuda/dense/fp8_gemm.h"
-#include "kernels/cuda/dense/grouped_gemm.h"
-#include "kernels/cuda/dense/moe_mlp.h"
-#include "kernels/cuda/dense/sampling.h"
+#include "kernels/cuda/fp8/fp8_gemm.h"
+#include "kernels/cuda/moe/grouped_gemm.h"
+#include "kernels/cuda/moe/moe_mlp.h"
+#include "kernels/cuda/sampling/argmax.h"
+#include "kernels/cuda/sampling/sampling.h"
 #include "kernels/cuda/verify_attention/api.h"
 #include "tp/cuda/loopback_communicator.h"
 #include "tp/cuda/nccl_communicator.h"
@@ -122,7 +122,7 @@ struct CudaLayerWeights {
   float* o_proj_scale = nullptr;  //   [hidden / 128, H_l v / 128]
 };
 
-// How a rank runs its routed experts (kernels/cuda/dense/moe_mlp.h ExpertPath), chosen at
+// How a rank runs its routed experts (kernels/cuda/moe/moe_mlp.h ExpertPath), chosen at
 // load (ChooseExpertPath in rank_context.cc): kFp8Grouped when the checkpoint stores the routed
 // experts in FP8 with 128 x 128 blocks, hidden and the rank's expert slice are multiples of
 // 128 and the GPU is sm_90 (EngineOptions::cuda.fp8_experts); kBf16Grouped on sm_90 when the
@@ -195,14 +195,14 @@ struct CudaRankContext {
   float* moe_actq_scale = nullptr;  //   [P, Ie_l / 128]
   // FP8 dense MLPs and shared experts (ChooseFp8Mlps in rank_context.cc: an FP8 checkpoint
   // with 128 x 128 blocks, 128-aligned slices, the grouped kernels on this GPU and
-  // RankSetup::fp8_experts): kernels/cuda/dense/moe_mlp.h RunFp8Mlp with one-group GEMMs.
+  // RankSetup::fp8_experts): kernels/cuda/moe/moe_mlp.h RunFp8Mlp with one-group GEMMs.
   bool fp8_dense = false, fp8_shared = false;
   std::unique_ptr<kernels::cuda::GroupedGemm> dense_gemm_gate_up, dense_gemm_down;
   std::unique_ptr<kernels::cuda::GroupedGemm> shared_gemm_gate_up, shared_gemm_down;
   // FP8 attention projections (ChooseFp8Attention in rank_context.cc: the same conditions,
   // q_lora and the rank's head slices of q_b / o_proj 128-aligned): the fused q_a | kv_a
   // GEMM (kv_a's rows padded with zero rows to a whole block), q_b and o_proj, each a
-  // kernels/cuda/dense/moe_mlp.h RunFp8Linear.
+  // kernels/cuda/moe/moe_mlp.h RunFp8Linear.
   bool fp8_attention = false;
   int64_t fp8_qkv_a_cols = 0;  // q_lora + lat rounded up to 128
   std::unique_ptr<kernels::cuda::GroupedGemm> attn_gemm_qkv_a, attn_gemm_q_b, attn_gemm_o;
@@ -244,7 +244,7 @@ struct CudaRankContext {
   size_t events_used = 0;
   CudaStepProfile profile;
   // Profiled steps of MoE models: per layer, the local experts that routed pairs reached
-  // (kernels/cuda/dense/moe.h MoeCountTouchedCuda), [num_hidden_layers] int32.
+  // (kernels/cuda/moe/moe.h MoeCountTouchedCuda), [num_hidden_layers] int32.
   int32_t* moe_touched = nullptr;
 
   // The weight upload's two pinned staging buffers (InitRankContext only, freed after it):

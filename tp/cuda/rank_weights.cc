@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/dense/moe.h"
 #include "kernels/cuda/dense/weight_gen.h"
+#include "kernels/cuda/moe/moe.h"
 #include "kernels/status.h"
 #include "kernels/weight_init.h"
 #include "tp/sharding.h"

@@ -1,6 +1,6 @@
 // Embedding gather, SwiGLU and residual add kernels (see elementwise.h).
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/dense/common.cuh"
 #include "kernels/cuda/dense/elementwise.h"
 
 namespace verifyd::kernels::cuda {

@@ -1,7 +1,7 @@
 // RMSNorm kernel and launcher (see rms_norm.h).
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/dense/common.cuh"
 #include "kernels/cuda/dense/rms_norm.h"
 
 namespace verifyd::kernels::cuda {

@@ -5,8 +5,8 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/dense/common.cuh"
 #include "kernels/cuda/dense/rope.h"
 #include "kernels/kv_fp8.h"
 

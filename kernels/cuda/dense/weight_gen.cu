@@ -2,8 +2,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/dense/common.cuh"
 #include "kernels/cuda/dense/weight_gen.h"
 #include "kernels/weight_init.h"
 

@@ -1,6 +1,6 @@
 // Builds without the CUTLASS headers: no grouped expert GEMMs (see grouped_gemm.h); the MoE
 // layer runs its per-expert cuBLAS GEMMs instead.
-#include "kernels/cuda/dense/grouped_gemm.h"
+#include "kernels/cuda/moe/grouped_gemm.h"
 
 namespace verifyd::kernels::cuda {
 

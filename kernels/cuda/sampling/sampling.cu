@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/dense/sampling.h"
+#include "kernels/cuda/sampling/sampling.h"
 #include "kernels/sampling.h"
 
 namespace verifyd::kernels::cuda {

@@ -1,7 +1,7 @@
 // Block-scaled FP8 GEMMs through cuBLASLt (see fp8_gemm.h). Row-major y = x . w^T is the
 // column-major product y^T (n x m) = w (as k x n, transposed) . x^T (k x m): w is operand A
 // (BLK128x128 scales), x operand B (VEC128 scales), both K-major ("TN", what FP8 needs).
-#include "kernels/cuda/dense/fp8_gemm.h"
+#include "kernels/cuda/fp8/fp8_gemm.h"
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>

@@ -1,5 +1,5 @@
 // One MoE MLP's launch sequence (see moe_mlp.h).
-#include "kernels/cuda/dense/moe_mlp.h"
+#include "kernels/cuda/moe/moe_mlp.h"
 
 #include <cuda_runtime_api.h>
 
@@ -7,7 +7,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dense/elementwise.h"
 #include "kernels/cuda/dense/gemm.h"
-#include "kernels/cuda/dense/moe.h"
+#include "kernels/cuda/moe/moe.h"
 #include "kernels/status.h"
 
 namespace verifyd::kernels::cuda {

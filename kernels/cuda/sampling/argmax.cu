@@ -1,9 +1,9 @@
 // Vocab-parallel argmax kernels (see argmax.h).
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/dense/argmax.h"
-#include "kernels/cuda/dense/common.cuh"
+#include "kernels/cuda/sampling/argmax.h"
 
 namespace verifyd::kernels::cuda {
 namespace {

@@ -4,9 +4,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/dense/common.cuh"
-#include "kernels/cuda/dense/moe.h"
+#include "kernels/cuda/moe/moe.h"
 
 namespace verifyd::kernels::cuda {
 namespace {

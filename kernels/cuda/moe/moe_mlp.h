@@ -31,8 +31,8 @@
 
 #include "absl/status/status.h"
 #include "kernels/common.h"
-#include "kernels/cuda/dense/fp8_gemm.h"
-#include "kernels/cuda/dense/grouped_gemm.h"
+#include "kernels/cuda/fp8/fp8_gemm.h"
+#include "kernels/cuda/moe/grouped_gemm.h"
 
 namespace verifyd::kernels::cuda {
 

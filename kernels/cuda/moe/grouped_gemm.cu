@@ -24,7 +24,7 @@
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/dense/grouped_gemm.h"
+#include "kernels/cuda/moe/grouped_gemm.h"
 #include "kernels/status.h"
 
 namespace verifyd::kernels::cuda {
