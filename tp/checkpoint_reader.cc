@@ -17,7 +17,6 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -230,47 +229,9 @@ absl::StatusOr<std::unique_ptr<CheckpointWeightSource>> CheckpointWeightSource::
   }
 
   // The files: the index's, or every *.safetensors.
-  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
-  std::map<std::string, std::string> weight_map;  // tensor -> file name (index only)
-  std::vector<std::string> files;
-  if (fs::exists(index_path, ec)) {
-    VERIFYD_ASSIGN_OR_RETURN(std::string text, ReadTextFile(index_path.string()));
-    json j = json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
-        !j["weight_map"].is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(index_path.string(), ": not JSON with a 'weight_map' object"));
-    }
-    std::set<std::string> unique;
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it.value().is_string()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(index_path.string(), ": weight_map['", it.key(), "'] is not a file name"));
-      }
-      // One spelling per file ("a.safetensors" and "./a.safetensors" are the same file).
-      const std::string file = fs::path(it.value().get<std::string>()).lexically_normal().string();
-      const fs::path rel(file);
-      if (file.empty() || rel.is_absolute() ||
-          std::any_of(rel.begin(), rel.end(), [](const fs::path& c) { return c == ".."; })) {
-        return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": tensor '", it.key(),
-                                                       "' is mapped to '", file,
-                                                       "', not a file of the directory"));
-      }
-      if (unique.insert(file).second && !fs::is_regular_file(fs::path(dir) / file, ec)) {
-        return absl::NotFoundError(
-            absl::StrCat(index_path.string(), ": tensor '", it.key(), "' is mapped to file ",
-                         (fs::path(dir) / file).string(), ", which does not exist"));
-      }
-      weight_map[it.key()] = file;
-    }
-    for (const std::string& f : unique) files.push_back((fs::path(dir) / f).string());
-  } else {
-    for (const auto& entry : fs::directory_iterator(dir, ec)) {
-      if (entry.path().extension() == ".safetensors") files.push_back(entry.path().string());
-    }
-    std::sort(files.begin(), files.end());
-  }
-  if (files.empty()) return absl::NotFoundError(absl::StrCat(dir, ": no *.safetensors files"));
+  VERIFYD_ASSIGN_OR_RETURN(SafetensorsFiles listed, ListSafetensorsFiles(dir));
+  const std::map<std::string, std::string>& weight_map = listed.weight_map;
+  const std::vector<std::string>& files = listed.paths;
   for (const std::string& f : files) VERIFYD_RETURN_IF_ERROR(src->AddFile(f));
 
   // The index must agree with the headers.
@@ -278,9 +239,9 @@ absl::StatusOr<std::unique_ptr<CheckpointWeightSource>> CheckpointWeightSource::
     const std::string path = (fs::path(dir) / file).string();
     auto it = src->by_name_.find(name);
     if (it == src->by_name_.end() || src->files_[src->entries_[it->second].file]->path != path) {
-      return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": tensor '", name,
-                                                     "' is mapped to ", path,
-                                                     ", whose header does not list it"));
+      return absl::InvalidArgumentError(
+          absl::StrCat((fs::path(dir) / "model.safetensors.index.json").string(), ": tensor '",
+                       name, "' is mapped to ", path, ", whose header does not list it"));
     }
   }
   src->ResolveFp8();

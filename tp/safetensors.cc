@@ -1,6 +1,7 @@
 // safetensors reader/writer; see safetensors.h.
 #include "tp/safetensors.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -135,35 +136,58 @@ absl::StatusOr<TensorMap> ReadSafetensorsFile(const std::string& path) {
   return out;
 }
 
-absl::StatusOr<TensorMap> ReadSafetensorsDirectory(const std::string& dir) {
+absl::StatusOr<SafetensorsFiles> ListSafetensorsFiles(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
-  std::vector<std::string> files;
-  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
-  if (fs::exists(index, ec)) {
-    absl::StatusOr<std::string> text = ReadWholeFile(index.string());
+  SafetensorsFiles out;
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index_path, ec)) {
+    absl::StatusOr<std::string> text = ReadWholeFile(index_path.string());
     if (!text.ok()) return text.status();
     json j = json::parse(*text, nullptr, false);
-    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(index.string(), ": no 'weight_map' object"));
+    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
+        !j["weight_map"].is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_path.string(), ": not JSON with a 'weight_map' object"));
     }
     std::set<std::string> unique;
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
       if (!it.value().is_string()) {
         return absl::InvalidArgumentError(
-            absl::StrCat(index.string(), ": weight_map['", it.key(), "'] is not a file name"));
+            absl::StrCat(index_path.string(), ": weight_map['", it.key(), "'] is not a file name"));
       }
-      unique.insert(it.value().get<std::string>());
+      // One spelling per file ("a.safetensors" and "./a.safetensors" are the same file).
+      const std::string file = fs::path(it.value().get<std::string>()).lexically_normal().string();
+      const fs::path rel(file);
+      if (file.empty() || rel.is_absolute() ||
+          std::any_of(rel.begin(), rel.end(), [](const fs::path& c) { return c == ".."; })) {
+        return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": tensor '", it.key(),
+                                                       "' is mapped to '", file,
+                                                       "', not a file of the directory"));
+      }
+      if (unique.insert(file).second && !fs::is_regular_file(fs::path(dir) / file, ec)) {
+        return absl::NotFoundError(
+            absl::StrCat(index_path.string(), ": tensor '", it.key(), "' is mapped to file ",
+                         (fs::path(dir) / file).string(), ", which does not exist"));
+      }
+      out.weight_map[it.key()] = file;
     }
-    for (const std::string& f : unique) files.push_back((fs::path(dir) / f).string());
+    for (const std::string& f : unique) out.paths.push_back((fs::path(dir) / f).string());
   } else {
     for (const auto& entry : fs::directory_iterator(dir, ec)) {
-      if (entry.path().extension() == ".safetensors") files.push_back(entry.path().string());
+      if (entry.path().extension() == ".safetensors") out.paths.push_back(entry.path().string());
     }
-    std::sort(files.begin(), files.end());
+    std::sort(out.paths.begin(), out.paths.end());
   }
-  if (files.empty()) return absl::NotFoundError(absl::StrCat(dir, ": no *.safetensors files"));
+  if (out.paths.empty()) return absl::NotFoundError(absl::StrCat(dir, ": no *.safetensors files"));
+  return out;
+}
+
+absl::StatusOr<TensorMap> ReadSafetensorsDirectory(const std::string& dir) {
+  absl::StatusOr<SafetensorsFiles> listed = ListSafetensorsFiles(dir);
+  if (!listed.ok()) return listed.status();
+  const std::vector<std::string>& files = listed->paths;
   TensorMap all;
   for (const std::string& f : files) {
     absl::StatusOr<TensorMap> part = ReadSafetensorsFile(f);

@@ -41,8 +41,18 @@ enum class SafetensorsDType { kF32, kBF16 };
 // Reads every tensor of one file (converted to float32). Errors name the file and tensor.
 absl::StatusOr<TensorMap> ReadSafetensorsFile(const std::string& path);
 
-// Reads all tensors of a checkpoint directory (index.json or all *.safetensors); a tensor
-// present in two files is InvalidArgument.
+// The safetensors files of a checkpoint directory. With model.safetensors.index.json: the
+// files its weight_map names (each spelled once, normalised; a name outside the directory is
+// InvalidArgument, a missing file NotFound) and weight_map itself (tensor -> file name);
+// without: every *.safetensors file in name order. No file at all is NotFound.
+struct SafetensorsFiles {
+  std::vector<std::string> paths;                 // dir / file
+  std::map<std::string, std::string> weight_map;  // the index's (empty without one)
+};
+absl::StatusOr<SafetensorsFiles> ListSafetensorsFiles(const std::string& dir);
+
+// Reads all tensors of a checkpoint directory (ListSafetensorsFiles); a tensor present in two
+// files is InvalidArgument.
 absl::StatusOr<TensorMap> ReadSafetensorsDirectory(const std::string& dir);
 
 // Writes tensors into one file (names in map order). BF16 rounds to nearest even.
