@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -160,6 +161,32 @@ TEST(VerifyAttentionPlan, VariantTable) {
   auto too_big = detail::ResolveVariant(VerifyKernelConfig::kM16, small90);
   EXPECT_EQ(too_big.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(too_big.status().message().find("shared memory"), std::string::npos);
+}
+
+// The configuration table: every name parses back to its value, the names are distinct, an
+// unknown name is INVALID_ARGUMENT naming the field and listing the choices; every forced
+// configuration resolves to a variant on some device (sm_90 or sm_120, either cache format).
+TEST(VerifyAttentionPlan, ConfigurationTable) {
+  std::set<std::string> names;
+  for (const VerifyKernelConfigEntry& e : kVerifyKernelConfigs) {
+    EXPECT_TRUE(names.insert(e.name).second) << e.name;
+    auto parsed = ParseVerifyKernelConfig(e.name, "--flag");
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, e.config);
+    EXPECT_STREQ(VerifyKernelConfigName(e.config), e.name);
+    if (e.config == VerifyKernelConfig::kAuto) continue;
+    bool resolves = false;
+    for (const VerifyAttentionDeviceInfo& dev : {kH200, kSm120}) {
+      for (bool fp8 : {false, true}) resolves |= detail::ResolveVariant(e.config, dev, fp8).ok();
+    }
+    EXPECT_TRUE(resolves) << e.name << " runs nowhere";
+  }
+  EXPECT_EQ(VerifyKernelConfigChoices(), "auto, m16, s64, km16 or s64staged");
+  auto bad = ParseVerifyKernelConfig("w64", "--verify_kernel");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(),
+            "--verify_kernel: 'w64' is not auto, m16, s64, km16 or s64staged");
+  EXPECT_STREQ(VerifyKernelConfigName(static_cast<VerifyKernelConfig>(2)), "unknown");
 }
 
 // A plan carries the variant the planner resolved and the device it was made for (the launch
