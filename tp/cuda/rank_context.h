@@ -261,8 +261,9 @@ struct CudaRankContext {
   bool batch_invariant = false;           // RankSetup::batch_invariant (GEMMs pinned on `cublas`)
   bool shared_context_attention = false;  // RankSetup::shared_context_attention
   kernels::cuda::PositionalSplitRule positional_split;  // RankSetup::positional_split
-  int shared_prefix_packs = 0;  // the last step's plan (CudaEngine test API)
-  // The last step's attention: its plan's configuration name, or "fallback" (CudaEngine test API).
+  int shared_prefix_packs = 0;  // the last step's plan (CudaEngine::last_step)
+  // The last step's attention: its plan's configuration name, or "fallback"
+  // (CudaEngine::last_step).
   const char* last_verify_kernel = "fallback";
 
   template <typename T>

@@ -35,7 +35,7 @@ enum class VerifyKernelConfig : int {
 };
 
 // One row a public configuration: its value, the name benchmarks, command lines and the
-// engine's test API use, and a line for flag help.
+// engine's reports use, and a line for flag help.
 struct VerifyKernelConfigEntry {
   VerifyKernelConfig config;
   const char* name;
