@@ -304,65 +304,56 @@ def change_line(ratios):
             f"over {len(ratios)} rows.")
 
 
-def verify_attention_change_table(spec):
+def change_table(spec, rows_of, key_of, header, cells, ratio_of):
+    """One benchmark of two builds or modes in one GPU call: a row per key the after run shares
+    with the before run (cells(before_row, after_row, ratio)), then the ratio summary and the
+    two runs' provenance."""
     before, after = load(spec["before"]), load(spec["after"])
-    b_rows = {key(r): r for r in results_of(before)}
-    out = ["| B | H | q | ctx | before ms | after ms | after / before |", "|---|---|---|---|---|---|---|"]
+    b_rows = {key_of(r): r for r in rows_of(before)}
+    out = list(header)
     ratios = []
-    for r in results_of(after):
-        b = b_rows.get(key(r))
+    for r in rows_of(after):
+        b = b_rows.get(key_of(r))
         if not b:
             continue
-        ratios.append(r["ms"] / b["ms"])
-        out.append(f"| {r['B']} | {r['H']} | {r['q']} | {r['ctx']:,} | {fmt_ms(b['ms'])} | "
-                   f"{fmt_ms(r['ms'])} | {ratios[-1]:.3f} |")
+        ratios.append(ratio_of(b, r))
+        out.append(cells(b, r, ratios[-1]))
     out += ["", change_line(ratios), "",
             f"- **before**: `{spec['before']}` ({spec.get('before_label', '')})",
             meta_line("after", after, spec["after"])]
     return "\n".join(out)
+
+
+def verify_attention_change_table(spec):
+    return change_table(
+        spec, results_of, key,
+        ["| B | H | q | ctx | before ms | after ms | after / before |", "|---|---|---|---|---|---|---|"],
+        lambda b, r, x: (f"| {r['B']} | {r['H']} | {r['q']} | {r['ctx']:,} | {fmt_ms(b['ms'])} | "
+                         f"{fmt_ms(r['ms'])} | {x:.3f} |"),
+        lambda b, r: r["ms"] / b["ms"])
 
 
 def engine_change_table(spec):
-    before, after = load(spec["before"]), load(spec["after"])
-    k = lambda r: (r["context"], r["nodes"], r["batch"])
-    b_rows = {k(r): r for r in before["rows"]}
-    out = ["| context | nodes | batch | before step ms | after step ms | after / before |",
-           "|---|---|---|---|---|---|"]
-    ratios = []
-    for r in after["rows"]:
-        b = b_rows.get(k(r))
-        if not b:
-            continue
-        ratios.append(r["step_ms"] / b["step_ms"])
-        out.append(f"| {r['context']:,} | {r['nodes']} | {r['batch']} | {b['step_ms']:.2f} | "
-                   f"{r['step_ms']:.2f} | {ratios[-1]:.3f} |")
-    out += ["", change_line(ratios), "",
-            f"- **before**: `{spec['before']}` ({spec.get('before_label', '')})",
-            meta_line("after", after, spec["after"])]
-    return "\n".join(out)
+    return change_table(
+        spec, lambda d: d["rows"], lambda r: (r["context"], r["nodes"], r["batch"]),
+        ["| context | nodes | batch | before step ms | after step ms | after / before |",
+         "|---|---|---|---|---|---|"],
+        lambda b, r, x: (f"| {r['context']:,} | {r['nodes']} | {r['batch']} | {b['step_ms']:.2f} | "
+                         f"{r['step_ms']:.2f} | {x:.3f} |"),
+        lambda b, r: r["step_ms"] / b["step_ms"])
 
 
 def moe_layer_change_table(spec):
     """moe_layer_bench of two builds or modes in one GPU call: total and routing time per
     (mode, rows), after over before."""
-    before, after = load(spec["before"]), load(spec["after"])
-    k = lambda r: (r["mode"], r["rows"])
-    b_rows = {k(r): r for r in before["results"]}
-    out = ["| mode | rows | before ms | after ms | after / before | before route ms | "
-           "after route ms |", "|---|---|---|---|---|---|---|"]
-    ratios = []
-    for r in after["results"]:
-        b = b_rows.get(k(r))
-        if not b:
-            continue
-        ratios.append(r["total_ms"] / b["total_ms"])
-        out.append(f"| {r['mode']} | {r['rows']:,} | {b['total_ms']:.3f} | {r['total_ms']:.3f} | "
-                   f"{ratios[-1]:.3f} | {b['phase_ms']['route']:.3f} | "
-                   f"{r['phase_ms']['route']:.3f} |")
-    out += ["", change_line(ratios), "",
-            f"- **before**: `{spec['before']}` ({spec.get('before_label', '')})",
-            meta_line("after", after, spec["after"])]
-    return "\n".join(out)
+    return change_table(
+        spec, lambda d: d["results"], lambda r: (r["mode"], r["rows"]),
+        ["| mode | rows | before ms | after ms | after / before | before route ms | "
+         "after route ms |", "|---|---|---|---|---|---|---|"],
+        lambda b, r, x: (f"| {r['mode']} | {r['rows']:,} | {b['total_ms']:.3f} | "
+                         f"{r['total_ms']:.3f} | {x:.3f} | {b['phase_ms']['route']:.3f} | "
+                         f"{r['phase_ms']['route']:.3f} |"),
+        lambda b, r: r["total_ms"] / b["total_ms"])
 
 
 def engine_modes_table(spec):
