@@ -311,6 +311,10 @@ absl::Status CheckDraftFlags() {
 
 absl::StatusOr<DemoOptions> DemoOptionsFromFlags() {
   DemoOptions o;
+  const std::string drafter = absl::GetFlag(FLAGS_drafter);
+  if (drafter != "oracle" && drafter != "ngram") {
+    return absl::InvalidArgumentError("--drafter: oracle or ngram");
+  }
   if (auto st = CheckDraftFlags(); !st.ok()) return st;
   if (absl::GetFlag(FLAGS_rounds) < 1) return absl::InvalidArgumentError("--rounds: must be >= 1");
   auto session = SessionOptionsFromFlags();
@@ -327,11 +331,10 @@ absl::StatusOr<DemoOptions> DemoOptionsFromFlags() {
 }
 
 int CmdDemo(VerifyClient& c) {
-  const std::string drafter = absl::GetFlag(FLAGS_drafter);
-  if (drafter != "oracle" && drafter != "ngram") return Usage("--drafter: oracle or ngram");
   auto options = DemoOptionsFromFlags();
   if (!options.ok()) return Usage(std::string(options.status().message()));
   DemoOptions o = *options;
+  const std::string drafter = absl::GetFlag(FLAGS_drafter);
   const bool quiet = absl::GetFlag(FLAGS_quiet);
   o.on_round = [quiet](const verifyd::client::RoundReport& r) {
     if (quiet) return;
@@ -354,8 +357,6 @@ int CmdDemo(VerifyClient& c) {
 }
 
 int CmdLoad(VerifyClient& c) {
-  const std::string drafter = absl::GetFlag(FLAGS_drafter);
-  if (drafter != "oracle" && drafter != "ngram") return Usage("--drafter: oracle or ngram");
   auto options = DemoOptionsFromFlags();
   if (!options.ok()) return Usage(std::string(options.status().message()));
   DemoOptions o = *options;
@@ -367,10 +368,10 @@ int CmdLoad(VerifyClient& c) {
       "load: drafter=%s sessions=%d rounds=%d calls=%lld errors=%lld tokens=%lld "
       "wall_s=%.3f tokens_per_second=%.1f calls_per_second=%.1f "
       "mean_acceptance_length=%.3f latency_ms p50=%.2f p90=%.2f p99=%.2f max=%.2f\n",
-      drafter.c_str(), n, o.rounds, (long long)report->calls, (long long)report->errors,
-      (long long)report->tokens, report->wall_s, report->tokens_per_second,
-      report->calls_per_second, report->mean_acceptance_length, report->p50_ms, report->p90_ms,
-      report->p99_ms, report->max_ms);
+      absl::GetFlag(FLAGS_drafter).c_str(), n, o.rounds, (long long)report->calls,
+      (long long)report->errors, (long long)report->tokens, report->wall_s,
+      report->tokens_per_second, report->calls_per_second, report->mean_acceptance_length,
+      report->p50_ms, report->p90_ms, report->p99_ms, report->max_ms);
   if (o.oracle) {
     std::printf(
         "  oracle: shadow_calls=%lld (plain decode steps, not counted above) "
