@@ -1,7 +1,6 @@
 #include "server/scheduler.h"
 
 #include <algorithm>
-#include <numeric>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"

@@ -230,12 +230,10 @@ absl::StatusOr<std::unique_ptr<CheckpointWeightSource>> CheckpointWeightSource::
 
   // The files: the index's, or every *.safetensors.
   VERIFYD_ASSIGN_OR_RETURN(SafetensorsFiles listed, ListSafetensorsFiles(dir));
-  const std::map<std::string, std::string>& weight_map = listed.weight_map;
-  const std::vector<std::string>& files = listed.paths;
-  for (const std::string& f : files) VERIFYD_RETURN_IF_ERROR(src->AddFile(f));
+  for (const std::string& f : listed.paths) VERIFYD_RETURN_IF_ERROR(src->AddFile(f));
 
   // The index must agree with the headers.
-  for (const auto& [name, file] : weight_map) {
+  for (const auto& [name, file] : listed.weight_map) {
     const std::string path = (fs::path(dir) / file).string();
     auto it = src->by_name_.find(name);
     if (it == src->by_name_.end() || src->files_[src->entries_[it->second].file]->path != path) {

@@ -430,12 +430,12 @@ int main(int argc, char** argv) {
         const double prof_wall =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count();
-        Row row{ctx, nodes, batch, med, batch * (nodes + 1) / (med / 1e3), e.last_step().profile,
-                0};
+        const verifyd::tp::CudaStepReport step = e.last_step();
+        Row row{ctx, nodes, batch, med, batch * (nodes + 1) / (med / 1e3), step.profile, 0};
         row.host_ms = std::max(0.0, prof_wall - row.prof.total_ms);
-        row.shared_packs = e.last_step().shared_prefix_packs;
+        row.shared_packs = step.shared_prefix_packs;
         if (slice_rank >= 0) {
-          const std::vector<verifyd::tp::CollectiveCall> calls = e.last_step().collectives;
+          const std::vector<verifyd::tp::CollectiveCall>& calls = step.collectives;
           row.collectives = static_cast<int64_t>(calls.size());
           for (const auto& call : calls) row.comm_bytes += call.bytes;
           row.modeled_comm_ms = 1e3 * verifyd::tp::ModeledSeconds(comm_model, calls);
@@ -528,7 +528,8 @@ int main(int argc, char** argv) {
                  {"kv_cache_bytes", e.memory().kv_cache_bytes},
                  {"kv_tokens", e.memory().kv_tokens},
                  {"create_s", create_s}};
-  j["expert_mode"] = e.load_report().expert_mode;
+  const verifyd::tp::CudaLoadReport load = e.load_report();
+  j["expert_mode"] = load.expert_mode;
   j["shared_prefix"] = absl::GetFlag(FLAGS_shared_prefix);
   j["model"] = c.name;
   j["layers"] = c.num_hidden_layers;
@@ -546,10 +547,10 @@ int main(int argc, char** argv) {
                        ? absl::StrCat("generated (", m, ", seed ", absl::GetFlag(FLAGS_seed), ")")
                        : absl::StrCat("checkpoint ", std::filesystem::path(m).filename().string());
   }
-  j["fp8_attention"] = e.load_report().fp8_attention;
+  j["fp8_attention"] = load.fp8_attention;
   j["kv_cache_dtype"] = e.kv_cache_dtype();
-  j["fp8_mlps"] = e.load_report().fp8_mlps;
-  j["fp8_gemm"] = e.load_report().fp8_gemm;
+  j["fp8_mlps"] = load.fp8_mlps;
+  j["fp8_gemm"] = load.fp8_gemm;
   for (const Row& r : rows) {
     j["rows"].push_back(
         {{"context", r.context},

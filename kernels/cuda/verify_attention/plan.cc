@@ -4,7 +4,6 @@
 #include "kernels/cuda/verify_attention/plan.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
