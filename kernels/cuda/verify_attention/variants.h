@@ -80,9 +80,8 @@ struct OnSm90 {
   static constexpr const char* kArch = "an sm_90 device";
   static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
 };
-struct OnSm90a {
+struct OnSm90a : OnSm90 {  // the wgmma kernels: bodies only in the sm_90a build
   static constexpr const char* kArch = "an sm_90 device (sm_90a build)";
-  static constexpr bool RunsOn(int cc_major) { return cc_major == 9; }
 };
 struct OnSm80Portable {
   static constexpr const char* kArch = "sm_80 or newer";
