@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iterator>
 #include <string_view>
 #include <thread>
 
@@ -525,38 +526,30 @@ void MarkProfile(CudaRankContext& rk, ProfileCategory cat) {
   ++rk.events_used;
 }
 
+namespace {
+
+// The profile field a category's time adds to (kOther and any unlisted value: other_ms).
+double CudaStepProfile::*CategoryMs(ProfileCategory cat) {
+  // Indexed by ProfileCategory's values (rank_context.h), kOther = 0 to kSampling = 7.
+  static constexpr double CudaStepProfile::*kByCategory[] = {
+      &CudaStepProfile::other_ms,   &CudaStepProfile::gemm_ms,     &CudaStepProfile::attention_ms,
+      &CudaStepProfile::comm_ms,    &CudaStepProfile::router_ms,   &CudaStepProfile::dispatch_ms,
+      &CudaStepProfile::experts_ms, &CudaStepProfile::sampling_ms,
+  };
+  static_assert(std::size(kByCategory) == static_cast<size_t>(ProfileCategory::kSampling) + 1);
+  const auto i = static_cast<size_t>(cat);
+  return i < std::size(kByCategory) ? kByCategory[i] : &CudaStepProfile::other_ms;
+}
+
+}  // namespace
+
 absl::Status CollectProfile(CudaRankContext& rk) {
   CudaStepProfile p;
   p.verify_kernel = std::string_view(rk.last_verify_kernel) != "fallback";
   for (size_t i = 0; i + 1 < rk.events_used; ++i) {
     float ms = 0;
     VERIFYD_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, rk.events[i], rk.events[i + 1]));
-    switch (rk.event_cat[i]) {
-      case ProfileCategory::kGemm:
-        p.gemm_ms += ms;
-        break;
-      case ProfileCategory::kAttention:
-        p.attention_ms += ms;
-        break;
-      case ProfileCategory::kComm:
-        p.comm_ms += ms;
-        break;
-      case ProfileCategory::kRouter:
-        p.router_ms += ms;
-        break;
-      case ProfileCategory::kDispatch:
-        p.dispatch_ms += ms;
-        break;
-      case ProfileCategory::kExperts:
-        p.experts_ms += ms;
-        break;
-      case ProfileCategory::kSampling:
-        p.sampling_ms += ms;
-        break;
-      default:
-        p.other_ms += ms;
-        break;
-    }
+    p.*CategoryMs(rk.event_cat[i]) += ms;
     p.total_ms += ms;
   }
   if (rk.moe_touched != nullptr) {
