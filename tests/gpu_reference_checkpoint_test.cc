@@ -90,7 +90,7 @@ std::unique_ptr<CudaEngine> MakeEngine(const std::string& name, int tp, bool fp8
   return e.ok() ? std::move(*e) : nullptr;
 }
 
-using Param = std::tuple<std::string, int>;  // checkpoint, tp
+using Param = reftest::CheckpointTp;  // checkpoint, tp
 
 class GpuReferenceCheckpointTest : public ::testing::TestWithParam<Param> {
  protected:
@@ -220,13 +220,7 @@ LogitsDiff RunGpuVsCpuOnReferencePrompts(const std::string& name, bool fix_routi
   };
   for (const PromptRef& pr : ref.prompts) {
     reftest::Slots slots(kKvSlots);
-    StepRequest p;
-    p.tokens = pr.prompt;
-    for (size_t t = 0; t < pr.prompt.size(); ++t) {
-      p.parents.push_back(static_cast<int32_t>(t) - 1);
-      p.tail_slots.push_back(slots.Next());
-    }
-    p.accept = false;
+    const StepRequest p = reftest::ChainRequest(pr.prompt, slots);
     std::vector<float> lg, lc;
     auto rg = (*gpu)->StepWithLogits({p}, &lg);
     auto rc = (*cpu)->StepWithLogits({p}, &lc);
@@ -235,11 +229,7 @@ LogitsDiff RunGpuVsCpuOnReferencePrompts(const std::string& name, bool fix_routi
     compare(lg, lc, *rg, *rc);
     std::vector<int32_t> committed = p.tail_slots;
     for (size_t i = 0; i + 1 < pr.continuation.size(); ++i) {
-      StepRequest q;
-      q.context_slots = committed;
-      q.tokens = {pr.continuation[i]};
-      q.parents = {-1};
-      q.tail_slots = {slots.Next()};
+      const StepRequest q = reftest::DecodeStep(committed, pr.continuation[i], slots);
       rg = (*gpu)->StepWithLogits({q}, &lg);
       rc = (*cpu)->StepWithLogits({q}, &lc);
       EXPECT_TRUE(rg.ok() && rc.ok());
@@ -280,10 +270,7 @@ TEST(GpuMoeControl, RoutingFixedByTheBiasMatchesTheCpuEngine) {
 INSTANTIATE_TEST_SUITE_P(Checkpoints, GpuReferenceCheckpointTest,
                          ::testing::Combine(::testing::Values("dense", "mla576"),
                                             ::testing::Values(1, 2, 4)),
-                         [](const ::testing::TestParamInfo<Param>& info) {
-                           return std::get<0>(info.param) + "_tp" +
-                                  std::to_string(std::get<1>(info.param));
-                         });
+                         reftest::CheckpointTpName);
 
 // The FP8 latent KV cache (--kv_dtype=fp8) on the GPU against transformers, as
 // KvFp8CheckpointTest does on the CPU: every latent row stored in the format (c_kv e4m3 with a
@@ -352,10 +339,7 @@ TEST_P(GpuKvFp8CheckpointTest, StoredRowsAreTheFormats) {
 INSTANTIATE_TEST_SUITE_P(Checkpoints, GpuKvFp8CheckpointTest,
                          ::testing::Combine(::testing::Values("dense", "mla576"),
                                             ::testing::Values(1, 2)),
-                         [](const ::testing::TestParamInfo<Param>& info) {
-                           return std::get<0>(info.param) + "_tp" +
-                                  std::to_string(std::get<1>(info.param));
-                         });
+                         reftest::CheckpointTpName);
 
 // Every configuration of the optimised verify attention, forced, through the whole engine
 // against transformers on mla576 (576-wide latent rows: what the kernels take), bf16 and FP8
@@ -546,10 +530,7 @@ INSTANTIATE_TEST_SUITE_P(Fp8, GpuFp8ExpertsTest,
                          ::testing::Combine(::testing::Values("moe_fp8_block128", "moe_fp8_mlp128",
                                                               "moe_fp8_attn128"),
                                             ::testing::Values(1, 2)),
-                         [](const ::testing::TestParamInfo<Param>& info) {
-                           return std::get<0>(info.param) + "_tp" +
-                                  std::to_string(std::get<1>(info.param));
-                         });
+                         reftest::CheckpointTpName);
 
 // Expert parallelism (each rank E / tp whole experts) against tensor-parallel experts (a slice
 // of each on every rank), loopback TP 2 and 4, on moe_fp8_block128 (routing pinned, so no

@@ -14,6 +14,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -99,6 +101,13 @@ inline void LoadReference(const std::string& name, Reference* ref) {
     ref->prompts.push_back(std::move(pr));
   }
   ASSERT_FALSE(ref->prompts.empty());
+}
+
+// The parameter of the engine-against-transformers suites: a checkpoint of tests/data and a
+// TP degree; gtest names it "<checkpoint>_tp<tp>".
+using CheckpointTp = std::tuple<std::string, int>;
+inline std::string CheckpointTpName(const ::testing::TestParamInfo<CheckpointTp>& info) {
+  return std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param));
 }
 
 // Scattered KV slots: the i-th slot handed out is (i * 37) mod capacity.
@@ -201,17 +210,34 @@ class Compare {
   double max_rel_ = 0, max_rel_l2_ = 0;
 };
 
-// Prefills `prompt` as one chain (accept = false) on an engine with StepWithLogits (CPU or
-// CUDA); compares every prompt row. Returns the committed slots.
-template <typename EngineT>
-std::vector<int32_t> Prefill(EngineT& e, const PromptRef& ref, int k, Slots& slots, Compare& cmp) {
+// `tokens` as one chain request (a prefill chunk: accept = false), tail slots from `slots`.
+inline StepRequest ChainRequest(std::vector<int32_t> tokens, Slots& slots) {
   StepRequest q;
-  q.tokens = ref.prompt;
-  for (size_t t = 0; t < ref.prompt.size(); ++t) {
+  q.tokens = std::move(tokens);
+  for (size_t t = 0; t < q.tokens.size(); ++t) {
     q.parents.push_back(static_cast<int32_t>(t) - 1);
     q.tail_slots.push_back(slots.Next());
   }
   q.accept = false;
+  return q;
+}
+
+// One greedy decoding step: `token` as an empty tree (its root alone) after the `committed`
+// slots, its tail slot from `slots`.
+inline StepRequest DecodeStep(const std::vector<int32_t>& committed, int32_t token, Slots& slots) {
+  StepRequest q;
+  q.context_slots = committed;
+  q.tokens = {token};
+  q.parents = {-1};
+  q.tail_slots = {slots.Next()};
+  return q;
+}
+
+// Prefills `prompt` as one chain (accept = false) on an engine with StepWithLogits (CPU or
+// CUDA); compares every prompt row. Returns the committed slots.
+template <typename EngineT>
+std::vector<int32_t> Prefill(EngineT& e, const PromptRef& ref, int k, Slots& slots, Compare& cmp) {
+  const StepRequest q = ChainRequest(ref.prompt, slots);
   std::vector<float> logits;
   absl::StatusOr<std::vector<StepResult>> r = e.StepWithLogits({q}, &logits);
   EXPECT_TRUE(r.ok()) << r.status();
@@ -243,11 +269,7 @@ void GreedyDecodeAndCompare(EngineT& e, const Reference& ref, const std::string&
     ASSERT_EQ(committed.size(), pr.prompt.size());
     const int64_t L = static_cast<int64_t>(pr.prompt.size());
     for (size_t i = 0; i + 1 < pr.continuation.size(); ++i) {
-      StepRequest q;
-      q.context_slots = committed;
-      q.tokens = {pr.continuation[i]};
-      q.parents = {-1};
-      q.tail_slots = {slots.Next()};
+      const StepRequest q = DecodeStep(committed, pr.continuation[i], slots);
       std::vector<float> logits;
       absl::StatusOr<std::vector<StepResult>> r = e.StepWithLogits({q}, &logits);
       ASSERT_TRUE(r.ok()) << r.status();
@@ -360,15 +382,9 @@ void DraftTreesAcceptTheReferenceTokens(EngineT& e, const Reference& ref, const 
 // prompt + continuation[:-1] of a reference prompt as one chain request (a prefill chunk),
 // tail slots from `slots`: its rows are the reference's positions.
 inline StepRequest ReferenceChain(const PromptRef& pr, Slots& slots) {
-  StepRequest q;
-  q.tokens = pr.prompt;
-  q.tokens.insert(q.tokens.end(), pr.continuation.begin(), pr.continuation.end() - 1);
-  for (size_t t = 0; t < q.tokens.size(); ++t) {
-    q.parents.push_back(static_cast<int32_t>(t) - 1);
-    q.tail_slots.push_back(slots.Next());
-  }
-  q.accept = false;
-  return q;
+  std::vector<int32_t> tokens = pr.prompt;
+  tokens.insert(tokens.end(), pr.continuation.begin(), pr.continuation.end() - 1);
+  return ChainRequest(std::move(tokens), slots);
 }
 
 // Runs prompt + continuation[:-1] of every reference prompt as one request (a chain) with every

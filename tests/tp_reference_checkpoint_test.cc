@@ -66,7 +66,7 @@ std::unique_ptr<CpuEngine> MakeEngine(const std::string& name, int tp,
   return e.ok() ? std::move(*e) : nullptr;
 }
 
-using Param = std::tuple<std::string, int>;  // checkpoint, tp
+using Param = reftest::CheckpointTp;  // checkpoint, tp
 
 class ReferenceCheckpointTest : public ::testing::TestWithParam<Param> {
  protected:
@@ -224,10 +224,7 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, ReferenceConfigTest, ::testing::ValuesIn(k
 INSTANTIATE_TEST_SUITE_P(Checkpoints, ReferenceCheckpointTest,
                          ::testing::Combine(::testing::ValuesIn(kCheckpoints),
                                             ::testing::Values(1, 2, 4)),
-                         [](const ::testing::TestParamInfo<Param>& info) {
-                           return std::get<0>(info.param) + "_tp" +
-                                  std::to_string(std::get<1>(info.param));
-                         });
+                         reftest::CheckpointTpName);
 
 // The FP8 latent KV cache (kernels/kv_fp8.h, --kv_dtype=fp8): the same greedy comparison with
 // every latent row rounded through the format (c_kv e4m3 with a scale per 128 columns, k_pe
@@ -283,10 +280,7 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, KvFp8CheckpointTest,
                          ::testing::Combine(::testing::Values("dense", "moe_fp8_block128",
                                                               "moe_fp8_mlp128", "mla576"),
                                             ::testing::Values(1, 2)),
-                         [](const ::testing::TestParamInfo<Param>& info) {
-                           return std::get<0>(info.param) + "_tp" +
-                                  std::to_string(std::get<1>(info.param));
-                         });
+                         reftest::CheckpointTpName);
 
 }  // namespace
 }  // namespace verifyd::tp
