@@ -339,16 +339,7 @@ absl::Status DenseBf16Mlp(const MlaStep& s, const LayerDims& d, const CudaLayerW
   MarkProfile(rk, ProfileCategory::kGemm);
   VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.xn, d.hid, L.gate_up, 2 * d.Il, rk.gu, F32, 0.f));
   MarkProfile(rk, ProfileCategory::kOther);
-  kc::SwiGluParams p;
-  p.rows = static_cast<int>(d.R);
-  p.n = d.Il;
-  p.gate_up = rk.gu;
-  p.ld_in = 2 * d.Il;
-  p.up_offset = d.Il;
-  p.out = rk.act;
-  p.ld_out = d.Il;
-  p.stream = rk.stream;
-  VERIFYD_RETURN_IF_ERROR(kc::SwiGluCuda(p));
+  VERIFYD_RETURN_IF_ERROR(kc::SwiGluPackedCuda(d.R, d.Il, rk.gu, rk.act, rk.stream));
   MarkProfile(rk, ProfileCategory::kGemm);
   return Gemm(s, rk, rk.act, d.Il, L.down, d.hid, tp1 ? rk.x : rk.part, F32, tp1 ? 1.f : 0.f);
 }

@@ -44,6 +44,34 @@ struct SwiGluParams {
 };
 absl::Status SwiGluCuda(const SwiGluParams& p);
 
+// The fields SwiGluParams and SwiGluQuantFp8Params (moe/moe.h) share for a packed gate_up
+// [rows, 2 inter] ([gate | up]) into a packed out [rows, inter] (rows [*row_begin, *row_end)
+// only, when given).
+template <class Params, class Out>
+void SetPackedSwiGlu(Params& p, int64_t rows, int64_t inter, const float* gate_up, Out* out,
+                     void* stream, const int32_t* row_begin, const int32_t* row_end) {
+  p.rows = static_cast<decltype(p.rows)>(rows);
+  p.gate_up = gate_up;
+  p.ld_in = 2 * inter;
+  p.up_offset = inter;
+  p.out = out;
+  p.row_begin = row_begin;
+  p.row_end = row_end;
+  p.stream = stream;
+}
+
+// SwiGluCuda over a packed gate_up [rows, 2 inter] into a packed out [rows, inter] bf16.
+inline absl::Status SwiGluPackedCuda(int64_t rows, int64_t inter, const float* gate_up,
+                                     bf16_bits* out, void* stream,
+                                     const int32_t* row_begin = nullptr,
+                                     const int32_t* row_end = nullptr) {
+  SwiGluParams p;
+  SetPackedSwiGlu(p, rows, inter, gate_up, out, stream, row_begin, row_end);
+  p.n = inter;
+  p.ld_out = inter;
+  return SwiGluCuda(p);
+}
+
 // y[i] += x[i], count fp32 elements.
 absl::Status AddInPlaceCuda(float* y, const float* x, int64_t count, void* stream);
 

@@ -26,31 +26,13 @@ const char* ExpertPathName(ExpertPath p) {
 
 namespace {
 
-// gu [m, 2 inter] -> act [m, inter] bf16 = silu(gate) * up (rows [*row_begin, *row_end)
-// only, when given).
-absl::Status SwiGlu(int64_t m, int64_t inter, const float* gu, bf16_bits* act, void* stream,
-                    const int32_t* row_begin = nullptr, const int32_t* row_end = nullptr) {
-  SwiGluParams p;
-  p.rows = static_cast<int>(m);
-  p.n = inter;
-  p.gate_up = gu;
-  p.ld_in = 2 * inter;
-  p.up_offset = inter;
-  p.out = act;
-  p.ld_out = inter;
-  p.row_begin = row_begin;
-  p.row_end = row_end;
-  p.stream = stream;
-  return SwiGluCuda(p);
-}
-
 // out[m, hid] = down(SwiGLU(gate_up(x))) over m rows with bf16 cuBLAS GEMMs (gu, act: scratch).
 absl::Status DenseMlp(void* cublas, void* stream, int64_t m, int64_t hid, int64_t inter,
                       const bf16_bits* x, const bf16_bits* gate_up, const bf16_bits* down,
                       float* gu, bf16_bits* act, float* out) {
   if (m == 0) return absl::OkStatus();
   VERIFYD_RETURN_IF_ERROR(GemmBf16Packed(cublas, m, x, hid, gate_up, 2 * inter, gu));
-  VERIFYD_RETURN_IF_ERROR(SwiGlu(m, inter, gu, act, stream));
+  VERIFYD_RETURN_IF_ERROR(SwiGluPackedCuda(m, inter, gu, act, stream));
   return GemmBf16Packed(cublas, m, act, inter, down, hid, out);
 }
 
@@ -153,19 +135,13 @@ absl::Status GroupedExperts(const MoeMlpArgs& a, const std::function<void(MoePha
   mark(MoePhase::kSwiGlu);
   if (fp8) {
     SwiGluQuantFp8Params q;
-    q.rows = P;
+    SetPackedSwiGlu(q, P, s.inter, b.gate_up, b.actq, a.stream, rows.begin, rows.end);
     q.cols = s.inter;
-    q.gate_up = b.gate_up;
-    q.ld_in = 2 * s.inter;
-    q.up_offset = s.inter;
-    q.out = b.actq;
     q.out_scale = b.actq_scale;
-    q.row_begin = rows.begin;
-    q.row_end = rows.end;
-    q.stream = a.stream;
     VERIFYD_RETURN_IF_ERROR(SwiGluQuantFp8Cuda(q));
   } else {
-    VERIFYD_RETURN_IF_ERROR(SwiGlu(P, s.inter, b.gate_up, b.act, a.stream, rows.begin, rows.end));
+    VERIFYD_RETURN_IF_ERROR(
+        SwiGluPackedCuda(P, s.inter, b.gate_up, b.act, a.stream, rows.begin, rows.end));
   }
   mark(MoePhase::kDown);
   return RunGrouped(b.gemm_down, offsets, fp8 ? static_cast<const void*>(b.actq) : b.act,
@@ -411,19 +387,12 @@ absl::Status RunFp8Mlp(const Fp8MlpArgs& a) {
   gu.out = a.gu;
   gu.stream = a.stream;
   VERIFYD_RETURN_IF_ERROR(RunFp8Linear(gu));
-  {
-    SwiGluQuantFp8Params p;
-    p.rows = a.rows;
-    p.cols = a.inter;
-    p.gate_up = a.gu;
-    p.ld_in = 2 * a.inter;
-    p.up_offset = a.inter;
-    p.out = a.actq;
-    p.out_scale = a.actq_scale;
-    p.scale_ld_rows = a.lt != nullptr ? Fp8LtRows(a.rows) : 0;
-    p.stream = a.stream;
-    VERIFYD_RETURN_IF_ERROR(SwiGluQuantFp8Cuda(p));
-  }
+  SwiGluQuantFp8Params q;
+  SetPackedSwiGlu(q, a.rows, a.inter, a.gu, a.actq, a.stream, nullptr, nullptr);
+  q.cols = a.inter;
+  q.out_scale = a.actq_scale;
+  q.scale_ld_rows = a.lt != nullptr ? Fp8LtRows(a.rows) : 0;
+  VERIFYD_RETURN_IF_ERROR(SwiGluQuantFp8Cuda(q));
   return OneGroupFp8(a.lt, a.gemm_down, a.rows, a.offsets, a.actq, a.actq_scale, a.down,
                      a.down_scale, a.out, a.stream);
 }
