@@ -21,6 +21,19 @@ std::string Describe(const WeightSource& source, const std::string& name) {
                        : absl::StrCat(where, ": tensor '", name, "'");
 }
 
+// Checks the block rows [row0, +rows) x cols [col0, +cols) of in-memory tensor `name`, then
+// calls row(r, src) for each of its rows, src pointing at that row's first float in `t`.
+template <typename Row>
+absl::Status ForEachBlockRow(const std::string& name, const HostTensor& t, int64_t row0,
+                             int64_t rows, int64_t col0, int64_t cols, Row row) {
+  VERIFYD_RETURN_IF_ERROR(
+      CheckBlock(absl::StrCat("tensor '", name, "'"), t.shape, row0, rows, col0, cols));
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  const int64_t full_cols = MatrixViewOf(t.shape).cols;
+  for (int64_t r = 0; r < rows; ++r) row(r, t.data.data() + (row0 + r) * full_cols + col0);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 MatrixView MatrixViewOf(const std::vector<int64_t>& shape) {
@@ -69,30 +82,18 @@ absl::StatusOr<std::vector<int64_t>> InMemoryWeightSource::Shape(const std::stri
 absl::Status InMemoryWeightSource::ReadBlock(const std::string& name, int64_t row0, int64_t rows,
                                              int64_t col0, int64_t cols, float* dst) const {
   VERIFYD_ASSIGN_OR_RETURN(const HostTensor* t, Find(name));
-  VERIFYD_RETURN_IF_ERROR(
-      CheckBlock(absl::StrCat("tensor '", name, "'"), t->shape, row0, rows, col0, cols));
-  if (rows == 0 || cols == 0) return absl::OkStatus();
-  const int64_t full_cols = MatrixViewOf(t->shape).cols;
-  for (int64_t r = 0; r < rows; ++r) {
-    std::memcpy(dst + r * cols, t->data.data() + (row0 + r) * full_cols + col0,
-                static_cast<size_t>(cols) * sizeof(float));
-  }
-  return absl::OkStatus();
+  return ForEachBlockRow(name, *t, row0, rows, col0, cols, [&](int64_t r, const float* src) {
+    std::memcpy(dst + r * cols, src, static_cast<size_t>(cols) * sizeof(float));
+  });
 }
 
 absl::Status InMemoryWeightSource::ReadBlockBf16(const std::string& name, int64_t row0,
                                                  int64_t rows, int64_t col0, int64_t cols,
                                                  uint16_t* dst) const {
   VERIFYD_ASSIGN_OR_RETURN(const HostTensor* t, Find(name));
-  VERIFYD_RETURN_IF_ERROR(
-      CheckBlock(absl::StrCat("tensor '", name, "'"), t->shape, row0, rows, col0, cols));
-  if (rows == 0 || cols == 0) return absl::OkStatus();
-  const int64_t full_cols = MatrixViewOf(t->shape).cols;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* src = t->data.data() + (row0 + r) * full_cols + col0;
+  return ForEachBlockRow(name, *t, row0, rows, col0, cols, [&](int64_t r, const float* src) {
     for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = kernels::FloatToBf16(src[c]);
-  }
-  return absl::OkStatus();
+  });
 }
 
 absl::Status ValidateWeightSource(const WeightSource& source,
