@@ -145,6 +145,15 @@ def cycles_per_tile(softmax=400.0, load=0.0, pairs=40, s_cycles=1152.0, pv_half=
         pipe[0] = start + dur
         return pipe[0]
 
+    def mma_pair(ready_a, ready_b, dur):
+        """Two groups of `dur` issued in the order they are ready (a first on a tie); their
+        end times (a, b)."""
+        if ready_a <= ready_b:
+            done_a = mma(ready_a, dur)
+            return done_a, mma(ready_b, dur)
+        done_b = mma(ready_b, dur)
+        return mma(ready_a, dur), done_b
+
     empty_a0 = empty_bc0 = empty_a1 = empty_bc1 = 0.0
     wg0 = wg1 = 0.0
     ends = []
@@ -152,21 +161,11 @@ def cycles_per_tile(softmax=400.0, load=0.0, pairs=40, s_cycles=1152.0, pv_half=
         full0 = 0.0 if p == 0 else max(empty_a0, empty_bc0) + load
         full1 = 0.0 if p == 0 else max(empty_a1, empty_bc1) + load
         r0, r1 = max(wg0, full0), max(wg1, full1)
-        if r0 <= r1:
-            s0 = mma(r0, s_cycles)
-            s1 = mma(r1, s_cycles)
-        else:
-            s1 = mma(r1, s_cycles)
-            s0 = mma(r0, s_cycles)
+        s0, s1 = mma_pair(r0, r1, s_cycles)
         p0_ready = s0 + softmax + bar
         p1_ready = max(s1, p0_ready) + softmax + bar
         # WG0's P0 V0_L and WG1's P0 V0_R compete for the pipe in issue order.
-        if p0_ready <= p1_ready:
-            c_done = mma(p0_ready, pv_half)
-            g1 = mma(p1_ready, pv_half)
-        else:
-            g1 = mma(p1_ready, pv_half)
-            c_done = mma(p0_ready, pv_half)
+        c_done, g1 = mma_pair(p0_ready, p1_ready, pv_half)
         g2 = mma(g1 + bar, pv_half)                 # WG1: P1 V1_R after the rescale wait
         d_done = mma(max(c_done, p1_ready), pv_half)  # WG0: P1 V1_L
         empty_a0, empty_bc0 = c_done, g1
