@@ -20,6 +20,7 @@
 #include "kernels/cuda/moe/grouped_gemm.h"
 #include "kernels/cuda/moe/moe.h"
 #include "kernels/cuda/moe/moe_mlp.h"
+#include "kernels/kv_fp8.h"
 #include "tests/gpu_test_util.h"
 
 namespace verifyd {
@@ -27,37 +28,14 @@ namespace {
 
 namespace kc = kernels::cuda;
 
-float Bf16ToFloat(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t FloatToBf16(float f) {  // round to nearest even (finite inputs)
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-
-// float8_e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; 0x7f / 0xff are NaN; no inf.
-float E4m3ToFloat(uint8_t b) {
-  const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
-  const float mag = e == 0 ? std::ldexp(static_cast<float>(m), -9)
-                           : std::ldexp(1.f + static_cast<float>(m) / 8.f, e - 7);
-  return s ? -mag : mag;
-}
-// Nearest finite e4m3 (ties to the even code), saturating at +-448: the device's
-// __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3).
-uint8_t FloatToE4m3(float x) {
-  const float a = std::fabs(x);
-  int best = 0;
-  for (int c = 1; c <= 0x7e; ++c) {
-    const float d = std::fabs(E4m3ToFloat(static_cast<uint8_t>(c)) - a);
-    const float db = std::fabs(E4m3ToFloat(static_cast<uint8_t>(best)) - a);
-    if (d < db || (d == db && (c & 1) == 0)) best = c;
-  }
-  return static_cast<uint8_t>(best | (std::signbit(x) ? 0x80 : 0));
-}
+using kernels::Bf16ToFloat;
+using kernels::FloatToBf16;
+// float8_e4m3fn: kernels/common.h decodes it; kernels/kv_fp8.h encodes to the nearest finite
+// code (ties to the even code), saturating at +-448, as the device's
+// __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) does (kernels_kv_fp8_test checks that
+// encoder against an exhaustive nearest-code search).
+using kernels::Fp8E4m3FromFloat;
+using kernels::Fp8E4m3ToFloat;
 
 template <typename T>
 T* ToDevice(const std::vector<T>& v) {
@@ -109,6 +87,35 @@ Compare CompareRows(const std::vector<float>& got, const std::vector<double>& re
   return c;
 }
 
+// Rows [from, to) of `got` (rows of n values) still hold the NaN poison; `past` names what
+// they lie past.
+void ExpectRowsPoisoned(const std::vector<float>& got, int64_t from, int64_t to, int64_t n,
+                        const std::string& past) {
+  for (int64_t i = from * n; i < to * n; ++i) {
+    ASSERT_TRUE(std::isnan(got[i])) << "row " << i / n << " past " << past << " was written";
+  }
+}
+
+// act_quant's scale of a 128-column group whose largest magnitude is amax.
+float ActQuantScale(float amax) { return std::max(amax, 1e-10f) / 448.f; }
+
+// One bf16 row x quantized as act_quant does, per 128 columns: its scale s[g] bit-exact and
+// every code q[j] the nearest e4m3 of x[j] / s[g].
+void ExpectActQuantRow(const uint16_t* x, const uint8_t* q, const float* s, int64_t groups,
+                       const std::string& what) {
+  for (int64_t g = 0; g < groups; ++g) {
+    float amax = 0;
+    for (int64_t j = g * 128; j < (g + 1) * 128; ++j) {
+      amax = std::max(amax, std::fabs(Bf16ToFloat(x[j])));
+    }
+    const float want_s = ActQuantScale(amax);
+    ASSERT_EQ(s[g], want_s) << "scale of " << what << " group " << g;
+    for (int64_t j = g * 128; j < (g + 1) * 128; ++j) {
+      ASSERT_EQ(q[j], Fp8E4m3FromFloat(Bf16ToFloat(x[j]) / want_s)) << what << " col " << j;
+    }
+  }
+}
+
 // n random e4m3 codes, every finite one possible (no NaN code 0x7f / 0xff).
 std::vector<uint8_t> RandomE4m3(std::mt19937& rng, int64_t n) {
   std::uniform_int_distribution<int> byte(0, 255);
@@ -137,8 +144,8 @@ std::vector<double> BlockScaledGemmRef(const std::vector<int32_t>& off,
         for (int64_t q = 0; q < kb; ++q) {
           double part = 0;
           for (int64_t t = q * 128; t < (q + 1) * 128; ++t) {
-            part += static_cast<double>(E4m3ToFloat(a[r * k + t])) *
-                    E4m3ToFloat(b[(static_cast<int64_t>(g) * n + j) * k + t]);
+            part += static_cast<double>(Fp8E4m3ToFloat(a[r * k + t])) *
+                    Fp8E4m3ToFloat(b[(static_cast<int64_t>(g) * n + j) * k + t]);
           }
           s += part * sa[r * kb + q] * sb[(static_cast<int64_t>(g) * nb + j / 128) * kb + q];
         }
@@ -205,9 +212,7 @@ TEST_F(GroupedGemmTest, Bf16MatchesReference) {
   std::printf("bf16 grouped gemm vs fp64 reference: rel-L2 %.3g, max abs %.3g of %.3g\n", c.rel_l2,
               c.max_abs, c.ref_max);
   EXPECT_LT(c.rel_l2, 1e-5) << "max abs " << c.max_abs << " of " << c.ref_max;
-  for (int64_t i = rows * n; i < (rows + pad) * n; ++i) {
-    ASSERT_TRUE(std::isnan(got[i])) << "row " << i / n << " past the last group was written";
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectRowsPoisoned(got, rows, rows + pad, n, "the last group"));
   cudaFree(d_off);
   cudaFree(d_a);
   cudaFree(d_b);
@@ -261,9 +266,7 @@ TEST_F(GroupedGemmTest, Fp8BlockScaledMatchesReference) {
         "%.3g\n",
         tile_m, c.rel_l2, c.max_abs, c.ref_max);
     EXPECT_LT(c.rel_l2, 3e-3) << "tile_m " << tile_m;
-    for (int64_t i = rows * n; i < (rows + pad) * n; ++i) {
-      ASSERT_TRUE(std::isnan(got[i])) << "row " << i / n << " past the last group was written";
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectRowsPoisoned(got, rows, rows + pad, n, "the last group"));
     // Both tilings give each output element the same k-block order: equal results.
     if (first.empty()) {
       first = got;
@@ -321,18 +324,8 @@ TEST(MoeQuantFp8Test, GatherAndSwiGluMatchHost) {
   const std::vector<uint8_t> q = ToHost(d_q, n * cols);
   const std::vector<float> s = ToHost(d_s, n * groups);
   for (int64_t i = 0; i < n; ++i) {
-    for (int64_t g = 0; g < groups; ++g) {
-      float amax = 0;
-      for (int64_t j = g * 128; j < (g + 1) * 128; ++j) {
-        amax = std::max(amax, std::fabs(Bf16ToFloat(x[perm[i] * cols + j])));
-      }
-      const float want_s = std::max(amax, 1e-10f) / 448.f;
-      ASSERT_EQ(s[i * groups + g], want_s) << "scale of row " << i << " group " << g;
-      for (int64_t j = g * 128; j < (g + 1) * 128; ++j) {
-        const uint8_t want = FloatToE4m3(Bf16ToFloat(x[perm[i] * cols + j]) / want_s);
-        ASSERT_EQ(q[i * cols + j], want) << "row " << i << " col " << j;
-      }
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectActQuantRow(&x[perm[i] * cols], &q[i * cols], &s[i * groups],
+                                              groups, absl::StrCat("row ", i)));
   }
   // SwiGLU form.
   std::vector<float> gu(R * 2 * cols);
@@ -359,10 +352,10 @@ TEST(MoeQuantFp8Test, GatherAndSwiGluMatchHost) {
         v[t] = a / (1.f + std::exp(-a)) * gu[i * 2 * cols + cols + g * 128 + t];
         amax = std::max(amax, std::fabs(v[t]));
       }
-      const float want_s = std::max(amax, 1e-10f) / 448.f;
+      const float want_s = ActQuantScale(amax);
       ASSERT_NEAR(s2[i * groups + g], want_s, 2e-6f * want_s);
       for (int t = 0; t < 128; ++t) {
-        const float got = E4m3ToFloat(q2[i * cols + g * 128 + t]) * s2[i * groups + g];
+        const float got = Fp8E4m3ToFloat(q2[i * cols + g * 128 + t]) * s2[i * groups + g];
         // One e4m3 step is 1/8 of the value's binade (normal) or s * 2^-9 (subnormal).
         const float step = std::max(std::fabs(v[t]) / 8.f, want_s * std::ldexp(1.f, -9));
         ASSERT_LE(std::fabs(got - v[t]), step) << "row " << i << " col " << g * 128 + t;
@@ -447,17 +440,7 @@ TEST(Fp8MlpTest, MatchesHostReferenceStageByStage) {
   const std::vector<float> aqs = ToHost(static_cast<float*>(d_aqs), R * ib);
   const std::vector<float> out = ToHost(static_cast<float*>(d_out), (R + pad) * H);
   // Stage 1: the inputs quantized as act_quant does (first row, every group).
-  for (int64_t g = 0; g < hb; ++g) {
-    float amax = 0;
-    for (int64_t j = g * 128; j < (g + 1) * 128; ++j) {
-      amax = std::max(amax, std::fabs(Bf16ToFloat(x[j])));
-    }
-    const float want_s = std::max(amax, 1e-10f) / 448.f;
-    ASSERT_EQ(xqs[g], want_s);
-    for (int64_t j = g * 128; j < (g + 1) * 128; ++j) {
-      ASSERT_EQ(xq[j], FloatToE4m3(Bf16ToFloat(x[j]) / want_s)) << "col " << j;
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectActQuantRow(x.data(), xq.data(), xqs.data(), hb, "the first row"));
   // The block-scaled GEMMs over the device's own operands, fp64 (one group of R rows).
   const std::vector<int32_t> one = {0, static_cast<int32_t>(R)};
   const Compare c1 = CompareRows(gu, BlockScaledGemmRef(one, xq, xqs, wgu, sgu, 2 * I, H));
@@ -469,9 +452,7 @@ TEST(Fp8MlpTest, MatchesHostReferenceStageByStage) {
   EXPECT_EQ(c2.nonfinite, 0);
   EXPECT_LT(c1.rel_l2, 3e-3);
   EXPECT_LT(c2.rel_l2, 3e-3);
-  for (int64_t i = R * H; i < (R + pad) * H; ++i) {
-    ASSERT_TRUE(std::isnan(out[i])) << "row " << i / H << " past `rows` was written";
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectRowsPoisoned(out, R, R + pad, H, "`rows`"));
   // Fewer rows: the first rows' outputs are bit-identical.
   ASSERT_NO_FATAL_FAILURE(run(5));
   const std::vector<float> few = ToHost(static_cast<float*>(d_out), 5 * H);
@@ -582,17 +563,8 @@ TEST(Fp8LinearTest, StridedInputMatchesHostReference) {
     const std::vector<float> out = ToHost(static_cast<float*>(d_out), (R4 + pad) * N);
     // The last row's quantized input is its own first K columns (not the stride's tail).
     const int64_t r = R - 1;
-    for (int64_t g = 0; g < kb; ++g) {
-      float amax = 0;
-      for (int64_t j = g * 128; j < (g + 1) * 128; ++j) {
-        amax = std::max(amax, std::fabs(Bf16ToFloat(x[r * ldx + j])));
-      }
-      const float want_s = std::max(amax, 1e-10f) / 448.f;
-      ASSERT_EQ(xqs[r * kb + g], want_s);
-      for (int64_t j = g * 128; j < (g + 1) * 128; ++j) {
-        ASSERT_EQ(xq[r * K + j], FloatToE4m3(Bf16ToFloat(x[r * ldx + j]) / want_s)) << j;
-      }
-    }
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectActQuantRow(&x[r * ldx], &xq[r * K], &xqs[r * kb], kb, "the last row"));
     const std::vector<int32_t> one = {0, static_cast<int32_t>(R)};
     const Compare c = CompareRows(std::vector<float>(out.begin(), out.begin() + R * N),
                                   BlockScaledGemmRef(one, xq, xqs, w, ws, N, K));
@@ -600,10 +572,8 @@ TEST(Fp8LinearTest, StridedInputMatchesHostReference) {
                 c.rel_l2);
     EXPECT_EQ(c.nonfinite, 0);
     EXPECT_LT(c.rel_l2, 3e-3);
-    for (int64_t i = rows_out * N; i < (R4 + pad) * N; ++i) {
-      ASSERT_TRUE(std::isnan(out[i]))
-          << "row " << i / N << " past " << rows_out << " rows was written";
-    }
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectRowsPoisoned(out, rows_out, R4 + pad, N, absl::StrCat(rows_out, " rows")));
   }
   kc::Fp8LinearArgs bad = a;
   bad.ldx = K - 128;
@@ -674,9 +644,7 @@ TEST(Fp8BlockGemmLtTest, MatchesHostReference) {
                 static_cast<long long>(m), c.rel_l2);
     EXPECT_EQ(c.nonfinite, 0);
     EXPECT_LT(c.rel_l2, 3e-3) << "m=" << m;
-    for (int64_t i = m4 * N; i < (M4 + pad) * N; ++i) {
-      ASSERT_TRUE(std::isnan(y[i])) << "row " << i / N << " past " << m4 << " rows was written";
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectRowsPoisoned(y, m4, M4 + pad, N, absl::StrCat(m4, " rows")));
   }
   kc::Fp8BlockGemmArgs bad;
   bad.m = 4;
