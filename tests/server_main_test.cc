@@ -58,6 +58,13 @@ std::pair<int, std::string> RunCommand(const std::string& cmd) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+// Runs `cmd`, expecting exit code `rc` and each of `want` in its output.
+void ExpectCommand(const std::string& cmd, int rc, const std::vector<std::string>& want = {}) {
+  auto [got_rc, out] = RunCommand(cmd);
+  EXPECT_EQ(got_rc, rc) << cmd << "\n" << out;
+  for (const std::string& w : want) EXPECT_THAT(out, HasSubstr(w)) << cmd;
+}
+
 bool WaitServing(verifyd::client::VerifyClient& c, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
@@ -418,42 +425,25 @@ TEST(Verifyctl, SubcommandsAndDemoAgainstLiveServer) {
   ASSERT_TRUE(WaitServing(c, absl::Seconds(20))) << ReadFile(v.log);
   const std::string ctl = absl::StrCat(VERIFYCTL_BINARY, " --target=", v.target, " ");
 
-  auto [rc_info, info] = RunCommand(ctl + "info");
-  EXPECT_EQ(rc_info, 0) << info;
-  EXPECT_THAT(info, HasSubstr("backend: toy"));
-  EXPECT_THAT(info, HasSubstr("exact_lossless: yes  kv_cache: none"));
-  auto [rc_health, health] = RunCommand(ctl + "health");
-  EXPECT_EQ(rc_health, 0) << health;
-  EXPECT_THAT(health, HasSubstr("SERVING"));
+  ExpectCommand(ctl + "info", 0, {"backend: toy", "exact_lossless: yes  kv_cache: none"});
+  ExpectCommand(ctl + "health", 0, {"SERVING"});
 
   auto [rc_open, open] = RunCommand(ctl + "open --prompt=1,2,3");
   ASSERT_EQ(rc_open, 0) << open;
   const size_t at = open.find("session_id: ");
   ASSERT_NE(at, std::string::npos);
   const std::string id = open.substr(at + 12, open.find('\n', at) - at - 12);
-  auto [rc_verify, verify] =
-      RunCommand(ctl + "verify --session=" + id + " --tokens=5,6 --parents=-1,0");
-  EXPECT_EQ(rc_verify, 0) << verify;
-  EXPECT_THAT(verify, HasSubstr("committed_len: 4"));
-  auto [rc_bad, bad] = RunCommand(ctl + "verify --session=" + id + " --tokens=5,6 --parents=-1,3");
-  EXPECT_EQ(rc_bad, 1);
-  EXPECT_THAT(bad, HasSubstr("INVALID_ARGUMENT: items[0].tree.parents[1]"));
-  auto [rc_close, close] = RunCommand(ctl + "close --session=" + id);
-  EXPECT_EQ(rc_close, 0) << close;
-  auto [rc_close2, close2] = RunCommand(ctl + "close --session=" + id);
-  EXPECT_EQ(rc_close2, 1);
-  EXPECT_THAT(close2, HasSubstr("NOT_FOUND"));
+  ExpectCommand(ctl + "verify --session=" + id + " --tokens=5,6 --parents=-1,0", 0,
+                {"committed_len: 4"});
+  ExpectCommand(ctl + "verify --session=" + id + " --tokens=5,6 --parents=-1,3", 1,
+                {"INVALID_ARGUMENT: items[0].tree.parents[1]"});
+  ExpectCommand(ctl + "close --session=" + id, 0);
+  ExpectCommand(ctl + "close --session=" + id, 1, {"NOT_FOUND"});
 
-  auto [rc_demo, demo] = RunCommand(ctl + "demo --rounds=12 --quiet");
-  EXPECT_EQ(rc_demo, 0) << demo;
-  EXPECT_THAT(demo, HasSubstr("lossless=yes"));
-  EXPECT_THAT(demo, HasSubstr("mean_accept"));
-  auto [rc_load, load] = RunCommand(ctl + "load --sessions=4 --rounds=10");
-  EXPECT_EQ(rc_load, 0) << load;
-  EXPECT_THAT(load, HasSubstr("drafter=oracle sessions=4 rounds=10 calls=40 errors=0"));
-  EXPECT_THAT(load, HasSubstr("lossless=yes"));
-  auto [rc_usage, usage] = RunCommand(ctl + "frobnicate");
-  EXPECT_EQ(rc_usage, 2);
+  ExpectCommand(ctl + "demo --rounds=12 --quiet", 0, {"lossless=yes", "mean_accept"});
+  ExpectCommand(ctl + "load --sessions=4 --rounds=10", 0,
+                {"drafter=oracle sessions=4 rounds=10 calls=40 errors=0", "lossless=yes"});
+  ExpectCommand(ctl + "frobnicate", 2);
 
   ::kill(v.pid, SIGTERM);
   EXPECT_EQ(WaitExit(v.pid, absl::Seconds(20)), 0) << ReadFile(v.log);
