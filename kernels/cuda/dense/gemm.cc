@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -379,6 +380,33 @@ absl::Status RunFixed(FixedAlgos& f, void* cublas_handle, const LtGemm& g) {
   return LaunchLt(f, g, g.m, g.b, g.c, algo, stream);
 }
 
+// GemmBf16's and GemmF32's checks up to the leading dims (`kind` names the GEMM in the shape
+// message): the status to return at once (an error, or OK when there is no row), else none.
+template <class Params>
+std::optional<absl::Status> DenseGemmEarlyReturn(void* cublas_handle, const Params& p,
+                                                 const char* kind) {
+  if (!cublas_handle) return absl::InvalidArgumentError("cublas handle must be set");
+  if (p.m < 0 || p.n <= 0 || p.k <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad ", kind, " shape m=", p.m, " n=", p.n, " k=", p.k));
+  }
+  if (p.m == 0) return absl::OkStatus();
+  if (!p.x || !p.w || !p.y) return absl::InvalidArgumentError("x, w, y must be set");
+  return std::nullopt;
+}
+
+// The packed GEMM of DenseLt (GemmBf16, GemmF32): through the handle's fixed algorithms when
+// it has them, else one cublasGemmEx (operands of type a_type, output c_type).
+absl::Status RunDense(void* cublas_handle, const LtGemm& g) {
+  if (FixedAlgos* f = FixedFor(cublas_handle)) return RunFixed(*f, cublas_handle, g);
+  VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+      static_cast<cublasHandle_t>(cublas_handle), g.ta, CUBLAS_OP_N, static_cast<int>(g.n),
+      static_cast<int>(g.m), static_cast<int>(g.k), &g.alpha, g.a, g.a_type,
+      static_cast<int>(g.lda), g.b, g.a_type, static_cast<int>(g.ldb), &g.beta, g.c, g.c_type,
+      static_cast<int>(g.ldc), g.compute, CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status EnableFixedGemmAlgorithms(void* cublas_handle, void* workspace, size_t bytes,
@@ -421,31 +449,16 @@ void DisableFixedGemmAlgorithms(void* cublas_handle) {
 }
 
 absl::Status GemmBf16(void* cublas_handle, const GemmParams& p) {
-  if (!cublas_handle) return absl::InvalidArgumentError("cublas handle must be set");
-  if (p.m < 0 || p.n <= 0 || p.k <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad gemm shape m=", p.m, " n=", p.n, " k=", p.k));
-  }
-  if (p.m == 0) return absl::OkStatus();
-  if (!p.x || !p.w || !p.y) return absl::InvalidArgumentError("x, w, y must be set");
+  if (auto done = DenseGemmEarlyReturn(cublas_handle, p, "gemm")) return *done;
   if (p.ldx < p.k || p.ldw < p.k || p.ldy < p.n) {
     return absl::InvalidArgumentError(absl::StrCat("bad leading dims ldx=", p.ldx, " ldw=", p.ldw,
                                                    " ldy=", p.ldy, " for n=", p.n, " k=", p.k));
   }
-  const cudaDataType_t yt = p.y_dtype == DType::kFloat32 ? CUDA_R_32F : CUDA_R_16BF;
-  if (FixedAlgos* f = FixedFor(cublas_handle)) {
-    LtGemm g = DenseLt(p.m, p.n, p.k, p.w, p.ldw, p.x, p.ldx, p.y, p.ldy);
-    g.c_type = yt;
-    g.alpha = p.alpha;
-    g.beta = p.beta;
-    return RunFixed(*f, cublas_handle, g);
-  }
-  VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
-      static_cast<cublasHandle_t>(cublas_handle), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n),
-      static_cast<int>(p.m), static_cast<int>(p.k), &p.alpha, p.w, CUDA_R_16BF,
-      static_cast<int>(p.ldw), p.x, CUDA_R_16BF, static_cast<int>(p.ldx), &p.beta, p.y, yt,
-      static_cast<int>(p.ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  return absl::OkStatus();
+  LtGemm g = DenseLt(p.m, p.n, p.k, p.w, p.ldw, p.x, p.ldx, p.y, p.ldy);
+  g.c_type = p.y_dtype == DType::kFloat32 ? CUDA_R_32F : CUDA_R_16BF;
+  g.alpha = p.alpha;
+  g.beta = p.beta;
+  return RunDense(cublas_handle, g);
 }
 
 absl::Status GemmBf16Batched(void* cublas_handle, const BatchedGemmParams& p) {
@@ -508,29 +521,14 @@ absl::Status GemmBf16Packed(void* cublas_handle, int64_t m, const bf16_bits* x, 
 }
 
 absl::Status GemmF32(void* cublas_handle, const GemmF32Params& p) {
-  if (!cublas_handle) return absl::InvalidArgumentError("cublas handle must be set");
-  if (p.m < 0 || p.n <= 0 || p.k <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad fp32 gemm shape m=", p.m, " n=", p.n, " k=", p.k));
-  }
-  if (p.m == 0) return absl::OkStatus();
-  if (!p.x || !p.w || !p.y) return absl::InvalidArgumentError("x, w, y must be set");
+  if (auto done = DenseGemmEarlyReturn(cublas_handle, p, "fp32 gemm")) return *done;
   if (p.ldx < p.k || p.ldw < p.k || p.ldy < p.n) {
     return absl::InvalidArgumentError("bad leading dims in fp32 gemm");
   }
-  const float alpha = 1.f, beta = 0.f;
-  if (FixedAlgos* f = FixedFor(cublas_handle)) {
-    LtGemm g = DenseLt(p.m, p.n, p.k, p.w, p.ldw, p.x, p.ldx, p.y, p.ldy);
-    g.a_type = CUDA_R_32F;
-    g.compute = CUBLAS_COMPUTE_32F_PEDANTIC;
-    return RunFixed(*f, cublas_handle, g);
-  }
-  VERIFYD_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
-      static_cast<cublasHandle_t>(cublas_handle), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n),
-      static_cast<int>(p.m), static_cast<int>(p.k), &alpha, p.w, CUDA_R_32F,
-      static_cast<int>(p.ldw), p.x, CUDA_R_32F, static_cast<int>(p.ldx), &beta, p.y, CUDA_R_32F,
-      static_cast<int>(p.ldy), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
-  return absl::OkStatus();
+  LtGemm g = DenseLt(p.m, p.n, p.k, p.w, p.ldw, p.x, p.ldx, p.y, p.ldy);
+  g.a_type = CUDA_R_32F;
+  g.compute = CUBLAS_COMPUTE_32F_PEDANTIC;
+  return RunDense(cublas_handle, g);
 }
 
 }  // namespace verifyd::kernels::cuda
