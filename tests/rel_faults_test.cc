@@ -55,13 +55,15 @@ bool WaitServing(VerifyClient& c, absl::Duration timeout) {
 std::string Log(const std::string& path) { return rel::ReadFile(path).value_or("(no log)"); }
 
 // The real verifyd binary on the tiny CPU model with 4,096 KV slots, listening on a free
-// loopback port, logging to verifyd.log in a temporary directory; `flags` add the rest.
+// loopback port, logging to verifyd.log in a temporary directory; `flags` add the rest. With a
+// client of it (30 s deadlines).
 struct Verifyd {
   rel::TempDir dir;
   const int port = rel::FreePort();
   const std::string target = absl::StrCat("127.0.0.1:", port);
   const std::string log = dir.File("verifyd.log");
   pid_t pid = -1;
+  VerifyClient client{target, absl::Seconds(30)};
 
   explicit Verifyd(const std::vector<std::string>& flags) {
     std::vector<std::string> args = {VERIFYD_BINARY, "--backend=cpu", "--model=tiny",
@@ -69,6 +71,9 @@ struct Verifyd {
     args.insert(args.end(), flags.begin(), flags.end());
     pid = rel::Spawn(args, log);
   }
+
+  // Whether it reports SERVING within 60 s.
+  bool Serving() { return WaitServing(client, absl::Seconds(60)); }
 };
 
 TEST(RelFaults, RankFailureMakesHealthNotServingAndInFlightCallsUnavailable) {
@@ -136,10 +141,9 @@ TEST(RelFaults, RankFailureMakesHealthNotServingAndInFlightCallsUnavailable) {
 // arrive during it): verifyd answers UNAVAILABLE for a second, then exits without gRPC's
 // shutdown (the closed connections are UNAVAILABLE to the clients).
 TEST(RelFaults, CallsAfterAFailureAreUnavailableUntilVerifydExits) {
-  const Verifyd v({"--tp=2", "--metrics_listen=", "--testing_fault=fail:1@40"});
-  VerifyClient c(v.target, absl::Seconds(30));
-  ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << Log(v.log);
-  auto s = c.Open({1, 2, 3});
+  Verifyd v({"--tp=2", "--metrics_listen=", "--testing_fault=fail:1@40"});
+  ASSERT_TRUE(v.Serving()) << Log(v.log);
+  auto s = v.client.Open({1, 2, 3});
   ASSERT_TRUE(s.ok()) << s.status();
   // Clients start new calls back to back, each on its own channel, until verifyd is gone.
   constexpr int kClients = 4;
@@ -180,15 +184,14 @@ TEST(RelFaults, CallsAfterAFailureAreUnavailableUntilVerifydExits) {
 
 TEST(RelFaults, VerifydExitsNonZeroWhenARankFails) {
   // Step 0 is the prefill below; rank 1 fails at step 4 (the fourth Verify).
-  const Verifyd v({"--tp=2", "--metrics_listen=", "--testing_fault=fail:1@4"});
-  VerifyClient c(v.target, absl::Seconds(30));
-  ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << Log(v.log);
-  auto s = c.Open({1, 2, 3});
+  Verifyd v({"--tp=2", "--metrics_listen=", "--testing_fault=fail:1@4"});
+  ASSERT_TRUE(v.Serving()) << Log(v.log);
+  auto s = v.client.Open({1, 2, 3});
   ASSERT_TRUE(s.ok()) << s.status();
   int ok_rounds = 0;
   absl::Status last;
   for (int i = 0; i < 10 && last.ok(); ++i) {
-    auto r = c.Verify(s->session_id, DraftTree{});
+    auto r = v.client.Verify(s->session_id, DraftTree{});
     if (r.ok()) ++ok_rounds;
     last = r.status();
   }
@@ -202,13 +205,12 @@ TEST(RelFaults, VerifydExitsNonZeroWhenARankFails) {
 
 TEST(RelFaults, SigtermWithCallsInFlightDrainsThemAndExitsZero) {
   // Every engine step takes >= 200 ms, so calls are in flight when the signal comes.
-  const Verifyd v({"--metrics_listen=", "--testing_fault=slow:200", "--drain_timeout_s=30"});
-  VerifyClient c(v.target, absl::Seconds(30));
-  ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << Log(v.log);
+  Verifyd v({"--metrics_listen=", "--testing_fault=slow:200", "--drain_timeout_s=30"});
+  ASSERT_TRUE(v.Serving()) << Log(v.log);
   constexpr int kClients = 4;
   std::vector<std::string> ids;
   for (int i = 0; i < kClients; ++i) {
-    auto s = c.Open({5, 6, 7 + i});
+    auto s = v.client.Open({5, 6, 7 + i});
     ASSERT_TRUE(s.ok()) << s.status();
     ids.push_back(s->session_id);
   }
@@ -269,10 +271,9 @@ TEST(RelFaults, SigtermWithCallsInFlightDrainsThemAndExitsZero) {
 
 TEST(RelFaults, ClientKilledMidCallLeavesNothingAfterTheTtl) {
   const int metrics_port = rel::FreePort();
-  const Verifyd v({absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port), "--session_ttl_s=1",
-                   "--testing_fault=slow:50"});
-  VerifyClient c(v.target, absl::Seconds(30));
-  ASSERT_TRUE(WaitServing(c, absl::Seconds(60))) << Log(v.log);
+  Verifyd v({absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port), "--session_ttl_s=1",
+             "--testing_fault=slow:50"});
+  ASSERT_TRUE(v.Serving()) << Log(v.log);
   // A load generator with 4 sessions and far more rounds than it will get to run.
   const pid_t load = rel::Spawn({VERIFYCTL_BINARY, "load", absl::StrCat("--target=", v.target),
                                  "--sessions=4", "--rounds=100000", "--quiet"},
@@ -297,9 +298,9 @@ TEST(RelFaults, ClientKilledMidCallLeavesNothingAfterTheTtl) {
       absl::Seconds(15)))
       << page();
   // The server keeps serving.
-  auto s = c.Open({1, 2});
+  auto s = v.client.Open({1, 2});
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_TRUE(c.Verify(s->session_id, DraftTree{}).ok());
+  EXPECT_TRUE(v.client.Verify(s->session_id, DraftTree{}).ok());
   ASSERT_EQ(::kill(v.pid, SIGTERM), 0);
   EXPECT_EQ(rel::WaitExit(v.pid, absl::Seconds(30)), 0) << Log(v.log);
 }
