@@ -46,8 +46,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "kernels/common.h"
 #include "kernels/kv_fp8.h"
 #include "nlohmann/json.hpp"
@@ -348,12 +347,7 @@ void Emulate(Variant v, const Cache& c, const std::vector<float>& q, std::vector
 }
 
 std::vector<int64_t> Ints(const std::string& s) {
-  std::vector<int64_t> v;
-  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) {
-    int64_t x = 0;
-    if (absl::SimpleAtoi(p, &x) && x > 0) v.push_back(x);
-  }
-  return v;
+  return bench::ParseIntList(s, bench::ListEntries::kPositive);
 }
 
 }  // namespace

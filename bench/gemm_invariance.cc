@@ -30,6 +30,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_util.h"
 #include "kernels/common.h"
 #include "kernels/cuda/dense/gemm.h"
 #include "kernels/cuda/moe/grouped_gemm.h"
@@ -55,15 +56,6 @@ namespace kc = verifyd::kernels::cuda;
     }                                                             \
   } while (0)
 
-std::vector<int64_t> ParseList(const std::string& s) {
-  std::vector<int64_t> out;
-  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) {
-    int64_t v = 0;
-    if (absl::SimpleAtoi(p, &v) && v > 0) out.push_back(v);
-  }
-  return out;
-}
-
 uint16_t Bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -74,7 +66,8 @@ uint16_t Bf16(float f) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  const std::vector<int64_t> rows = ParseList(absl::GetFlag(FLAGS_rows));
+  const std::vector<int64_t> rows = verifyd::bench::ParseIntList(
+      absl::GetFlag(FLAGS_rows), verifyd::bench::ListEntries::kPositive);
   CHECK_OR_DIE(!rows.empty(), "--rows");
   int64_t max_m = 0;
   for (int64_t m : rows) max_m = std::max(max_m, m);

@@ -28,8 +28,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "kernels/kv_fp8.h"
 #include "kernels/verify_attention.h"
 #include "nlohmann/json.hpp"
@@ -49,12 +48,7 @@ namespace {
 using namespace verifyd;
 
 std::vector<int64_t> Ints(const std::string& s) {
-  std::vector<int64_t> v;
-  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) {
-    int64_t x = 0;
-    if (absl::SimpleAtoi(p, &x)) v.push_back(x);
-  }
-  return v;
+  return bench::ParseIntList(s, bench::ListEntries::kParsed);
 }
 
 struct Stats {

@@ -37,11 +37,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_util.h"
 #include "bench/moe_fill.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dense/gemm.h"
@@ -98,19 +98,6 @@ T* DevAlloc(int64_t n) {
   void* p = nullptr;
   BENCH_CUDA(cudaMalloc(&p, std::max<int64_t>(n, 1) * sizeof(T)));
   return static_cast<T*>(p);
-}
-
-std::vector<int> ParseList(const std::string& s) {
-  std::vector<int> out;
-  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) {
-    int v = 0;
-    if (!absl::SimpleAtoi(part, &v) || v <= 0) {
-      std::fprintf(stderr, "bad list entry '%s'\n", std::string(part).c_str());
-      std::exit(2);
-    }
-    out.push_back(v);
-  }
-  return out;
 }
 
 // The phases of kernels::cuda::RunMoeMlp, in its order (kPhases = kDone).
@@ -332,7 +319,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "moe_layer_bench: needs an sm_90 GPU and a CUTLASS build\n");
     return 1;
   }
-  const std::vector<int> rows = ParseList(absl::GetFlag(FLAGS_rows));
+  const std::vector<int> rows = verifyd::bench::ParseIntList<int>(
+      absl::GetFlag(FLAGS_rows), verifyd::bench::ListEntries::kPositiveOrExit);
   const std::vector<std::string> modes =
       absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty());
   Dims d{absl::GetFlag(FLAGS_hidden), absl::GetFlag(FLAGS_experts),

@@ -19,10 +19,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_util.h"
 #include "nlohmann/json.hpp"
 #include "tp/cuda/cuda_engine.h"
 
@@ -46,12 +45,7 @@ using verifyd::tp::EngineOptions;
 using verifyd::tp::StepRequest;
 
 std::vector<int64_t> ParseList(const std::string& s) {
-  std::vector<int64_t> out;
-  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) {
-    int64_t v = 0;
-    if (absl::SimpleAtoi(p, &v) && v > 0) out.push_back(v);
-  }
-  return out;
+  return verifyd::bench::ParseIntList(s, verifyd::bench::ListEntries::kPositive);
 }
 
 struct Diff {

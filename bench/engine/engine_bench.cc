@@ -39,11 +39,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_util.h"
 #include "kernels/cuda/dense/rope.h"
 #include "kernels/cuda/dense/weight_gen.h"
 #include "kernels/cuda/verify_attention/api.h"
@@ -122,12 +121,7 @@ using verifyd::tp::EngineOptions;
 using verifyd::tp::StepRequest;
 
 std::vector<int64_t> ParseList(const std::string& s) {
-  std::vector<int64_t> v;
-  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) {
-    int64_t x = 0;
-    if (absl::SimpleAtoi(part, &x)) v.push_back(x);
-  }
-  return v;
+  return verifyd::bench::ParseIntList(s, verifyd::bench::ListEntries::kParsed);
 }
 
 struct Row {
