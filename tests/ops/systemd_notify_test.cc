@@ -93,6 +93,16 @@ int Count(const std::vector<std::string>& v, const std::string& s) {
   return n;
 }
 
+// Watchdog options pinging every `ping_interval`, counting pending work with no finished step
+// for `stall_after` as a stall (zero: the systemd watchdog timeout).
+SystemdNotifier::WatchdogOptions PingEvery(absl::Duration ping_interval,
+                                           absl::Duration stall_after = absl::ZeroDuration()) {
+  SystemdNotifier::WatchdogOptions opt;
+  opt.ping_interval = ping_interval;
+  opt.stall_after = stall_after;
+  return opt;
+}
+
 // A random status text so the test cannot pass on a remembered string.
 std::string RandomStatus(uint32_t seed) {
   std::mt19937 rng(seed);
@@ -194,9 +204,7 @@ TEST(SystemdNotifier, WatchdogPingsWhileEngineProgresses) {
 TEST(SystemdNotifier, IdleEngineKeepsPinging) {
   FakeSystemd sd(300000);
   SystemdNotifier n;
-  SystemdNotifier::WatchdogOptions opt;
-  opt.stall_after = absl::Milliseconds(100);
-  opt.ping_interval = absl::Milliseconds(30);
+  const auto opt = PingEvery(absl::Milliseconds(30), absl::Milliseconds(100));
   // No step ever finishes, but no work waits either: healthy.
   ASSERT_TRUE(n.StartWatchdog([] { return EngineProgress{7, false}; }, opt).ok());
   const auto msgs = sd.Collect(600);
@@ -207,9 +215,7 @@ TEST(SystemdNotifier, IdleEngineKeepsPinging) {
 TEST(SystemdNotifier, PingsStopWhileEngineStallsAndResumeAfter) {
   FakeSystemd sd(1000000);
   SystemdNotifier n;
-  SystemdNotifier::WatchdogOptions opt;
-  opt.stall_after = absl::Milliseconds(150);
-  opt.ping_interval = absl::Milliseconds(25);
+  const auto opt = PingEvery(absl::Milliseconds(25), absl::Milliseconds(150));
   std::atomic<uint64_t> steps{0};
   std::atomic<bool> pending{true};
   ASSERT_TRUE(n.StartWatchdog(
@@ -250,8 +256,7 @@ TEST(SystemdNotifier, HealthCheckFormPingsOnlyWhileHealthy) {
   SystemdNotifier n;
   EXPECT_EQ(n.StartWatchdogOnHealth(nullptr).code(), absl::StatusCode::kInvalidArgument);
   std::atomic<bool> healthy{true};
-  SystemdNotifier::WatchdogOptions opt;
-  opt.ping_interval = absl::Milliseconds(25);
+  const auto opt = PingEvery(absl::Milliseconds(25));
   ASSERT_TRUE(n.StartWatchdogOnHealth([&] { return healthy.load(); }, opt).ok());
   auto msgs = sd.Collect(300);
   EXPECT_GE(Count(msgs, "WATCHDOG=1"), 4);
