@@ -1,6 +1,8 @@
 // Preset configs and their seeded counter-based weights.
 #include "tp/presets.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -9,22 +11,63 @@
 
 namespace verifyd::tp {
 
-std::vector<std::string> PresetNames() {
-  return {"tiny", "small", "kimi-k2-attn", "tiny-moe", "kimi-k2", "deepseek-v3"};
-}
-
 namespace {
 
 // The attention and dense-MLP dimensions every preset states.
 struct PresetShape {
   int64_t vocab, hidden, layers, heads, q_lora, kv_lora, rope, nope, v, inter, max_positions;
 };
-// clang-format off
-//                                        vocab hidden layers heads q_lora kv_lora rope nope    v  inter  max_pos
-constexpr PresetShape kTinyShape       = {  512,   128,     2,    8,    64,     64,  16,  32,  32,   256,    4096};
-constexpr PresetShape kSmallShape      = { 2048,   256,     4,   16,   128,    128,  32,  64,  64,   512,    8192};
-constexpr PresetShape kKimiK2AttnShape = {32000,  7168,     2,   64,  1536,    512,  64, 128, 128, 18432,  262144};
-// clang-format on
+
+// One preset: its dimensions, rope_theta, MLP stack, RoPE scaling, weight quantization and
+// MTP layers. rms_norm_eps (1e-6) and untied embeddings are ModelConfig's defaults in each.
+struct Preset {
+  const char* name;
+  PresetShape shape;
+  double rope_theta;
+  MoeConfig moe;             // n_routed_experts 0: every layer dense
+  RopeScaling rope_scaling;  // type "": plain RoPE
+  QuantConfig quant;         // method "": bf16 / fp32 weights
+  int64_t nextn_predict_layers;
+};
+
+// Every preset, in PresetNames() order (tp/presets.h describes each). Kimi-K2 and DeepSeek-V3
+// share the architecture: the MLA shapes, 61 layers, the dense MLP (18432) and routed experts
+// (2048) with top-8 sigmoid noaux_tc routing and one shared expert, YaRN over 4096 original
+// positions with mscale = mscale_all_dim = 1, and FP8 e4m3 weights in 128 x 128 blocks; they
+// differ where their published config.json files do.
+std::vector<Preset> Presets() {
+  // clang-format off
+  //                                         vocab hidden layers heads q_lora kv_lora rope nope    v  inter  max_pos
+  constexpr PresetShape kTinyShape       = {   512,   128,     2,    8,    64,     64,  16,  32,  32,   256,    4096};
+  constexpr PresetShape kSmallShape      = {  2048,   256,     4,   16,   128,    128,  32,  64,  64,   512,    8192};
+  constexpr PresetShape kKimiK2AttnShape = { 32000,  7168,     2,   64,  1536,    512,  64, 128, 128, 18432,  262144};
+  // tiny's attention, one dense layer, then two MoE layers.
+  constexpr PresetShape kTinyMoeShape    = {   512,   128,     3,    8,    64,     64,  16,  32,  32,   256,    4096};
+  // moonshotai/Kimi-K2-Instruct.
+  constexpr PresetShape kKimiK2Shape     = {163840,  7168,    61,   64,  1536,    512,  64, 128, 128, 18432,  131072};
+  // deepseek-ai/DeepSeek-V3 (its MTP layer is listed, not run).
+  constexpr PresetShape kDeepseekV3Shape = {129280,  7168,    61,  128,  1536,    512,  64, 128, 128, 18432,  163840};
+  //                                experts  top_k  shared  inter  k_dense  freq    scoring  topk_method  n_group  topk_group  norm  scaling
+  const MoeConfig kTinyMoe       = {     16,     4,      1,    64,       1,    1, "sigmoid",  "noaux_tc",       4,          2, true,     2.5};
+  const MoeConfig kKimiK2Moe     = {    384,     8,      1,  2048,       1,    1, "sigmoid",  "noaux_tc",       1,          1, true,   2.827};
+  const MoeConfig kDeepseekV3Moe = {    256,     8,      1,  2048,       3,    1, "sigmoid",  "noaux_tc",       8,          4, true,     2.5};
+  // YaRN; tiny-moe's mscale_all_dim != mscale: cos / sin and softmax both scaled.
+  //                                     type  factor  original  beta_fast  beta_slow  mscale  mscale_all_dim
+  const RopeScaling kTinyYarn       = {"yarn",    4.0,     1024,      32.0,       1.0,    1.0,            0.8};
+  const RopeScaling kKimiK2Yarn     = {"yarn",   32.0,     4096,       1.0,       1.0,    1.0,            1.0};
+  const RopeScaling kDeepseekV3Yarn = {"yarn",   40.0,     4096,      32.0,       1.0,    1.0,            1.0};
+  const QuantConfig kFp8 = {"fp8", "e4m3", 128, 128};
+  return {
+    //  name           shape             theta    moe             rope_scaling     quant          nextn
+      {"tiny",         kTinyShape,       10000.0, MoeConfig(),    RopeScaling(),   QuantConfig(), 0},
+      {"small",        kSmallShape,      10000.0, MoeConfig(),    RopeScaling(),   QuantConfig(), 0},
+      {"kimi-k2-attn", kKimiK2AttnShape, 50000.0, MoeConfig(),    RopeScaling(),   QuantConfig(), 0},
+      {"tiny-moe",     kTinyMoeShape,    10000.0, kTinyMoe,       kTinyYarn,       QuantConfig(), 0},
+      {"kimi-k2",      kKimiK2Shape,     50000.0, kKimiK2Moe,     kKimiK2Yarn,     kFp8,          0},
+      {"deepseek-v3",  kDeepseekV3Shape, 10000.0, kDeepseekV3Moe, kDeepseekV3Yarn, kFp8,          1},
+  };
+  // clang-format on
+}
 
 void SetShape(ModelConfig* c, const PresetShape& s) {
   c->vocab_size = s.vocab;
@@ -40,115 +83,33 @@ void SetShape(ModelConfig* c, const PresetShape& s) {
   c->max_position_embeddings = s.max_positions;
 }
 
-// What Kimi-K2 and DeepSeek-V3 share: the MLA shapes (hidden 7168, q_lora 1536, kv_lora 512,
-// rope 64, nope 128, v 128), 61 layers, the dense MLP (18432) and routed experts (2048) with
-// top-8 sigmoid noaux_tc routing and one shared expert, YaRN over 4096 original positions with
-// mscale = mscale_all_dim = 1, and FP8 e4m3 weights in 128 x 128 blocks.
-void SetDeepseekV3Architecture(ModelConfig* c) {
-  c->hidden_size = 7168;
-  c->num_hidden_layers = 61;
-  c->q_lora_rank = 1536;
-  c->kv_lora_rank = 512;
-  c->qk_rope_head_dim = 64;
-  c->qk_nope_head_dim = 128;
-  c->v_head_dim = 128;
-  c->intermediate_size = 18432;
-  c->rms_norm_eps = 1e-6;
-  c->tie_word_embeddings = false;
-  c->moe.num_experts_per_tok = 8;
-  c->moe.n_shared_experts = 1;
-  c->moe.moe_intermediate_size = 2048;
-  c->moe.moe_layer_freq = 1;
-  c->moe.scoring_func = "sigmoid";
-  c->moe.topk_method = "noaux_tc";
-  c->moe.norm_topk_prob = true;
-  c->rope_scaling.type = "yarn";
-  c->rope_scaling.original_max_position_embeddings = 4096;
-  c->rope_scaling.beta_slow = 1.0;
-  c->rope_scaling.mscale = 1.0;
-  c->rope_scaling.mscale_all_dim = 1.0;
-  c->quant.method = "fp8";
-  c->quant.fmt = "e4m3";
-  c->quant.block_rows = 128;
-  c->quant.block_cols = 128;
-}
-
-// Where Kimi-K2 and DeepSeek-V3 differ (their published config.json files).
-struct PublishedDeepseekV3 {
-  int64_t vocab, heads, max_positions;
-  double rope_theta;
-  int64_t routed_experts, first_k_dense_replace, n_group, topk_group;
-  double routed_scaling_factor, yarn_factor, yarn_beta_fast;
-  int64_t nextn_predict_layers;
-};
-// clang-format off
-//                                            vocab heads max_pos rope_theta experts k_dense n_group topk_group scaling yarn beta_fast nextn
-// moonshotai/Kimi-K2-Instruct.
-constexpr PublishedDeepseekV3 kKimiK2     = {163840,  64, 131072,   50000.0,   384,     1,      1,         1,  2.827, 32.0,     1.0,   0};
-// deepseek-ai/DeepSeek-V3 (its MTP layer is listed, not run).
-constexpr PublishedDeepseekV3 kDeepseekV3 = {129280, 128, 163840,   10000.0,   256,     3,      8,         4,    2.5, 40.0,    32.0,   1};
-// clang-format on
-
-void SetPublished(ModelConfig* c, const PublishedDeepseekV3& p) {
-  SetDeepseekV3Architecture(c);
-  c->vocab_size = p.vocab;
-  c->num_attention_heads = p.heads;
-  c->max_position_embeddings = p.max_positions;
-  c->rope_theta = p.rope_theta;
-  c->moe.n_routed_experts = p.routed_experts;
-  c->moe.first_k_dense_replace = p.first_k_dense_replace;
-  c->moe.n_group = p.n_group;
-  c->moe.topk_group = p.topk_group;
-  c->moe.routed_scaling_factor = p.routed_scaling_factor;
-  c->rope_scaling.factor = p.yarn_factor;
-  c->rope_scaling.beta_fast = p.yarn_beta_fast;
-  c->num_nextn_predict_layers = p.nextn_predict_layers;
-}
-
 }  // namespace
 
+std::vector<std::string> PresetNames() {
+  std::vector<std::string> names;
+  for (const Preset& p : Presets()) names.push_back(p.name);
+  return names;
+}
+
 absl::StatusOr<ModelConfig> PresetConfig(const std::string& name, int64_t num_layers) {
-  ModelConfig c;
-  c.name = name;
-  if (name == "tiny") {
-    SetShape(&c, kTinyShape);
-  } else if (name == "small") {
-    SetShape(&c, kSmallShape);
-  } else if (name == "kimi-k2-attn") {
-    SetShape(&c, kKimiK2AttnShape);
-    c.rope_theta = 50000.0;
-  } else if (name == "tiny-moe") {
-    // tiny's attention, one dense layer, then two MoE layers; YaRN.
-    SetShape(&c, kTinyShape);
-    c.num_hidden_layers = 3;
-    c.moe.n_routed_experts = 16;
-    c.moe.num_experts_per_tok = 4;
-    c.moe.n_shared_experts = 1;
-    c.moe.moe_intermediate_size = 64;
-    c.moe.first_k_dense_replace = 1;
-    c.moe.moe_layer_freq = 1;
-    c.moe.n_group = 4;
-    c.moe.topk_group = 2;
-    c.moe.norm_topk_prob = true;
-    c.moe.routed_scaling_factor = 2.5;
-    c.rope_scaling.type = "yarn";
-    c.rope_scaling.factor = 4.0;
-    c.rope_scaling.original_max_position_embeddings = 1024;
-    c.rope_scaling.beta_fast = 32.0;
-    c.rope_scaling.beta_slow = 1.0;
-    c.rope_scaling.mscale = 1.0;
-    c.rope_scaling.mscale_all_dim = 0.8;  // != mscale: cos / sin and softmax both scaled
-  } else if (name == "kimi-k2") {
-    SetPublished(&c, kKimiK2);
-  } else if (name == "deepseek-v3") {
-    SetPublished(&c, kDeepseekV3);
-  } else {
+  const std::vector<Preset> presets = Presets();
+  auto p = std::find_if(presets.begin(), presets.end(),
+                        [&](const Preset& preset) { return name == preset.name; });
+  if (p == presets.end()) {
     return absl::NotFoundError(absl::StrCat("unknown preset '", name,
                                             "' (known: ", absl::StrJoin(PresetNames(), ", "), ")"));
   }
   if (num_layers < 0) {
     return absl::InvalidArgumentError(absl::StrCat("preset layer count ", num_layers, " < 0"));
   }
+  ModelConfig c;
+  c.name = name;
+  SetShape(&c, p->shape);
+  c.rope_theta = p->rope_theta;
+  c.moe = p->moe;
+  c.rope_scaling = p->rope_scaling;
+  c.quant = p->quant;
+  c.num_nextn_predict_layers = p->nextn_predict_layers;
   if (num_layers > 0) c.num_hidden_layers = num_layers;
   return c;
 }
