@@ -47,6 +47,8 @@ struct Dev {
     cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(n, 1) * sizeof(T));
   }
   explicit Dev(const std::vector<T>& h) : Dev(h.size()) { Put(h); }
+  // `count` elements, each `fill` (a poison value, so that a missed write shows).
+  Dev(size_t count, T fill) : Dev(std::vector<T>(count, fill)) {}
   ~Dev() { cudaFree(p); }
   void Put(const std::vector<T>& h) {
     cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
@@ -88,6 +90,28 @@ double RelL2(const std::vector<float>& got, const std::vector<float>& ref) {
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
+// A shard of a generated weight tensor: `rows` x `cols` from (row0, col0) of a row-major tensor
+// of full_cols columns.
+struct Shard {
+  int64_t rows, cols, full_cols, row0, col0;
+};
+
+// Generation parameters (GenerateWeightsParams or GenerateFp8WeightsParams) of shard `s` of
+// tensor `key`, written densely (ld_out = cols) to `out`.
+template <typename Params, typename T>
+Params ShardParams(uint64_t key, const Shard& s, T* out) {
+  Params p;
+  p.tensor_key = key;
+  p.rows = s.rows;
+  p.cols = s.cols;
+  p.full_cols = s.full_cols;
+  p.row0 = s.row0;
+  p.col0 = s.col0;
+  p.out = out;
+  p.ld_out = s.cols;
+  return p;
+}
+
 TEST(GpuDense, WeightGenerationIsBitExact) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(11);
@@ -100,19 +124,11 @@ TEST(GpuDense, WeightGenerationIsBitExact) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(full_cols)) * (1 + trial);
     const float offset = trial % 2 ? 1.0f : 0.0f;
     const uint64_t key = kernels::WeightTensorKey(seed, kernels::WeightNameHash(name));
-    Dev<bf16> out(rows * cols);
-    out.Put(std::vector<bf16>(rows * cols, kBf16NaN));
-    GenerateWeightsParams p;
-    p.tensor_key = key;
+    Dev<bf16> out(rows * cols, kBf16NaN);
+    GenerateWeightsParams p =
+        ShardParams<GenerateWeightsParams>(key, {rows, cols, full_cols, row0, col0}, out.p);
     p.scale = scale;
     p.offset = offset;
-    p.rows = rows;
-    p.cols = cols;
-    p.full_cols = full_cols;
-    p.row0 = row0;
-    p.col0 = col0;
-    p.out = out.p;
-    p.ld_out = cols;
     ASSERT_TRUE(GenerateWeightsCuda(p).ok());
     const std::vector<bf16> got = out.Get();
     int64_t mismatches = 0;
@@ -140,35 +156,17 @@ TEST(GpuDense, Fp8WeightGenerationIsBitExact) {
     const int64_t col0 = full_cols - cols, row0 = 128 * (rng() % 3);
     const int64_t rows = 1 + rng() % 300, scale_ld = cols / 128 + rng() % 3;
     const float fp8_scale = kernels::WeightFp8Scale(0.05f * (1 + trial));
-    Dev<uint8_t> codes(rows * cols);
-    codes.Put(std::vector<uint8_t>(rows * cols, 0x7f));  // NaN codes: a skipped element shows
+    Dev<uint8_t> codes(rows * cols, 0x7f);  // NaN codes: a skipped element shows
     const int64_t brows = (rows + 127) / 128;
-    Dev<float> scales(brows * scale_ld);
-    scales.Put(std::vector<float>(brows * scale_ld, NAN));
-    GenerateFp8WeightsParams p;
-    p.tensor_key = key;
+    Dev<float> scales(brows * scale_ld, NAN);
+    const Shard shard{rows, cols, full_cols, row0, col0};
+    GenerateFp8WeightsParams p = ShardParams<GenerateFp8WeightsParams>(key, shard, codes.p);
     p.fp8_scale = fp8_scale;
-    p.rows = rows;
-    p.cols = cols;
-    p.full_cols = full_cols;
-    p.row0 = row0;
-    p.col0 = col0;
-    p.out = codes.p;
-    p.ld_out = cols;
     p.scales = scales.p;
     p.scale_ld = scale_ld;
     ASSERT_TRUE(GenerateFp8WeightsCuda(p).ok());
-    Dev<bf16> values(rows * cols);
-    values.Put(std::vector<bf16>(rows * cols, kBf16NaN));
-    GenerateWeightsParams g;
-    g.tensor_key = key;
-    g.rows = rows;
-    g.cols = cols;
-    g.full_cols = full_cols;
-    g.row0 = row0;
-    g.col0 = col0;
-    g.out = values.p;
-    g.ld_out = cols;
+    Dev<bf16> values(rows * cols, kBf16NaN);
+    GenerateWeightsParams g = ShardParams<GenerateWeightsParams>(key, shard, values.p);
     g.fp8_scale = fp8_scale;
     ASSERT_TRUE(GenerateWeightsCuda(g).ok());
     const std::vector<uint8_t> got = codes.Get();
@@ -211,10 +209,8 @@ TEST(GpuDense, RmsNormMatchesReference) {
     ref::RmsNorm(x.data(), rows, cols, ld, w.data(), 1e-6f, ref.data());
     Dev<float> dx(x);
     Dev<bf16> dw(ToBf16(w));
-    Dev<float> yf(rows * ld);
-    yf.Put(std::vector<float>(rows * ld, NAN));
-    Dev<bf16> yb(rows * cols);
-    yb.Put(std::vector<bf16>(rows * cols, kBf16NaN));
+    Dev<float> yf(rows * ld, NAN);
+    Dev<bf16> yb(rows * cols, kBf16NaN);
     RmsNormParams p;
     p.rows = rows;
     p.cols = cols;
@@ -268,8 +264,7 @@ TEST(GpuDense, RopeAndLatentWriteMatchReference) {
     tp.cos_table = cos_t.p;
     tp.sin_table = sin_t.p;
     ASSERT_TRUE(RopeTableCuda(tp).ok());
-    Dev<bf16> dq(ToBf16(q)), dout(rows * s.heads * lat);
-    dout.Put(std::vector<bf16>(rows * s.heads * lat, kBf16NaN));
+    Dev<bf16> dq(ToBf16(q)), dout(rows * s.heads * lat, kBf16NaN);
     QRopeParams qp;
     qp.rows = rows;
     qp.heads = s.heads;
@@ -308,8 +303,7 @@ TEST(GpuDense, RopeAndLatentWriteMatchReference) {
     std::shuffle(slots.begin(), slots.end(), rng);
     slots.resize(rows);
     Dev<float> dkva(kva);
-    Dev<bf16> dw(ToBf16(w)), cache(static_cast<size_t>(kv_slots) * lat);
-    cache.Put(std::vector<bf16>(static_cast<size_t>(kv_slots) * lat, kBf16NaN));
+    Dev<bf16> dw(ToBf16(w)), cache(static_cast<size_t>(kv_slots) * lat, kBf16NaN);
     Dev<int32_t> dslots(slots);
     LatentKvWriteParams lp;
     lp.rows = rows;
@@ -343,8 +337,7 @@ TEST(GpuDense, RopeAndLatentWriteMatchReference) {
     // values: within one bf16 rounding), every c_kv value within half an e4m3 step of the bf16
     // write's (+ its rounding), unwritten rows untouched.
     const int64_t rb = KvFp8RowBytes(s.kv_lora, s.rope, kKvFp8Group);
-    Dev<uint8_t> cache8(static_cast<size_t>(kv_slots * rb));
-    cache8.Put(std::vector<uint8_t>(static_cast<size_t>(kv_slots * rb), 0xff));
+    Dev<uint8_t> cache8(static_cast<size_t>(kv_slots * rb), 0xff);
     lp.cache = cache8.p;
     lp.fp8 = true;
     ASSERT_TRUE(LatentKvWriteCuda(lp).ok());
@@ -394,8 +387,7 @@ TEST(GpuDense, KvFp8EncodeIsTheHostFormat) {
     v[lat + 5] = RoundToBf16(3e4f);                               // row 1: one huge value
     Dev<bf16> in(ToBf16(v));
     const int64_t rb = KvFp8RowBytes(kv_lora, rope, kKvFp8Group);
-    Dev<uint8_t> out(static_cast<size_t>(rows * rb));
-    out.Put(std::vector<uint8_t>(static_cast<size_t>(rows * rb), 0xab));
+    Dev<uint8_t> out(static_cast<size_t>(rows * rb), 0xab);
     KvFp8EncodeRowsParams p;
     p.rows = rows;
     p.kv_lora = kv_lora;
@@ -433,8 +425,7 @@ TEST(GpuDense, SwiGluAddGatherMatchReference) {
     ref::SwiGlu(gu.data() + r * 2 * n, gu.data() + r * 2 * n + n, 1, n, n, ref.data() + r * n);
   }
   Dev<float> dgu(gu);
-  Dev<bf16> out(rows * n);
-  out.Put(std::vector<bf16>(rows * n, kBf16NaN));
+  Dev<bf16> out(rows * n, kBf16NaN);
   SwiGluParams sp;
   sp.rows = rows;
   sp.n = n;
@@ -457,8 +448,7 @@ TEST(GpuDense, SwiGluAddGatherMatchReference) {
   for (auto& t : tok) t = rng() % vocab;
   Dev<bf16> dt(ToBf16(table));
   Dev<int32_t> dtok(tok);
-  Dev<float> emb(rows * hidden);
-  emb.Put(std::vector<float>(rows * hidden, NAN));
+  Dev<float> emb(rows * hidden, NAN);
   EmbeddingGatherParams ep;
   ep.rows = rows;
   ep.hidden = hidden;
@@ -531,8 +521,7 @@ TEST(GpuDense, VocabParallelArgmaxMatchesReference) {
       all.insert(all.end(), got.begin(), got.end());
     }
     Dev<ArgmaxPair> g(all);
-    Dev<int32_t> pred(rows);
-    pred.Put(std::vector<int32_t>(rows, -777));
+    Dev<int32_t> pred(rows, -777);
     ArgmaxCombineParams cp;
     cp.rows = rows;
     cp.world = world;
@@ -541,6 +530,29 @@ TEST(GpuDense, VocabParallelArgmaxMatchesReference) {
     ASSERT_TRUE(ArgmaxCombineCuda(cp).ok());
     EXPECT_EQ(pred.Get(), want_i) << "world " << world;
   }
+}
+
+// W_UK absorption's batched GEMM (the absorbed-MLA layout, heads interleaved in the rows): for
+// each of `heads` heads h, y[m, h, kvl] = q[m, h, :nope] . w_h[nope, kvl] with q rows of qk
+// values per head and w_h = w + h * stride_w (not transposed).
+BatchedGemmParams AbsorbWukParams(int heads, int64_t m, int64_t nope, int64_t kvl, int64_t qk,
+                                  const bf16* q, const bf16* w, int64_t stride_w, bf16* y) {
+  BatchedGemmParams bp;
+  bp.batch = heads;
+  bp.m = m;
+  bp.n = kvl;
+  bp.k = nope;
+  bp.x = q;
+  bp.ldx = heads * qk;
+  bp.stride_x = qk;
+  bp.w = w;
+  bp.ldw = kvl;
+  bp.stride_w = stride_w;
+  bp.w_transposed = false;
+  bp.y = y;
+  bp.ldy = heads * kvl;
+  bp.stride_y = kvl;
+  return bp;
 }
 
 TEST(GpuDense, GemmsMatchReference) {
@@ -579,21 +591,8 @@ TEST(GpuDense, GemmsMatchReference) {
   std::vector<float> q = RandomBf16Values(rng, m * heads * qk),
                      kvb = RandomBf16Values(rng, heads * (nope + v) * kvl);
   Dev<bf16> dq(ToBf16(q)), dkvb(ToBf16(kvb)), dqlat(m * heads * kvl);
-  BatchedGemmParams bp;
-  bp.batch = heads;
-  bp.m = m;
-  bp.n = kvl;
-  bp.k = nope;
-  bp.x = dq.p;
-  bp.ldx = heads * qk;
-  bp.stride_x = qk;
-  bp.w = dkvb.p;
-  bp.ldw = kvl;
-  bp.stride_w = (nope + v) * kvl;
-  bp.w_transposed = false;
-  bp.y = dqlat.p;
-  bp.ldy = heads * kvl;
-  bp.stride_y = kvl;
+  BatchedGemmParams bp =
+      AbsorbWukParams(heads, m, nope, kvl, qk, dq.p, dkvb.p, (nope + v) * kvl, dqlat.p);
   ASSERT_TRUE(GemmBf16Batched(h, bp).ok());
   std::vector<float> want(m * heads * kvl, 0.f);
   for (int64_t r = 0; r < m; ++r)
@@ -679,21 +678,8 @@ TEST(GpuDense, BatchInvariantGemmRowsDoNotDependOnTheRowCount) {
   std::vector<bf16> bfirst;
   for (const int64_t m : row_counts) {
     ASSERT_EQ(cudaMemset(dout.p, 0xff, kMaxRows * heads * kvl * sizeof(bf16)), cudaSuccess);
-    BatchedGemmParams bp;
-    bp.batch = heads;
-    bp.m = m;
-    bp.n = kvl;
-    bp.k = nope;
-    bp.x = dq.p;
-    bp.ldx = heads * qk;
-    bp.stride_x = qk;
-    bp.w = dkvb.p;
-    bp.ldw = kvl;
-    bp.stride_w = nope * kvl;
-    bp.w_transposed = false;
-    bp.y = dout.p;
-    bp.ldy = heads * kvl;
-    bp.stride_y = kvl;
+    const BatchedGemmParams bp =
+        AbsorbWukParams(heads, m, nope, kvl, qk, dq.p, dkvb.p, nope * kvl, dout.p);
     ASSERT_TRUE(GemmBf16Batched(h, bp).ok()) << m;
     std::vector<bf16> y = dout.Get();
     const int64_t rows = std::min(m, kProbe);
