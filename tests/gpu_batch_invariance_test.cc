@@ -48,6 +48,20 @@ std::unique_ptr<CudaEngine> MakeEngine(const std::string& model, int tp, bool in
   return std::move(*e);
 }
 
+// A random draft tree of nodes + 1 rows (accept = false): tokens below V, each node's parent a
+// random earlier node, tail slots slot0, slot0 + 1, ...; the first `ctx` slots as its context.
+StepRequest RandomTree(std::mt19937& rng, int64_t V, int64_t nodes, int64_t ctx, int64_t slot0) {
+  StepRequest q;
+  for (int64_t t = 0; t <= nodes; ++t) {
+    q.tokens.push_back(static_cast<int32_t>(rng() % V));
+    q.parents.push_back(t == 0 ? -1 : static_cast<int32_t>(rng() % t));
+    q.tail_slots.push_back(static_cast<int32_t>(slot0 + t));
+  }
+  for (int64_t i = 0; i < ctx; ++i) q.context_slots.push_back(static_cast<int32_t>(i));
+  q.accept = false;
+  return q;
+}
+
 // Rows of the probe (the first request of each step) whose logits differ in any bit from the
 // probe alone, over: 1, 3 and 7 other requests, and the probe's tree grown to 16 and 64 nodes.
 int64_t ChangedProbeRows(CudaEngine& e) {
@@ -56,17 +70,7 @@ int64_t ChangedProbeRows(CudaEngine& e) {
   const int64_t ctx =
       std::min<int64_t>(kContext, e.config().max_position_embeddings - kMaxNodes - 2);
   std::mt19937 rng(3);
-  auto tree = [&](int64_t nodes, int64_t ctx, int64_t slot0, StepRequest* q) {
-    for (int64_t t = 0; t <= nodes; ++t) {
-      q->tokens.push_back(static_cast<int32_t>(rng() % V));
-      q->parents.push_back(t == 0 ? -1 : static_cast<int32_t>(rng() % t));
-      q->tail_slots.push_back(static_cast<int32_t>(slot0 + t));
-    }
-    for (int64_t i = 0; i < ctx; ++i) q->context_slots.push_back(static_cast<int32_t>(i));
-    q->accept = false;
-  };
-  StepRequest probe;
-  tree(8, ctx, kContext, &probe);
+  const StepRequest probe = RandomTree(rng, V, 8, ctx, kContext);
   const int64_t n = static_cast<int64_t>(probe.tokens.size());
   std::vector<float> alone;
   auto ra = e.StepWithLogits({probe}, &alone);
@@ -81,10 +85,8 @@ int64_t ChangedProbeRows(CudaEngine& e) {
   for (int others : {1, 3, kMaxOthers}) {
     std::vector<StepRequest> batch = {probe};
     for (int b = 0; b < others; ++b) {
-      StepRequest q;
-      tree(static_cast<int64_t>(rng() % (kMaxNodes + 1)), 1 + rng() % ctx,
-           kContext + (b + 1) * (kMaxNodes + 1), &q);
-      batch.push_back(q);
+      const int64_t nodes = rng() % (kMaxNodes + 1), octx = 1 + rng() % ctx;
+      batch.push_back(RandomTree(rng, V, nodes, octx, kContext + (b + 1) * (kMaxNodes + 1)));
     }
     std::vector<float> lg;
     auto r = e.StepWithLogits(batch, &lg);
@@ -128,16 +130,9 @@ int64_t TreeNodesUnlikePlainDecoding(CudaEngine& e, int64_t* compared) {
       std::min<int64_t>(kContext, e.config().max_position_embeddings - kMaxNodes - 2);
   std::mt19937 rng(11);
   constexpr int kNodes = 24;
-  StepRequest tree;
+  const StepRequest tree = RandomTree(rng, V, kNodes, ctx, kContext);
   std::vector<int> children(kNodes + 1, 0);
-  for (int t = 0; t <= kNodes; ++t) {
-    tree.tokens.push_back(static_cast<int32_t>(rng() % V));
-    tree.parents.push_back(t == 0 ? -1 : static_cast<int32_t>(rng() % t));
-    if (t > 0) ++children[tree.parents.back()];
-    tree.tail_slots.push_back(static_cast<int32_t>(kContext + t));
-  }
-  for (int64_t i = 0; i < ctx; ++i) tree.context_slots.push_back(static_cast<int32_t>(i));
-  tree.accept = false;
+  for (int t = 1; t <= kNodes; ++t) ++children[tree.parents[t]];
   std::vector<float> tree_lg;
   auto rt = e.StepWithLogits({tree}, &tree_lg);
   EXPECT_TRUE(rt.ok()) << rt.status();
@@ -160,16 +155,10 @@ int64_t TreeNodesUnlikePlainDecoding(CudaEngine& e, int64_t* compared) {
       std::vector<StepRequest> batch = {q};
       const int others = static_cast<int>(rng() % 4);
       for (int b = 0; b < others; ++b) {
-        StepRequest o;
         const int64_t nodes = rng() % (kMaxNodes + 1);
-        for (int64_t t = 0; t <= nodes; ++t) {
-          o.tokens.push_back(static_cast<int32_t>(rng() % V));
-          o.parents.push_back(t == 0 ? -1 : static_cast<int32_t>(rng() % t));
-          o.tail_slots.push_back(static_cast<int32_t>(kContext + (b + 2) * (kMaxNodes + 1) + t));
-        }
+        StepRequest o = RandomTree(rng, V, nodes, 0, kContext + (b + 2) * (kMaxNodes + 1));
         const int64_t octx = 1 + rng() % ctx;
         for (int64_t i = 0; i < octx; ++i) o.context_slots.push_back(static_cast<int32_t>(i));
-        o.accept = false;
         batch.push_back(o);
       }
       std::vector<float> lg;
