@@ -170,6 +170,16 @@ absl::Status CheckRope(int rope_dim) {
   return absl::OkStatus();
 }
 
+// A latent row (LatentKvWriteCuda's input, KvFp8EncodeRowsCuda's): kv_lora > 0 values, then
+// the rope columns (CheckRope), in a row of stride `ld` (named `ld_name` in the message).
+absl::Status CheckLatentRow(int kv_lora, int rope_dim, int64_t ld, const char* ld_name) {
+  VERIFYD_RETURN_IF_ERROR(CheckRope(rope_dim));
+  if (kv_lora <= 0) return absl::InvalidArgumentError("kv_lora must be > 0");
+  if (ld < kv_lora + rope_dim)
+    return absl::InvalidArgumentError(absl::StrCat(ld_name, " too small"));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<float> RopeInvFreq(int rope_dim, double theta) {
@@ -223,9 +233,7 @@ absl::Status QRopeCuda(const QRopeParams& p) {
 }
 
 absl::Status LatentKvWriteCuda(const LatentKvWriteParams& p) {
-  VERIFYD_RETURN_IF_ERROR(CheckRope(p.rope_dim));
-  if (p.kv_lora <= 0) return absl::InvalidArgumentError("kv_lora must be > 0");
-  if (p.ld_kva < p.kv_lora + p.rope_dim) return absl::InvalidArgumentError("ld_kva too small");
+  VERIFYD_RETURN_IF_ERROR(CheckLatentRow(p.kv_lora, p.rope_dim, p.ld_kva, "ld_kva"));
   if (p.rows < 0) return absl::InvalidArgumentError("rows < 0");
   if (p.rows == 0) return absl::OkStatus();
   if (!p.kva || !p.kv_norm_weight || !p.cos_table || !p.sin_table || !p.slots || !p.cache) {
@@ -249,9 +257,7 @@ absl::Status LatentKvWriteCuda(const LatentKvWriteParams& p) {
 }
 
 absl::Status KvFp8EncodeRowsCuda(const KvFp8EncodeRowsParams& p) {
-  VERIFYD_RETURN_IF_ERROR(CheckRope(p.rope_dim));
-  if (p.kv_lora <= 0) return absl::InvalidArgumentError("kv_lora must be > 0");
-  if (p.ld_in < p.kv_lora + p.rope_dim) return absl::InvalidArgumentError("ld_in too small");
+  VERIFYD_RETURN_IF_ERROR(CheckLatentRow(p.kv_lora, p.rope_dim, p.ld_in, "ld_in"));
   if (p.rows < 0 || p.rows > INT32_MAX) return absl::InvalidArgumentError("rows out of range");
   if (p.rows == 0) return absl::OkStatus();
   if (!p.in || !p.out) return absl::InvalidArgumentError("in, out must be set");
