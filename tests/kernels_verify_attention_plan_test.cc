@@ -24,6 +24,17 @@ constexpr VerifyAttentionDeviceInfo kSm120{84, 12, 0, 101376, 102400};
 // A workspace of the default capacity, without device memory (the planner reads capacities).
 VerifyAttentionWorkspace CapacityOnly() { return VerifyAttentionWorkspace::DefaultCapacity(0); }
 
+// The shape of a batch with query rows `qi` (q_indptr), `heads` heads and the default latent
+// widths (576 / 512).
+VerifyAttentionParams ParamsOf(const std::vector<int32_t>& qi, int heads, bool kv_fp8 = false) {
+  VerifyAttentionParams p;
+  p.batch = static_cast<int>(qi.size()) - 1;
+  p.total_rows = qi.back();
+  p.num_heads = heads;
+  p.kv_fp8 = kv_fp8;
+  return p;
+}
+
 // The planner splits a long single request over the SMs, leaves a batch that already fills
 // the device unsplit, and keeps every key covered exactly once.
 TEST(VerifyAttentionPlan, CoversEveryKeyOnce) {
@@ -39,10 +50,7 @@ TEST(VerifyAttentionPlan, CoversEveryKeyOnce) {
       qi.push_back(qi.back() + n.back());
       ki.push_back(ki.back() + L.back());
     }
-    VerifyAttentionParams p;
-    p.batch = B;
-    p.total_rows = qi.back();
-    p.num_heads = 8;
+    const VerifyAttentionParams p = ParamsOf(qi, 8);
     auto plan = PlanVerifyAttention(p, qi.data(), ki.data(), kH200, ws);
     ASSERT_TRUE(plan.ok()) << plan.status();
     // Coverage: for each (request, folded row tile), the key ranges tile [0, L_b).
@@ -77,10 +85,7 @@ TEST(VerifyAttentionPlan, CoversEveryKeyOnce) {
 TEST(VerifyAttentionPlan, SeesawPlanShape) {
   const VerifyAttentionWorkspace ws = CapacityOnly();
   std::vector<int32_t> qi = {0, 16, 32}, ki = {0, 65536 + 16, 65536 + 16 + 1000 + 16};
-  VerifyAttentionParams p;
-  p.batch = 2;
-  p.total_rows = 32;
-  p.num_heads = 16;
+  const VerifyAttentionParams p = ParamsOf(qi, 16);
   VerifyPlanOptions opt;
   opt.config = VerifyKernelConfig::kS64;
   auto plan = PlanVerifyAttention(p, qi.data(), ki.data(), kH200, ws, opt);
@@ -123,10 +128,7 @@ TEST(VerifyAttentionPlan, AutoRule) {
   for (const Row& r : rows) {
     SCOPED_TRACE(testing::Message() << r.heads << " heads, " << r.nodes << " nodes, ctx " << r.ctx);
     const std::vector<int32_t> qi = {0, r.nodes}, ki = {0, r.ctx + r.nodes};
-    VerifyAttentionParams p;
-    p.batch = 1;
-    p.total_rows = r.nodes;
-    p.num_heads = r.heads;
+    const VerifyAttentionParams p = ParamsOf(qi, r.heads);
     auto plan90 = PlanVerifyAttention(p, qi.data(), ki.data(), kH200, ws);
     ASSERT_TRUE(plan90.ok()) << plan90.status();
     EXPECT_EQ(plan90->config, r.sm90);
@@ -196,13 +198,7 @@ TEST(VerifyAttentionPlan, CarriesItsVariantAndDevice) {
   for (const VerifyAttentionDeviceInfo& dev : {kH200, kSm120}) {
     for (bool fp8 : {false, true}) {
       for (bool positional : {false, true}) {
-        VerifyAttentionParams p;
-        p.batch = 2;
-        p.total_rows = 4;
-        p.num_heads = 8;
-        p.qk_dim = 576;
-        p.v_dim = 512;
-        p.kv_fp8 = fp8;
+        VerifyAttentionParams p = ParamsOf(qi, 8, fp8);
         p.mask_words = 1;
         std::vector<uint64_t> mask(4, 0);
         for (int r = 0; r < 4; ++r) mask[r] = (uint64_t{1} << (r < 3 ? r + 1 : 1)) - 1;
@@ -266,11 +262,7 @@ TEST(VerifyAttentionPlan, Fp8CacheVariants) {
 
   const VerifyAttentionWorkspace ws = CapacityOnly();
   const std::vector<int32_t> qi = {0, 16}, ki = {0, 65536 + 16};
-  VerifyAttentionParams p;
-  p.batch = 1;
-  p.total_rows = 16;
-  p.num_heads = 16;
-  p.kv_fp8 = true;
+  const VerifyAttentionParams p = ParamsOf(qi, 16, /*kv_fp8=*/true);
   for (const VerifyAttentionDeviceInfo& device : {kH200, kSm120}) {
     auto plan = PlanVerifyAttention(p, qi.data(), ki.data(), device, ws);
     ASSERT_TRUE(plan.ok()) << plan.status();
@@ -323,11 +315,7 @@ TEST(VerifyAttentionPlan, StagedFp8Plans) {
   ws.max_staged_keys = 262144;
   const int32_t keys = 65536 + 16;
   const std::vector<int32_t> qi = {0, 16, 32}, ki = {0, keys, 2 * keys};
-  VerifyAttentionParams p;
-  p.batch = 2;
-  p.total_rows = 32;
-  p.num_heads = 16;  // 256 rows a request
-  p.kv_fp8 = true;
+  const VerifyAttentionParams p = ParamsOf(qi, 16, /*kv_fp8=*/true);  // 256 rows a request
   auto plan = PlanVerifyAttention(p, qi.data(), ki.data(), kH200, ws);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->config, VerifyKernelConfig::kS64Staged);
@@ -419,11 +407,8 @@ TEST(VerifyAttentionPlan, WorkspaceLayout) {
 // Malformed index arrays and workspaces that are too small are refused, naming the problem.
 TEST(VerifyAttentionPlan, RefusesBadInputs) {
   VerifyAttentionWorkspace ws = CapacityOnly();
-  VerifyAttentionParams p;
-  p.batch = 1;
-  p.total_rows = 4;
-  p.num_heads = 8;
   const std::vector<int32_t> qi = {0, 4}, short_kv = {0, 3}, ki = {0, 100000};
+  VerifyAttentionParams p = ParamsOf(qi, 8);
   EXPECT_EQ(PlanVerifyAttention(p, qi.data(), short_kv.data(), kH200, ws).status().code(),
             absl::StatusCode::kInvalidArgument);
   const std::vector<int32_t> many = {0, 129};
@@ -443,10 +428,7 @@ TEST(VerifyAttentionPlan, RefusesBadInputs) {
 }
 
 TEST(VerifyAttentionPlan, SupportsNamesTheField) {
-  VerifyAttentionParams p;
-  p.batch = 1;
-  p.total_rows = 1;
-  p.num_heads = 8;
+  VerifyAttentionParams p = ParamsOf({0, 1}, 8);
   EXPECT_TRUE(SupportsVerifyAttentionCuda(p, kH200).ok());
   p.dtype = DType::kFloat32;
   EXPECT_NE(SupportsVerifyAttentionCuda(p, kH200).message().find("dtype"), std::string::npos);
@@ -504,13 +486,7 @@ TreeBatch MakeTrees(const std::vector<int>& nodes, const std::vector<int>& ctx, 
   return t;
 }
 
-VerifyAttentionParams ParamsOf(const TreeBatch& t, int heads) {
-  VerifyAttentionParams p;
-  p.batch = static_cast<int>(t.qi.size()) - 1;
-  p.total_rows = t.qi.back();
-  p.num_heads = heads;
-  return p;
-}
+VerifyAttentionParams ParamsOf(const TreeBatch& t, int heads) { return ParamsOf(t.qi, heads); }
 
 // What the kernels read and write, simulated on the host from the plan: per pass the index
 // lists (as the GPU builds them), then per work item the rows it holds, the slots it streams
