@@ -48,14 +48,18 @@ __device__ __forceinline__ void SeesawInitBarriers(const SeesawBarriers& bars) {
 // ================= producer warpgroup (bf16 cache): cp.async gathers =================
 
 // Copies atoms [a0, a1) of this producer lane's four rows of a KV tile into the 64-row tile at
-// `dst` (SeesawProducer: row i at off_even / off_odd + 512 i); row i's slot id is cur[i], a
-// key past the range (slot -1) is zero-filled (and masked), its source address stays inside
-// the tensor. Row addresses are recomputed per column group (one IMAD each) rather than kept:
-// the producer has 24 registers.
+// `dst` (SeesawProducer: row i at dst + off_even + 512 i, the odd rows with bit 6 flipped: their
+// swizzle chunk differs in bit 2, and dst and 512 i leave that bit clear); row i's slot id is
+// cur[i], a key past the range (slot -1) is zero-filled (and masked), its source address stays
+// inside the tensor. The producer has 24 registers: its tile loop holds the four row addresses,
+// the next tile's slot ids, the key pointer and count and one row offset (the odd rows' offset
+// is derived here, and the key count runs down with the pointer: with both kept, ptxas put two
+// of them on the stack, two local loads a tile).
 __device__ __forceinline__ void SeesawCopyKvAtoms(uint32_t dst, int a0, int a1,
                                                   const int32_t (&cur)[4],
-                                                  const __nv_bfloat16* kv_lane, uint32_t off_even,
-                                                  uint32_t off_odd) {
+                                                  const __nv_bfloat16* kv_lane, uint32_t off_even) {
+  const uint32_t row_even = dst + off_even;
+  const uint32_t row_odd = row_even ^ 64u;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const bool valid = cur[i] >= 0;
@@ -63,7 +67,7 @@ __device__ __forceinline__ void SeesawCopyKvAtoms(uint32_t dst, int a0, int a1,
         kv_lane + static_cast<int64_t>(static_cast<uint32_t>(max(cur[i], 0))) * kQkDim;
 #pragma unroll
     for (int a = a0; a < a1; ++a)
-      CpAsync16(dst + (i & 1 ? off_odd : off_even) + i * 512 + a * Tr::kAtom, src + a * 64, valid);
+      CpAsync16((i & 1 ? row_odd : row_even) + i * 512 + a * Tr::kAtom, src + a * 64, valid);
   }
 }
 
@@ -90,15 +94,15 @@ __device__ __forceinline__ void SeesawProducer(const VerifyKernelArgs& args, con
   const int chunk = lane & 7;  // 16-byte chunk within a 128-byte atom row
   const int key_lane = 16 * pw + sub;
   const uint32_t off_even = key_lane * 128 + ((chunk ^ sub) << 4);
-  const uint32_t off_odd = key_lane * 128 + ((chunk ^ sub ^ 4) << 4);
   GatherQ(args, wi, rows_here, cta.sQ(), key_lane, chunk);
   CpAsyncMbarArrive(cta.bars.q());
   const int num_tiles = (wi.kv_end - wi.kv_begin + Tr::kKeys - 1) / Tr::kKeys;
+  // This lane's first row's key of the next tile, and the work item's keys from it on.
   const int32_t* idx = WorkItemKeys(args, wi) + wi.kv_begin + key_lane;
-  const int keys = wi.kv_end - wi.kv_begin;
+  int left = wi.kv_end - wi.kv_begin - key_lane;
   const __nv_bfloat16* kv_lane = args.kv + chunk * 8;
   int32_t slot[4];
-  LoadTileSlots(idx, key_lane, keys, 0, slot);
+  LoadTileSlots(idx, left, slot);
   for (int t = 0; t < num_tiles; ++t) {
     const int b = t & 1;
     const uint32_t dst = cta.kv(b);
@@ -107,14 +111,16 @@ __device__ __forceinline__ void SeesawProducer(const VerifyKernelArgs& args, con
 #pragma unroll
     for (int i = 0; i < 4; ++i) cur[i] = slot[i];
     // Next tile's slot ids: in flight while this tile is copied.
-    LoadTileSlots(idx, key_lane, keys, (t + 1) * Tr::kKeys, slot);
+    idx += Tr::kKeys;
+    left -= Tr::kKeys;
+    LoadTileSlots(idx, left, slot);
     if (t >= 2) MbarWait(cta.bars.empty_a(b), parity);
-    SeesawCopyKvAtoms(dst, 0, 4, cur, kv_lane, off_even, off_odd);
+    SeesawCopyKvAtoms(dst, 0, 4, cur, kv_lane, off_even);
     CpAsyncMbarArrive(cta.bars.full(kGroupA, b));
     if (t >= 2) MbarWait(cta.bars.empty_bc(b), parity);
-    SeesawCopyKvAtoms(dst, 4, 8, cur, kv_lane, off_even, off_odd);
+    SeesawCopyKvAtoms(dst, 4, 8, cur, kv_lane, off_even);
     CpAsyncMbarArrive(cta.bars.full(kGroupB, b));
-    SeesawCopyKvAtoms(dst, 8, 9, cur, kv_lane, off_even, off_odd);
+    SeesawCopyKvAtoms(dst, 8, 9, cur, kv_lane, off_even);
     CpAsyncMbarArrive(cta.bars.full(kGroupC, b));
   }
   CpAsyncWait<0>();  // no copies in flight when the warp exits

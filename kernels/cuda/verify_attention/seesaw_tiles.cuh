@@ -115,13 +115,12 @@ __device__ __forceinline__ void GatherQ(const VerifyKernelArgs& args, const Veri
   }
 }
 
-// The slot ids of this lane's four rows of the tile whose first request-local key is `first`
-// (idx: the work item's keys from kv_begin, plus key_lane); -1 past the work item's `keys`.
-__device__ __forceinline__ void LoadTileSlots(const int32_t* idx, int key_lane, int keys, int first,
-                                              int32_t (&slot)[4]) {
+// The slot ids of this lane's four rows of a tile: idx points at the lane's first row's key of
+// the tile (the work item's keys from kv_begin, plus key_lane and the tile's first key), left
+// is how many of the work item's keys there are from that one on; -1 past the work item.
+__device__ __forceinline__ void LoadTileSlots(const int32_t* idx, int left, int32_t (&slot)[4]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
-    slot[i] = key_lane + 4 * i + first < keys ? __ldg(idx + first + 4 * i) : -1;
+  for (int i = 0; i < 4; ++i) slot[i] = 4 * i < left ? __ldg(idx + 4 * i) : -1;
 }
 
 // Scales one 64-key score tile into the log2 domain, masks it when needed and returns the
