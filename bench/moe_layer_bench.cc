@@ -112,71 +112,73 @@ struct Dims {
   int64_t H, E, K, I, S, maxR;
 };
 
-// The layer's weights (one copy each kind) and the activation buffers for maxR rows.
+// Device arrays of n random values (moe_fill.h), filled on the default stream.
+float* RandomFloats(int64_t n, uint64_t seed, float lo, float hi) {
+  float* p = DevAlloc<float>(n);
+  BENCH_CUDA(verifyd::bench::FillFloat(p, n, seed, lo, hi));
+  return p;
+}
+bf16* RandomBf16(int64_t n, uint64_t seed, float lo, float hi) {
+  bf16* p = DevAlloc<bf16>(n);
+  BENCH_CUDA(verifyd::bench::FillBf16(p, n, seed, lo, hi));
+  return p;
+}
+uint8_t* RandomFp8(int64_t n, uint64_t seed) {
+  uint8_t* p = DevAlloc<uint8_t>(n);
+  BENCH_CUDA(verifyd::bench::FillFp8(p, n, seed));
+  return p;
+}
+
+// The layer's weights (one copy each kind) and the activation buffers for maxR rows, as
+// kernels::cuda::RunMoeMlp takes them (the grouped GEMMs are the mode's, set per run), and
+// the layer's inputs and output.
 struct Layer {
   Dims d;
-  float *router, *bias;
-  uint8_t *gu8, *dn8;
-  float *gu8_scale, *dn8_scale;
-  bf16 *gu16, *dn16;  // routed bf16 weights
-  bf16 *sgu, *sdn;    // shared expert
-  // activations
-  float *xf, *logits, *weights, *gu, *y, *shared_out, *out;
-  bf16 *xn, *x16, *act16;
-  uint8_t *xq, *actq;
-  float *xq_scale, *actq_scale;
-  int32_t *experts, *offsets, *perm_rows, *pair_pos, *permute_ws;
-  int32_t* offsets_host;
+  kc::MoeMlpWeights w;  // routed bf16 weights only when a bf16 mode runs
+  kc::MoeMlpBuffers b;
+  float* xf;   // [maxR, H] fp32: the router's input
+  bf16* xn;    // [maxR, H]: the experts' input
+  float* out;  // [maxR, H]
 };
 
 Layer MakeLayer(const Dims& d, bool want_bf16) {
   Layer L{};
   L.d = d;
   const int64_t H = d.H, E = d.E, I = d.I, P = d.maxR * d.K, R = d.maxR, S = d.S * d.I;
-  L.router = DevAlloc<float>(E * H);
-  L.bias = DevAlloc<float>(E);
-  BENCH_CUDA(verifyd::bench::FillFloat(L.router, E * H, 1, -0.02f, 0.02f));
-  BENCH_CUDA(verifyd::bench::FillFloat(L.bias, E, 2, -0.01f, 0.01f));
-  L.gu8 = DevAlloc<uint8_t>(E * 2 * I * H);
-  L.dn8 = DevAlloc<uint8_t>(E * H * I);
-  L.gu8_scale = DevAlloc<float>(E * 2 * I / 128 * H / 128);
-  L.dn8_scale = DevAlloc<float>(E * H / 128 * I / 128);
-  BENCH_CUDA(verifyd::bench::FillFp8(L.gu8, E * 2 * I * H, 3));
-  BENCH_CUDA(verifyd::bench::FillFp8(L.dn8, E * H * I, 4));
-  BENCH_CUDA(verifyd::bench::FillFloat(L.gu8_scale, E * 2 * I / 128 * H / 128, 5, 1e-3f, 4e-3f));
-  BENCH_CUDA(verifyd::bench::FillFloat(L.dn8_scale, E * H / 128 * I / 128, 6, 1e-3f, 4e-3f));
+  kc::MoeMlpWeights& w = L.w;
+  w.router = RandomFloats(E * H, 1, -0.02f, 0.02f);
+  w.router_bias = RandomFloats(E, 2, -0.01f, 0.01f);
+  w.gate_up_fp8 = RandomFp8(E * 2 * I * H, 3);
+  w.down_fp8 = RandomFp8(E * H * I, 4);
+  w.gate_up_scale = RandomFloats(E * 2 * I / 128 * H / 128, 5, 1e-3f, 4e-3f);
+  w.down_scale = RandomFloats(E * H / 128 * I / 128, 6, 1e-3f, 4e-3f);
   if (want_bf16) {
-    L.gu16 = DevAlloc<bf16>(E * 2 * I * H);
-    L.dn16 = DevAlloc<bf16>(E * H * I);
-    BENCH_CUDA(verifyd::bench::FillBf16(L.gu16, E * 2 * I * H, 7, -0.02f, 0.02f));
-    BENCH_CUDA(verifyd::bench::FillBf16(L.dn16, E * H * I, 8, -0.02f, 0.02f));
+    w.gate_up = RandomBf16(E * 2 * I * H, 7, -0.02f, 0.02f);
+    w.down = RandomBf16(E * H * I, 8, -0.02f, 0.02f);
   }
-  L.sgu = DevAlloc<bf16>(2 * S * H);
-  L.sdn = DevAlloc<bf16>(H * S);
-  BENCH_CUDA(verifyd::bench::FillBf16(L.sgu, 2 * S * H, 9, -0.02f, 0.02f));
-  BENCH_CUDA(verifyd::bench::FillBf16(L.sdn, H * S, 10, -0.02f, 0.02f));
-  L.xf = DevAlloc<float>(R * H);
-  L.xn = DevAlloc<bf16>(R * H);
-  BENCH_CUDA(verifyd::bench::FillFloat(L.xf, R * H, 11, -1.f, 1.f));
-  BENCH_CUDA(verifyd::bench::FillBf16(L.xn, R * H, 11, -1.f, 1.f));
-  L.logits = DevAlloc<float>(R * E);
-  L.weights = DevAlloc<float>(P);
-  L.experts = DevAlloc<int32_t>(P);
-  L.offsets = DevAlloc<int32_t>(E + 1);
-  L.perm_rows = DevAlloc<int32_t>(P);
-  L.pair_pos = DevAlloc<int32_t>(P);
-  L.permute_ws = DevAlloc<int32_t>(kc::MoePermuteWorkspaceInts(P, static_cast<int>(E)));
-  L.x16 = DevAlloc<bf16>(P * H);
-  L.xq = DevAlloc<uint8_t>(P * H);
-  L.xq_scale = DevAlloc<float>(P * H / 128);
-  L.gu = DevAlloc<float>(std::max(P * 2 * I, R * 2 * S));
-  L.act16 = DevAlloc<bf16>(std::max(P * I, R * S));
-  L.actq = DevAlloc<uint8_t>(P * I);
-  L.actq_scale = DevAlloc<float>(P * I / 128);
-  L.y = DevAlloc<float>(P * H);
-  L.shared_out = DevAlloc<float>(R * H);
+  w.shared_gate_up = RandomBf16(2 * S * H, 9, -0.02f, 0.02f);
+  w.shared_down = RandomBf16(H * S, 10, -0.02f, 0.02f);
+  L.xf = RandomFloats(R * H, 11, -1.f, 1.f);
+  L.xn = RandomBf16(R * H, 11, -1.f, 1.f);
   L.out = DevAlloc<float>(R * H);
-  BENCH_CUDA(cudaMallocHost(reinterpret_cast<void**>(&L.offsets_host), (E + 1) * 4));
+  kc::MoeMlpBuffers& b = L.b;
+  b.logits = DevAlloc<float>(R * E);
+  b.weights = DevAlloc<float>(P);
+  b.experts = DevAlloc<int32_t>(P);
+  b.offsets = DevAlloc<int32_t>(E + 1);
+  b.perm_rows = DevAlloc<int32_t>(P);
+  b.pair_pos = DevAlloc<int32_t>(P);
+  b.permute_ws = DevAlloc<int32_t>(kc::MoePermuteWorkspaceInts(P, static_cast<int>(E)));
+  b.x = DevAlloc<bf16>(P * H);
+  b.xq = DevAlloc<uint8_t>(P * H);
+  b.xq_scale = DevAlloc<float>(P * H / 128);
+  b.gate_up = DevAlloc<float>(std::max(P * 2 * I, R * 2 * S));
+  b.act = DevAlloc<bf16>(std::max(P * I, R * S));
+  b.actq = DevAlloc<uint8_t>(P * I);
+  b.actq_scale = DevAlloc<float>(P * I / 128);
+  b.y = DevAlloc<float>(P * H);
+  b.shared = DevAlloc<float>(R * H);
+  BENCH_CUDA(cudaMallocHost(reinterpret_cast<void**>(&b.offsets_host), (E + 1) * 4));
   BENCH_CUDA(cudaDeviceSynchronize());
   return L;
 }
@@ -217,36 +219,10 @@ void RunLayer(const std::string& mode, Layer& L, int64_t R, cudaStream_t st, voi
   a.path = mode.rfind("fp8", 0) == 0 ? kc::ExpertPath::kFp8Grouped
            : mode == "bf16_grouped"  ? kc::ExpertPath::kBf16Grouped
                                      : kc::ExpertPath::kBf16PerExpert;
-  a.weights.router = L.router;
-  a.weights.router_bias = L.bias;
-  a.weights.gate_up = L.gu16;
-  a.weights.down = L.dn16;
-  a.weights.gate_up_fp8 = L.gu8;
-  a.weights.gate_up_scale = L.gu8_scale;
-  a.weights.down_fp8 = L.dn8;
-  a.weights.down_scale = L.dn8_scale;
-  a.weights.shared_gate_up = L.sgu;
-  a.weights.shared_down = L.sdn;
-  kc::MoeMlpBuffers& b = a.buffers;
-  b.logits = L.logits;
-  b.experts = L.experts;
-  b.weights = L.weights;
-  b.offsets = L.offsets;
-  b.perm_rows = L.perm_rows;
-  b.pair_pos = L.pair_pos;
-  b.permute_ws = L.permute_ws;
-  b.x = L.x16;
-  b.xq = L.xq;
-  b.xq_scale = L.xq_scale;
-  b.gate_up = L.gu;
-  b.act = L.act16;
-  b.actq = L.actq;
-  b.actq_scale = L.actq_scale;
-  b.y = L.y;
-  b.shared = L.shared_out;
-  b.offsets_host = L.offsets_host;
-  b.gemm_gate_up = g_gu;
-  b.gemm_down = g_dn;
+  a.weights = L.w;
+  a.buffers = L.b;
+  a.buffers.gemm_gate_up = g_gu;
+  a.buffers.gemm_down = g_dn;
   a.x_router = L.xf;
   a.xn = L.xn;
   a.out = L.out;
@@ -267,6 +243,14 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// d = a . b^T per group of `g` (e4m3 operands with their block scales); the groups' rows from
+// the device offsets.
+absl::Status RunFp8Grouped(kc::GroupedGemm& g, const int32_t* offsets, const uint8_t* a,
+                           const float* a_scale, const uint8_t* b, const float* b_scale, float* d,
+                           cudaStream_t st) {
+  return g.Run(kc::GroupedGemmArgs{offsets, a, a_scale, b, b_scale, d, st});
+}
+
 // Time of grouped GEMM pair (gate_up + down) for given per-group offsets (device copy made
 // here), input rows from the layer's buffers; median ms.
 double TimeGroupedPair(kc::GroupedGemm& gu, kc::GroupedGemm& dn, const std::vector<int32_t>& off,
@@ -279,24 +263,10 @@ double TimeGroupedPair(kc::GroupedGemm& gu, kc::GroupedGemm& dn, const std::vect
   std::vector<double> ms;
   for (int it = 0; it < warmup + iters; ++it) {
     BENCH_CUDA(cudaEventRecord(e0, st));
-    kc::GroupedGemmArgs a;
-    a.offsets = d_off;
-    a.a = L.xq;
-    a.a_scale = L.xq_scale;
-    a.b = L.gu8;
-    a.b_scale = L.gu8_scale;
-    a.d = L.gu;
-    a.stream = st;
-    BENCH_OK(gu.Run(a));
-    kc::GroupedGemmArgs b;
-    b.offsets = d_off;
-    b.a = L.actq;
-    b.a_scale = L.actq_scale;
-    b.b = L.dn8;
-    b.b_scale = L.dn8_scale;
-    b.d = L.y;
-    b.stream = st;
-    BENCH_OK(dn.Run(b));
+    BENCH_OK(RunFp8Grouped(gu, d_off, L.b.xq, L.b.xq_scale, L.w.gate_up_fp8, L.w.gate_up_scale,
+                           L.b.gate_up, st));
+    BENCH_OK(RunFp8Grouped(dn, d_off, L.b.actq, L.b.actq_scale, L.w.down_fp8, L.w.down_scale, L.b.y,
+                           st));
     BENCH_CUDA(cudaEventRecord(e1, st));
     BENCH_CUDA(cudaEventSynchronize(e1));
     float t = 0;
@@ -395,7 +365,7 @@ int main(int argc, char** argv) {
       }
       // Experts hit: from the offsets of the last run.
       std::vector<int32_t> off(d.E + 1);
-      BENCH_CUDA(cudaMemcpy(off.data(), L.offsets, off.size() * 4, cudaMemcpyDeviceToHost));
+      BENCH_CUDA(cudaMemcpy(off.data(), L.b.offsets, off.size() * 4, cudaMemcpyDeviceToHost));
       int hit = 0;
       for (int64_t e = 0; e < d.E; ++e) hit += off[e + 1] > off[e];
       const bool is_fp8 = mode.rfind("fp8", 0) == 0;
@@ -440,7 +410,7 @@ int main(int argc, char** argv) {
       RunLayer("fp8_grouped", L, R, st, cublas, fp8_gu.get(), fp8_dn.get(), timer);
       BENCH_CUDA(cudaStreamSynchronize(st));
       std::vector<int32_t> off(d.E + 1);
-      BENCH_CUDA(cudaMemcpy(off.data(), L.offsets, off.size() * 4, cudaMemcpyDeviceToHost));
+      BENCH_CUDA(cudaMemcpy(off.data(), L.b.offsets, off.size() * 4, cudaMemcpyDeviceToHost));
       const double tp_ms = TimeGroupedPair(*tp_gu, *tp_dn, off, L, st, warmup, iters);
       // EP: rank r owns experts [r El, (r + 1) El); its rows are a prefix-shifted slice. The
       // grouped GEMM reads a from row 0, so each rank's pairs are timed as rows 0.. of the
