@@ -60,15 +60,20 @@ cudaError_t ConfigureOncePerDevice(std::atomic<uint64_t>& done, Configure&& conf
 
 }  // namespace verifyd::kernels::cuda
 
+// The body of the two macros below: evaluates `expr` as a `type`; on any value but `success`
+// returns to_status(value, text, __FILE__, __LINE__) (an absl::Status naming `text`, the
+// expression as written) from the enclosing function.
+#define VERIFYD_GPU_RETURN_IF_ERROR_IMPL_(type, success, to_status, expr, text)                  \
+  do {                                                                                           \
+    const type verifyd_gpu_result_ = (expr);                                                     \
+    if (verifyd_gpu_result_ != success)                                                          \
+      return ::verifyd::kernels::cuda::to_status(verifyd_gpu_result_, text, __FILE__, __LINE__); \
+  } while (0)
+
 // Evaluates a cudaError_t expression; returns an absl::Status from the enclosing function on
 // failure.
-#define VERIFYD_CUDA_RETURN_IF_ERROR(expr)                                                   \
-  do {                                                                                       \
-    const cudaError_t verifyd_cuda_err_ = (expr);                                            \
-    if (verifyd_cuda_err_ != cudaSuccess)                                                    \
-      return ::verifyd::kernels::cuda::CudaErrorToStatus(verifyd_cuda_err_, #expr, __FILE__, \
-                                                         __LINE__);                          \
-  } while (0)
+#define VERIFYD_CUDA_RETURN_IF_ERROR(expr) \
+  VERIFYD_GPU_RETURN_IF_ERROR_IMPL_(cudaError_t, cudaSuccess, CudaErrorToStatus, expr, #expr)
 
 // After a <<<>>> launch of `kernel` (named in the message): the launch error (configuration,
 // resources), without a sync.
@@ -77,9 +82,5 @@ cudaError_t ConfigureOncePerDevice(std::atomic<uint64_t>& done, Configure&& conf
 
 // Evaluates a cublasStatus_t expression; returns an absl::Status on failure.
 #define VERIFYD_CUBLAS_RETURN_IF_ERROR(expr)                                                    \
-  do {                                                                                          \
-    const cublasStatus_t verifyd_cublas_st_ = (expr);                                           \
-    if (verifyd_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                            \
-      return ::verifyd::kernels::cuda::CublasErrorToStatus(verifyd_cublas_st_, #expr, __FILE__, \
-                                                           __LINE__);                           \
-  } while (0)
+  VERIFYD_GPU_RETURN_IF_ERROR_IMPL_(cublasStatus_t, CUBLAS_STATUS_SUCCESS, CublasErrorToStatus, \
+                                    expr, #expr)
