@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -22,8 +23,20 @@ constexpr int32_t kPoison = -777;
 struct Dev {
   int32_t* p = nullptr;
   explicit Dev(size_t n) { cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(n, 1) * 4); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
   ~Dev() { cudaFree(p); }
 };
+
+// TreeAcceptParams' arrays: the inputs, then the outputs, in one order.
+constexpr const int32_t* TreeAcceptParams::*kInputs[] = {
+    &TreeAcceptParams::row_indptr, &TreeAcceptParams::tokens, &TreeAcceptParams::parents,
+    &TreeAcceptParams::predictions, &TreeAcceptParams::tail_slots};
+constexpr int32_t* TreeAcceptParams::*kOutputs[] = {
+    &TreeAcceptParams::accepted, &TreeAcceptParams::num_accepted, &TreeAcceptParams::bonus,
+    &TreeAcceptParams::kept_slots, &TreeAcceptParams::freed_slots};
+constexpr int kArrays = 5;                                       // of each
+enum Output { kAccepted, kNumAccepted, kBonus, kKept, kFreed };  // index in kOutputs
 
 TEST(TreeAcceptCuda, MatchesReference) {
   SKIP_WITHOUT_GPU();
@@ -45,65 +58,49 @@ TEST(TreeAcceptCuda, MatchesReference) {
     const size_t rows = tokens.size();
     std::vector<int32_t> acc(rows, kPoison), nacc(batch, kPoison), bonus(batch, kPoison),
         kept(rows, kPoison), freed(rows, kPoison);
+    const std::vector<int32_t>* in[kArrays] = {&indptr, &tokens, &parents, &preds, &slots};
+    std::vector<int32_t>* out[kArrays] = {&acc, &nacc, &bonus, &kept, &freed};
     TreeAcceptParams p;
     p.batch = batch;
-    p.row_indptr = indptr.data();
-    p.tokens = tokens.data();
-    p.parents = parents.data();
-    p.predictions = preds.data();
-    p.tail_slots = slots.data();
-    p.accepted = acc.data();
-    p.num_accepted = nacc.data();
-    p.bonus = bonus.data();
-    p.kept_slots = kept.data();
-    p.freed_slots = freed.data();
+    for (int i = 0; i < kArrays; ++i) {
+      p.*kInputs[i] = in[i]->data();
+      p.*kOutputs[i] = out[i]->data();
+    }
     ASSERT_TRUE(TreeAcceptReference(p).ok());
 
-    Dev di(indptr.size()), dt(rows), dp(rows), dpr(rows), ds(rows), da(rows), dn(batch), db(batch),
-        dk(rows), df(rows);
-    auto up = [](Dev& d, const std::vector<int32_t>& v) {
-      return cudaMemcpy(d.p, v.data(), v.size() * 4, cudaMemcpyHostToDevice);
-    };
-    CUDA_ASSERT(up(di, indptr));
-    CUDA_ASSERT(up(dt, tokens));
-    CUDA_ASSERT(up(dp, parents));
-    CUDA_ASSERT(up(dpr, preds));
-    CUDA_ASSERT(up(ds, slots));
-    const std::vector<int32_t> poison_rows(rows, kPoison), poison_b(batch, kPoison);
-    CUDA_ASSERT(up(da, poison_rows));
-    CUDA_ASSERT(up(dk, poison_rows));
-    CUDA_ASSERT(up(df, poison_rows));
-    CUDA_ASSERT(up(dn, poison_b));
-    CUDA_ASSERT(up(db, poison_b));
+    // The same on the device: inputs uploaded, outputs poisoned, then read back into got.
     TreeAcceptParams g = p;
-    g.row_indptr = di.p;
-    g.tokens = dt.p;
-    g.parents = dp.p;
-    g.predictions = dpr.p;
-    g.tail_slots = ds.p;
-    g.accepted = da.p;
-    g.num_accepted = dn.p;
-    g.bonus = db.p;
-    g.kept_slots = dk.p;
-    g.freed_slots = df.p;
+    std::vector<std::unique_ptr<Dev>> dev;
+    auto up = [&](const std::vector<int32_t>& v) {
+      dev.push_back(std::make_unique<Dev>(v.size()));
+      return cudaMemcpy(dev.back()->p, v.data(), v.size() * 4, cudaMemcpyHostToDevice);
+    };
+    for (int i = 0; i < kArrays; ++i) {
+      CUDA_ASSERT(up(*in[i]));
+      g.*kInputs[i] = dev.back()->p;
+    }
+    for (int i = 0; i < kArrays; ++i) {
+      CUDA_ASSERT(up(std::vector<int32_t>(out[i]->size(), kPoison)));
+      g.*kOutputs[i] = dev.back()->p;
+    }
     ASSERT_TRUE(TreeAcceptCuda(g).ok());
     CUDA_ASSERT(cudaDeviceSynchronize());
-    std::vector<int32_t> gacc(rows), gn(batch), gb(batch), gk(rows), gf(rows);
-    CUDA_ASSERT(cudaMemcpy(gacc.data(), da.p, rows * 4, cudaMemcpyDeviceToHost));
-    CUDA_ASSERT(cudaMemcpy(gn.data(), dn.p, batch * 4, cudaMemcpyDeviceToHost));
-    CUDA_ASSERT(cudaMemcpy(gb.data(), db.p, batch * 4, cudaMemcpyDeviceToHost));
-    CUDA_ASSERT(cudaMemcpy(gk.data(), dk.p, rows * 4, cudaMemcpyDeviceToHost));
-    CUDA_ASSERT(cudaMemcpy(gf.data(), df.p, rows * 4, cudaMemcpyDeviceToHost));
+    std::vector<int32_t> got[kArrays];
+    for (int i = 0; i < kArrays; ++i) {
+      got[i].resize(out[i]->size());
+      CUDA_ASSERT(
+          cudaMemcpy(got[i].data(), g.*kOutputs[i], got[i].size() * 4, cudaMemcpyDeviceToHost));
+    }
     int64_t total_accepted = 0;
     for (int b = 0; b < batch; ++b) {
       SCOPED_TRACE(testing::Message() << "trial " << trial << " request " << b);
-      ASSERT_EQ(gn[b], nacc[b]);
-      EXPECT_EQ(gb[b], bonus[b]);
+      ASSERT_EQ(got[kNumAccepted][b], nacc[b]);
+      EXPECT_EQ(got[kBonus][b], bonus[b]);
       const int r0 = indptr[b], n = indptr[b + 1] - r0;
       total_accepted += nacc[b];
-      for (int i = 0; i < nacc[b]; ++i) EXPECT_EQ(gacc[r0 + i], acc[r0 + i]);
-      for (int i = 0; i < 1 + nacc[b]; ++i) EXPECT_EQ(gk[r0 + i], kept[r0 + i]);
-      for (int i = 0; i < n - 1 - nacc[b]; ++i) EXPECT_EQ(gf[r0 + i], freed[r0 + i]);
+      for (int i = 0; i < nacc[b]; ++i) EXPECT_EQ(got[kAccepted][r0 + i], acc[r0 + i]);
+      for (int i = 0; i < 1 + nacc[b]; ++i) EXPECT_EQ(got[kKept][r0 + i], kept[r0 + i]);
+      for (int i = 0; i < n - 1 - nacc[b]; ++i) EXPECT_EQ(got[kFreed][r0 + i], freed[r0 + i]);
     }
     if (trial >= 10) EXPECT_GT(total_accepted, 0) << "trees should accept some nodes";
   }
