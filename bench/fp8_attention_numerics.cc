@@ -91,35 +91,22 @@ enum class Variant {
   kE4m3x2Both,
   kF16Tile
 };
-const Variant kVariants[] = {Variant::kBf16Dequant, Variant::kKm16,    Variant::kQE4m3Row,
-                             Variant::kQE4m3Group,  Variant::kPE4m3,   Variant::kE4m3Both,
-                             Variant::kQE4m3x2,     Variant::kPE4m3x2, Variant::kE4m3x2Both,
-                             Variant::kF16Tile};
-const char* Name(Variant v) {
-  switch (v) {
-    case Variant::kBf16Dequant:
-      return "bf16_dequant";
-    case Variant::kKm16:
-      return "km16";
-    case Variant::kQE4m3Row:
-      return "q_e4m3_row";
-    case Variant::kQE4m3Group:
-      return "q_e4m3_group";
-    case Variant::kPE4m3:
-      return "p_e4m3";
-    case Variant::kE4m3Both:
-      return "e4m3_both";
-    case Variant::kQE4m3x2:
-      return "q_e4m3x2";
-    case Variant::kPE4m3x2:
-      return "p_e4m3x2";
-    case Variant::kE4m3x2Both:
-      return "e4m3x2_both";
-    case Variant::kF16Tile:
-      return "f16_tile";
-  }
-  return "?";
-}
+// Every variant with its name (the table's and the JSON's), in the order they are reported.
+const struct {
+  Variant variant;
+  const char* name;
+} kVariants[] = {
+    {Variant::kBf16Dequant, "bf16_dequant"},
+    {Variant::kKm16, "km16"},
+    {Variant::kQE4m3Row, "q_e4m3_row"},
+    {Variant::kQE4m3Group, "q_e4m3_group"},
+    {Variant::kPE4m3, "p_e4m3"},
+    {Variant::kE4m3Both, "e4m3_both"},
+    {Variant::kQE4m3x2, "q_e4m3x2"},
+    {Variant::kPE4m3x2, "p_e4m3x2"},
+    {Variant::kE4m3x2Both, "e4m3x2_both"},
+    {Variant::kF16Tile, "f16_tile"},
+};
 
 // The stored cache: codes as floats (exact e4m3 values), scales per (key, group), rope bf16.
 struct Cache {
@@ -378,7 +365,7 @@ int main(int argc, char** argv) {
         std::vector<std::vector<double>> ref_out(qs.size());
         std::vector<double> ref_lse(qs.size());
         for (size_t i = 0; i < qs.size(); ++i) Baseline(cache, qs[i], &ref_out[i], &ref_lse[i]);
-        for (const Variant v : kVariants) {
+        for (const auto& [v, name] : kVariants) {
           double rel_sum = 0, rel_max = 0, lse_sum = 0, lse_max = 0;
           for (size_t i = 0; i < qs.size(); ++i) {
             std::vector<double> out;
@@ -399,13 +386,13 @@ int main(int argc, char** argv) {
           const double n = static_cast<double>(qs.size());
           const char* channels = outliers ? "log-normal gains" : "iid";
           std::printf("| %lld | %s | %.0f | %s | %.2e | %.2e | %.2e | %.2e |\n",
-                      static_cast<long long>(ctx), channels, sigma, Name(v), rel_sum / n, rel_max,
+                      static_cast<long long>(ctx), channels, sigma, name, rel_sum / n, rel_max,
                       lse_sum / n, lse_max);
           std::fflush(stdout);
           results.push_back({{"context", ctx},
                              {"channels", channels},
                              {"q_sigma", sigma},
-                             {"variant", Name(v)},
+                             {"variant", name},
                              {"out_rel_l2_mean", rel_sum / n},
                              {"out_rel_l2_max", rel_max},
                              {"lse_abs_mean", lse_sum / n},
