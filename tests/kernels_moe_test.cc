@@ -124,21 +124,16 @@ TEST(MoeRoute, AddScaled) {
 
 // ---- YaRN ------------------------------------------------------------------------------------
 
-YarnParams TinyMoeYarn() {  // the tiny-moe preset's YaRN
-  YarnParams p;
-  p.rope_dim = 16;
-  p.theta = 10000.0;
-  p.factor = 4.0;
-  p.original_max_position_embeddings = 1024;
-  p.beta_fast = 32.0;
-  p.beta_slow = 1.0;
-  p.mscale = 1.0;
-  p.mscale_all_dim = 0.8;
-  return p;
-}
+// The tiny-moe preset's YaRN, and DeepSeek-V3's (dim 64, theta 1e4, factor 40, original 4096,
+// beta 32 / 1).
+// clang-format off
+//                                      rope theta factor original beta_fast beta_slow mscale mscale_all_dim
+constexpr YarnParams kTinyMoeYarn    = {  16,  1e4,   4.0,    1024,     32.0,      1.0,   1.0,           0.8};
+constexpr YarnParams kDeepSeekV3Yarn = {  64,  1e4,  40.0,    4096,     32.0,      1.0,   1.0,           1.0};
+// clang-format on
 
 TEST(Yarn, HandComputedTable) {
-  const YarnParams p = TinyMoeYarn();
+  const YarnParams& p = kTinyMoeYarn;
   // find_correction_dim(32) = 16 ln(1024 / (64 pi)) / (2 ln 1e4) = 1.414 -> floor 1;
   // find_correction_dim(1)  = 16 ln(1024 / (2 pi)) / (2 ln 1e4)  = 4.424 -> ceil 5.
   double low = 0, high = 0;
@@ -167,16 +162,9 @@ TEST(Yarn, HandComputedTable) {
   EXPECT_EQ(YarnGetMscale(1.0, 5.0), 1.0);
 }
 
-// DeepSeek-V3's rope (dim 64, theta 1e4, factor 40, original 4096, beta 32 / 1): the float32
-// bits of transformers' _compute_yarn_parameters (torch CPU).
+// DeepSeek-V3's rope: the float32 bits of transformers' _compute_yarn_parameters (torch CPU).
 TEST(Yarn, MatchesTransformersDeepSeekV3Table) {
-  YarnParams p;
-  p.rope_dim = 64;
-  p.theta = 10000.0;
-  p.factor = 40.0;
-  p.original_max_position_embeddings = 4096;
-  p.mscale = 1.0;
-  p.mscale_all_dim = 1.0;
+  const YarnParams& p = kDeepSeekV3Yarn;
   const uint32_t want[32] = {0x3f800000, 0x3f3ff911, 0x3f0ff59a, 0x3ed7e89b, 0x3ea1e89b, 0x3e72d423,
                              0x3e361887, 0x3e088d77, 0x3dcccccd, 0x3d99940d, 0x3d6655c2, 0x3d1fc5ba,
                              0x3cdc321b, 0x3c968dc3, 0x3c4bf283, 0x3c088d77, 0x3bb43959, 0x3b697066,
