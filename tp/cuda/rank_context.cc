@@ -224,19 +224,19 @@ absl::Status AllocFp8Buffers(const RankSetup& setup, const ModelConfig& c, int64
     VERIFYD_ASSIGN_OR_RETURN(rk.qkva, AllocPoisoned<float>(rk, R * na));
     VERIFYD_ASSIGN_OR_RETURN(rk.qf, AllocPoisoned<float>(rk, R * Hl * qk));
   }
+  // An FP8 MLP of intermediate width I: gate_up (2 I, hid) and down (hid, I).
+  auto create_mlp = [&](int64_t I, std::unique_ptr<GroupedGemm>& gate_up,
+                        std::unique_ptr<GroupedGemm>& down) -> absl::Status {
+    VERIFYD_ASSIGN_OR_RETURN(gate_up, GroupedGemm::Create({kFp8, 1, 2 * I, hid, rk.device, 64}));
+    VERIFYD_ASSIGN_OR_RETURN(down, GroupedGemm::Create({kFp8, 1, hid, I, rk.device, 64}));
+    return absl::OkStatus();
+  };
   if (rk.fp8_dense) {
-    const int64_t I = rk.inter.size;
-    VERIFYD_ASSIGN_OR_RETURN(rk.dense_gemm_gate_up,
-                             GroupedGemm::Create({kFp8, 1, 2 * I, hid, rk.device, 64}));
-    VERIFYD_ASSIGN_OR_RETURN(rk.dense_gemm_down,
-                             GroupedGemm::Create({kFp8, 1, hid, I, rk.device, 64}));
+    VERIFYD_RETURN_IF_ERROR(create_mlp(rk.inter.size, rk.dense_gemm_gate_up, rk.dense_gemm_down));
   }
   if (rk.fp8_shared) {
-    const int64_t S = rk.moe_shared_inter.size;
-    VERIFYD_ASSIGN_OR_RETURN(rk.shared_gemm_gate_up,
-                             GroupedGemm::Create({kFp8, 1, 2 * S, hid, rk.device, 64}));
-    VERIFYD_ASSIGN_OR_RETURN(rk.shared_gemm_down,
-                             GroupedGemm::Create({kFp8, 1, hid, S, rk.device, 64}));
+    VERIFYD_RETURN_IF_ERROR(
+        create_mlp(rk.moe_shared_inter.size, rk.shared_gemm_gate_up, rk.shared_gemm_down));
   }
   return absl::OkStatus();
 }
