@@ -29,7 +29,8 @@ import sys
 
 import torch
 
-from same_run import CKV, KPE, QK, SHAPES, TIMING, floors, num_sets, parse_shapes, time_sets
+from same_run import (CKV, KPE, QK, SHAPES, TIMING, add_run_args, add_timing_args, floors, num_sets,
+                      parse_shapes, time_sets)
 
 
 def make_cache(pages, page, layout, dev, g):
@@ -127,9 +128,7 @@ def configs(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", default="flashinfer_mla.json")
-    ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--rotate-bytes", type=int, default=512 << 20)
+    add_timing_args(ap)
     ap.add_argument("--page-sizes", default="1,16,64",
                     help="page sizes to time; page size 1 is always included")
     # "joint" hit an illegal memory access inside FlashInfer 0.3.1 at 8/16/1/65536 on an H200
@@ -137,11 +136,7 @@ def main():
     ap.add_argument("--layouts", default="separate", help="latent cache layouts to time")
     ap.add_argument("--backend", default="fa3")
     ap.add_argument("--workspace-mb", type=int, default=256)
-    ap.add_argument("--shapes", default="", help="B:H:q:ctx[,...] instead of the 16 shapes")
-    ap.add_argument("--commit", default="unknown", help="verifyd commit of the same run")
-    ap.add_argument("--nvidia-driver", default="", help="driver version (nvidia-smi) to record")
-    ap.add_argument("--copy-gbps", type=float, default=4242.0)
-    ap.add_argument("--mma-tflops", type=float, default=790.0)
+    add_run_args(ap)
     args = ap.parse_args()
     import flashinfer  # noqa: E402  (JIT-compiles its MLA module on first use)
 

@@ -44,8 +44,9 @@ import sys
 
 import torch
 
-from same_run import (BF16_KEY_BYTES, CKV, FP8_KEY_BYTES, QK, SHAPES, TIMING, floors,
-                      fp8_decode, fp8_encode, num_sets, parse_shapes, time_sets)
+from same_run import (BF16_KEY_BYTES, CKV, FP8_KEY_BYTES, QK, SHAPES, TIMING, add_run_args,
+                      add_timing_args, floors, fp8_decode, fp8_encode, num_sets, parse_shapes,
+                      time_sets)
 
 PAGE = 64            # the only page size FlashMLA's dense decode takes
 SCALE = 1.0 / math.sqrt(192.0)
@@ -236,15 +237,8 @@ def main():
                     help="output; default flashmla_mla.json (bf16), flashmla_mla_fp8.json (fp8)")
     ap.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16",
                     help="bf16: the dense decode (causal chain); fp8: the sparse FP8 decode")
-    ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--rotate-bytes", type=int, default=512 << 20)
-    ap.add_argument("--shapes", default="", help="B:H:q:ctx[,...] instead of the 16 shapes")
-    ap.add_argument("--commit", default="unknown", help="verifyd commit of the same run")
-    ap.add_argument("--flashmla-commit", default="unknown", help="FlashMLA source revision")
-    ap.add_argument("--nvidia-driver", default="", help="driver version (nvidia-smi) to record")
-    ap.add_argument("--copy-gbps", type=float, default=4242.0)
-    ap.add_argument("--mma-tflops", type=float, default=790.0)
+    add_timing_args(ap)
+    add_run_args(ap, peer_revision=("--flashmla-commit", "FlashMLA source revision"))
     args = ap.parse_args()
     import flash_mla as fm  # noqa: E402  (built by bench/peers/build_flashmla.sh)
 

@@ -31,6 +31,27 @@ TIMING = ("inputs rotated over >= rotate_bytes of KV; one CUDA graph runs every 
           "once; per-call = graph time / sets; median of iters replays")
 
 
+def add_timing_args(ap):
+    """--iters, --warmup, --rotate-bytes: how every peer of a run is timed (time_sets)."""
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--rotate-bytes", type=int, default=512 << 20)
+
+
+def add_run_args(ap, peer_revision=None):
+    """--shapes, what the JSON records of the run (--commit, the peer's own source revision
+    when peer_revision = (flag, help) names one, --nvidia-driver) and the floors' rates
+    (--copy-gbps, --mma-tflops)."""
+    ap.add_argument("--shapes", default="", help="B:H:q:ctx[,...] instead of the 16 shapes")
+    ap.add_argument("--commit", default="unknown", help="verifyd commit of the same run")
+    if peer_revision:
+        flag, help_text = peer_revision
+        ap.add_argument(flag, default="unknown", help=help_text)
+    ap.add_argument("--nvidia-driver", default="", help="driver version (nvidia-smi) to record")
+    ap.add_argument("--copy-gbps", type=float, default=4242.0)
+    ap.add_argument("--mma-tflops", type=float, default=790.0)
+
+
 def parse_shapes(text):
     out = []
     for item in filter(None, text.split(",")):
