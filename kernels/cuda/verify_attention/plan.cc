@@ -116,6 +116,18 @@ WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items, int64
   return l;
 }
 
+VerifyAttentionPlan PlanHeader(const VerifyAttentionParams& params, const VariantInfo& variant) {
+  VerifyAttentionPlan plan;
+  plan.config = variant.config;
+  plan.kv_fp8 = params.kv_fp8;
+  plan.rows_per_cta = variant.rows;
+  plan.keys_per_tile = variant.keys;
+  plan.num_heads = params.num_heads;
+  plan.batch = params.batch;
+  plan.total_rows = params.total_rows;
+  return plan;
+}
+
 bool PlanFitsWorkspace(const VerifyAttentionPlan& plan, const VerifyAttentionWorkspace& ws) {
   return static_cast<int64_t>(plan.work.size()) <= ws.max_work_items &&
          static_cast<int64_t>(plan.combine.size()) <= ws.max_combine_items &&
@@ -580,14 +592,7 @@ absl::StatusOr<VerifyAttentionPlan> PlanWorkLists(const VerifyAttentionParams& p
   const int BM = variant.rows;
   const int BN = variant.keys;
 
-  VerifyAttentionPlan plan;
-  plan.config = variant.config;
-  plan.kv_fp8 = params.kv_fp8;
-  plan.rows_per_cta = BM;
-  plan.keys_per_tile = BN;
-  plan.num_heads = H;
-  plan.batch = B;
-  plan.total_rows = params.total_rows;
+  VerifyAttentionPlan plan = PlanHeader(params, variant);
   // Staged plans read every key from its own staged row (the shared-prefix packing would
   // only save reads of the staged copies, after staging each copy).
   if (variant.staged) plan.staged_keys = total_keys;

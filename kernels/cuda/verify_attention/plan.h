@@ -44,6 +44,10 @@ WorkspaceLayout LayoutWorkspace(int max_work_items, int max_combine_items, int64
 // rows, index tasks and entries, staged keys).
 bool PlanFitsWorkspace(const VerifyAttentionPlan& plan, const VerifyAttentionWorkspace& ws);
 
+// A plan's header for `variant` over the batch of `params` (configuration, cache format, tile
+// shape, heads, requests, rows); its passes and work lists are the planner's to fill.
+VerifyAttentionPlan PlanHeader(const VerifyAttentionParams& params, const VariantInfo& variant);
+
 // Upper bound on splits of one request (the combine kernel's shared weight array).
 inline constexpr int kMaxCombineSplits = 1024;
 

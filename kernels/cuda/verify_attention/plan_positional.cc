@@ -41,14 +41,7 @@ struct PositionalBuilder {
 
   PositionalBuilder(const VerifyAttentionParams& p, const VariantInfo& variant,
                     const VerifyAttentionWorkspace& w, const VerifyPlanOptions& o)
-      : params(p), ws(w), options(o) {
-    plan.config = variant.config;
-    plan.kv_fp8 = p.kv_fp8;
-    plan.rows_per_cta = variant.rows;
-    plan.keys_per_tile = variant.keys;
-    plan.num_heads = p.num_heads;
-    plan.batch = p.batch;
-    plan.total_rows = p.total_rows;
+      : params(p), ws(w), options(o), plan(PlanHeader(p, variant)) {
     plan.positional = true;
   }
 
