@@ -21,10 +21,11 @@ using bf16 = kernels::bf16_bits;
 constexpr auto F32 = kernels::DType::kFloat32;
 constexpr auto BF16 = kernels::DType::kBFloat16;
 
-// y[R, cols] = RMSNorm(x[R, cols]) * w.
-absl::Status Norm(const MlaStep& s, CudaRankContext& rk, const void* x, kernels::DType xt,
-                  int64_t ldx, int64_t cols, const bf16* w, void* y, kernels::DType yt,
-                  int64_t ldy) {
+}  // namespace
+
+absl::Status StepRmsNorm(const MlaStep& s, CudaRankContext& rk, const void* x, kernels::DType xt,
+                         int64_t ldx, int64_t cols, const bf16* w, void* y, kernels::DType yt,
+                         int64_t ldy) {
   kc::RmsNormParams p;
   p.rows = s.rows;
   p.cols = cols;
@@ -39,6 +40,8 @@ absl::Status Norm(const MlaStep& s, CudaRankContext& rk, const void* x, kernels:
   p.stream = rk.stream;
   return kc::RmsNormCuda(p);
 }
+
+namespace {
 
 // y[R, n] = x[R, k] . w[n, k]^T + beta * y.
 absl::Status Gemm(const MlaStep& s, CudaRankContext& rk, const bf16* x, int64_t k, const bf16* w,
@@ -176,7 +179,8 @@ absl::Status QueryAndKvA(const MlaStep& s, const LayerDims& d, const CudaLayerWe
     int64_t ld_q_in = d.hid;
     if (d.ql > 0) {
       MarkProfile(rk, ProfileCategory::kOther);
-      VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.qkva, F32, na, d.ql, L.q_a_norm, rk.qan, BF16, d.ql));
+      VERIFYD_RETURN_IF_ERROR(
+          StepRmsNorm(s, rk, rk.qkva, F32, na, d.ql, L.q_a_norm, rk.qan, BF16, d.ql));
       MarkProfile(rk, ProfileCategory::kGemm);
       q_in = rk.qan;
       ld_q_in = d.ql;
@@ -189,7 +193,8 @@ absl::Status QueryAndKvA(const MlaStep& s, const LayerDims& d, const CudaLayerWe
   if (d.ql > 0) {
     VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.xn, d.hid, L.q_a, d.ql, rk.qa, F32, 0.f));
     MarkProfile(rk, ProfileCategory::kOther);
-    VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.qa, F32, d.ql, d.ql, L.q_a_norm, rk.qan, BF16, d.ql));
+    VERIFYD_RETURN_IF_ERROR(
+        StepRmsNorm(s, rk, rk.qa, F32, d.ql, d.ql, L.q_a_norm, rk.qan, BF16, d.ql));
     MarkProfile(rk, ProfileCategory::kGemm);
     VERIFYD_RETURN_IF_ERROR(Gemm(s, rk, rk.qan, d.ql, L.q_b, d.Hl * d.qk, rk.q, BF16, 0.f));
   } else {
@@ -352,7 +357,8 @@ absl::Status RunMlaLayer(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
 
   // Attention block: projections, absorbed query, latent KV write, attention, o_proj.
   MarkProfile(rk, ProfileCategory::kOther);
-  VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.x, F32, d.hid, d.hid, L.input_norm, rk.xn, BF16, d.hid));
+  VERIFYD_RETURN_IF_ERROR(
+      StepRmsNorm(s, rk, rk.x, F32, d.hid, d.hid, L.input_norm, rk.xn, BF16, d.hid));
   KvaView kv_a{};
   VERIFYD_RETURN_IF_ERROR(QueryAndKvA(s, d, L, rk, &kv_a));
   VERIFYD_RETURN_IF_ERROR(HeadBatchedGemm(d, L, rk, /*uv=*/false));
@@ -362,7 +368,8 @@ absl::Status RunMlaLayer(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
 
   // MLP block: MoE, dense FP8, dense bf16, or none (a zero partial for the reduction).
   MarkProfile(rk, ProfileCategory::kOther);
-  VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.x, F32, d.hid, d.hid, L.post_norm, rk.xn, BF16, d.hid));
+  VERIFYD_RETURN_IF_ERROR(
+      StepRmsNorm(s, rk, rk.x, F32, d.hid, d.hid, L.post_norm, rk.xn, BF16, d.hid));
   if (s.config->IsMoeLayer(layer)) {
     VERIFYD_RETURN_IF_ERROR(RunMoeMlp(s, layer, rk));
   } else if (d.Il > 0 && L.gate_up_fp8 != nullptr) {
@@ -379,7 +386,7 @@ absl::Status RunMlaLayer(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
 absl::Status RunLmHeadArgmax(const MlaStep& s, CudaRankContext& rk) {
   const int64_t R = s.rows, hid = s.config->hidden_size, Vl = rk.vocab.size;
   MarkProfile(rk, ProfileCategory::kOther);
-  VERIFYD_RETURN_IF_ERROR(Norm(s, rk, rk.x, F32, hid, hid, rk.final_norm, rk.xn, BF16, hid));
+  VERIFYD_RETURN_IF_ERROR(StepRmsNorm(s, rk, rk.x, F32, hid, hid, rk.final_norm, rk.xn, BF16, hid));
   if (Vl > 0) {
     MarkProfile(rk, ProfileCategory::kGemm);
     kc::GemmParams p;

@@ -32,6 +32,13 @@ absl::Status ComputeRopeTable(const MlaStep& s, CudaRankContext& rk);
 // x = embed[tokens].
 absl::Status EmbedTokens(const MlaStep& s, CudaRankContext& rk);
 
+// y[R, cols] = RMSNorm(x[R, cols]) * w over the step's rows with the model's eps, on the
+// rank's stream: x of type xt and row stride ldx, y of type yt and row stride ldy (the
+// layers' norms here, and the MoE layer's fp32 router input, moe_layer.h).
+absl::Status StepRmsNorm(const MlaStep& s, CudaRankContext& rk, const void* x, kernels::DType xt,
+                         int64_t ldx, int64_t cols, const kernels::bf16_bits* w, void* y,
+                         kernels::DType yt, int64_t ldy);
+
 // Decoder layer `layer`: attention and MLP blocks, residual in rk.x, KV into rk.kv[layer].
 absl::Status RunMlaLayer(const MlaStep& s, int64_t layer, CudaRankContext& rk);
 

@@ -2,10 +2,10 @@
 #include "tp/cuda/moe_layer.h"
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/dense/rms_norm.h"
 #include "kernels/cuda/moe/moe.h"
 #include "kernels/cuda/moe/moe_mlp.h"
 #include "kernels/status.h"
+#include "tp/cuda/mla_layer.h"
 
 namespace verifyd::tp {
 namespace {
@@ -46,21 +46,8 @@ absl::Status RunMoeMlp(const MlaStep& s, int64_t layer, CudaRankContext& rk) {
   // The router's input: post_attention_layernorm in fp32 (the experts read rk.xn, the same
   // norm in bf16, which the caller computed).
   MarkProfile(rk, ProfileCategory::kOther);
-  {
-    kc::RmsNormParams p;
-    p.rows = R;
-    p.cols = hid;
-    p.x = rk.x;
-    p.x_dtype = kernels::DType::kFloat32;
-    p.ldx = hid;
-    p.weight = L.post_norm;
-    p.eps = static_cast<float>(c.rms_norm_eps);
-    p.y = rk.moe_xf;
-    p.y_dtype = kernels::DType::kFloat32;
-    p.ldy = hid;
-    p.stream = rk.stream;
-    VERIFYD_RETURN_IF_ERROR(kc::RmsNormCuda(p));
-  }
+  VERIFYD_RETURN_IF_ERROR(StepRmsNorm(s, rk, rk.x, kernels::DType::kFloat32, hid, hid, L.post_norm,
+                                      rk.moe_xf, kernels::DType::kFloat32, hid));
 
   kc::MoeMlpArgs a;
   a.shape.rows = R;
