@@ -42,6 +42,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/bench_cuda.h"
 #include "kernels/common.h"
 #include "kernels/cuda/verify_attention/ptx.cuh"
 #include "kernels/kv_fp8.h"
@@ -53,15 +54,6 @@ ABSL_FLAG(int, rate_iters, 20000, "wgmma groups per warpgroup in the rate test")
 namespace {
 
 using namespace verifyd::kernels::cuda::detail;
-
-#define PROBE_CHECK(x)                                                                        \
-  do {                                                                                        \
-    const cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PROBE_SM90A 1
@@ -367,18 +359,18 @@ std::vector<uint8_t> RandomCodes(int n, std::mt19937& rng) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   int dev = 0, major = 0, minor = 0, sms = 0;
-  PROBE_CHECK(cudaGetDevice(&dev));
-  PROBE_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  PROBE_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  PROBE_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  BENCH_CUDA(cudaGetDevice(&dev));
+  BENCH_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  BENCH_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   cudaFuncAttributes attr{};
-  PROBE_CHECK(cudaFuncGetAttributes(&attr, PrecisionKernel));
+  BENCH_CUDA(cudaFuncGetAttributes(&attr, PrecisionKernel));
   if (major != 9 || attr.numRegs < 32) {
     std::fprintf(stderr, "fp8_wgmma_probe: needs an sm_90a device and an sm_90a build\n");
     return 2;
   }
   cudaDeviceProp prop{};
-  PROBE_CHECK(cudaGetDeviceProperties(&prop, dev));
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, dev));
   nlohmann::json results = nlohmann::json::array();
   std::mt19937 rng(7);
   std::printf("precision: D[64 x 64] = A[64 x K] B[64 x K]^T, random e4m3 values\n");
@@ -423,19 +415,19 @@ int main(int argc, char** argv) {
       }
       uint8_t *da = nullptr, *db = nullptr;
       float* dout = nullptr;
-      PROBE_CHECK(cudaMalloc(&da, bytes));
-      PROBE_CHECK(cudaMalloc(&db, bytes));
-      PROBE_CHECK(cudaMalloc(&dout, kRows * kRows * sizeof(float)));
-      PROBE_CHECK(cudaMemcpy(da, ha.data(), bytes, cudaMemcpyHostToDevice));
-      PROBE_CHECK(cudaMemcpy(db, hb.data(), bytes, cudaMemcpyHostToDevice));
-      PROBE_CHECK(cudaMemset(dout, 0xff, kRows * kRows * sizeof(float)));  // NaN: unwritten
+      BENCH_CUDA(cudaMalloc(&da, bytes));
+      BENCH_CUDA(cudaMalloc(&db, bytes));
+      BENCH_CUDA(cudaMalloc(&dout, kRows * kRows * sizeof(float)));
+      BENCH_CUDA(cudaMemcpy(da, ha.data(), bytes, cudaMemcpyHostToDevice));
+      BENCH_CUDA(cudaMemcpy(db, hb.data(), bytes, cudaMemcpyHostToDevice));
+      BENCH_CUDA(cudaMemset(dout, 0xff, kRows * kRows * sizeof(float)));  // NaN: unwritten
       const int smem = static_cast<int>(2 * bytes);
-      PROBE_CHECK(
+      BENCH_CUDA(
           cudaFuncSetAttribute(PrecisionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       PrecisionKernel<<<1, 128, smem>>>(da, db, k_bytes, repeats, mode, dout);
-      PROBE_CHECK(cudaGetLastError());
+      BENCH_CUDA(cudaGetLastError());
       std::vector<float> d(kRows * kRows);
-      PROBE_CHECK(cudaMemcpy(d.data(), dout, d.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      BENCH_CUDA(cudaMemcpy(d.data(), dout, d.size() * sizeof(float), cudaMemcpyDeviceToHost));
       double worst = 0, num = 0, den = 0;
       for (int i = 0; i < kRows * kRows; ++i) {
         const double e = std::fabs(d[i] - exact[i]);
@@ -450,48 +442,48 @@ int main(int argc, char** argv) {
                          {"mode", names[mode]},
                          {"max_err_over_abs_sum", worst},
                          {"rel_l2", rel}});
-      PROBE_CHECK(cudaFree(da));
-      PROBE_CHECK(cudaFree(db));
-      PROBE_CHECK(cudaFree(dout));
+      BENCH_CUDA(cudaFree(da));
+      BENCH_CUDA(cudaFree(db));
+      BENCH_CUDA(cudaFree(dout));
     }
   }
 
   const int iters = absl::GetFlag(FLAGS_rate_iters);
   float* sink = nullptr;
-  PROBE_CHECK(cudaMalloc(&sink, 256 * sizeof(float)));
-  PROBE_CHECK(cudaFuncSetAttribute(RateKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   5 * kAtomBytes));
-  PROBE_CHECK(cudaFuncSetAttribute(RateKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   5 * kAtomBytes));
+  BENCH_CUDA(cudaMalloc(&sink, 256 * sizeof(float)));
+  BENCH_CUDA(cudaFuncSetAttribute(RateKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  5 * kAtomBytes));
+  BENCH_CUDA(cudaFuncSetAttribute(RateKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  5 * kAtomBytes));
   std::printf("\nrate: %d CTAs x 2 warpgroups, %d groups of 4 m64n256 wgmmas each\n", sms, iters);
   std::printf("| operands | ms | TFLOP/s |\n|---|---|---|\n");
   for (const int fp8 : {0, 1}) {
     cudaEvent_t e0, e1;
-    PROBE_CHECK(cudaEventCreate(&e0));
-    PROBE_CHECK(cudaEventCreate(&e1));
+    BENCH_CUDA(cudaEventCreate(&e0));
+    BENCH_CUDA(cudaEventCreate(&e1));
     auto* kernel = fp8 ? RateKernel<true> : RateKernel<false>;
     kernel<<<sms, 256, 5 * kAtomBytes>>>(iters / 10, sink);  // warm-up
-    PROBE_CHECK(cudaEventRecord(e0));
+    BENCH_CUDA(cudaEventRecord(e0));
     kernel<<<sms, 256, 5 * kAtomBytes>>>(iters, sink);
-    PROBE_CHECK(cudaEventRecord(e1));
-    PROBE_CHECK(cudaEventSynchronize(e1));
-    PROBE_CHECK(cudaGetLastError());
+    BENCH_CUDA(cudaEventRecord(e1));
+    BENCH_CUDA(cudaEventSynchronize(e1));
+    BENCH_CUDA(cudaGetLastError());
     float ms = 0;
-    PROBE_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    BENCH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
     const double k = fp8 ? 32 : 16;
     const double flops = 2.0 * 64 * 256 * k * 4 * iters * 2 * sms;
     const double tflops = flops / (ms * 1e-3) / 1e12;
     std::printf("| %s | %.3f | %.0f |\n", fp8 ? "e4m3 m64n256k32" : "bf16 m64n256k16", ms, tflops);
     results.push_back(
         {{"test", "rate"}, {"operands", fp8 ? "e4m3" : "bf16"}, {"ms", ms}, {"tflops", tflops}});
-    PROBE_CHECK(cudaEventDestroy(e0));
-    PROBE_CHECK(cudaEventDestroy(e1));
+    BENCH_CUDA(cudaEventDestroy(e0));
+    BENCH_CUDA(cudaEventDestroy(e1));
   }
   // Conversion rate: one CTA per SM of 128 / 256 / 384 threads.
-  PROBE_CHECK(
+  BENCH_CUDA(
       cudaFuncSetAttribute(ConvertKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 98304));
   int clock_khz = 0;
-  PROBE_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev));
+  BENCH_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev));
   const int conv_iters = std::max(1, iters / 20);
   std::printf(
       "\nconversion: e4m3 codes -> f16 x scale -> shared memory, one CTA per SM, %d "
@@ -503,16 +495,16 @@ int main(int argc, char** argv) {
       clock_khz / 1000);
   for (const int threads : {128, 256, 384}) {
     cudaEvent_t e0, e1;
-    PROBE_CHECK(cudaEventCreate(&e0));
-    PROBE_CHECK(cudaEventCreate(&e1));
+    BENCH_CUDA(cudaEventCreate(&e0));
+    BENCH_CUDA(cudaEventCreate(&e1));
     ConvertKernel<<<sms, threads, 98304>>>(1, sink);  // warm-up
-    PROBE_CHECK(cudaEventRecord(e0));
+    BENCH_CUDA(cudaEventRecord(e0));
     ConvertKernel<<<sms, threads, 98304>>>(conv_iters, sink);
-    PROBE_CHECK(cudaEventRecord(e1));
-    PROBE_CHECK(cudaEventSynchronize(e1));
-    PROBE_CHECK(cudaGetLastError());
+    BENCH_CUDA(cudaEventRecord(e1));
+    BENCH_CUDA(cudaEventSynchronize(e1));
+    BENCH_CUDA(cudaGetLastError());
     float ms = 0;
-    PROBE_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    BENCH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
     const double keys = 64.0 * conv_iters;  // per SM
     const double keys_per_us = keys / (ms * 1e3);
     const double cycles = (clock_khz * 1e3) * (ms * 1e-3) / keys;
@@ -523,10 +515,10 @@ int main(int argc, char** argv) {
                        {"keys_per_us_per_sm", keys_per_us},
                        {"cycles_per_key", cycles},
                        {"clock_mhz", clock_khz / 1000}});
-    PROBE_CHECK(cudaEventDestroy(e0));
-    PROBE_CHECK(cudaEventDestroy(e1));
+    BENCH_CUDA(cudaEventDestroy(e0));
+    BENCH_CUDA(cudaEventDestroy(e1));
   }
-  PROBE_CHECK(cudaFree(sink));
+  BENCH_CUDA(cudaFree(sink));
 
   // Gather + convert from a pool larger than L2 (1M rows, 656 MB), random slots.
   {
@@ -534,22 +526,22 @@ int main(int argc, char** argv) {
     const int tiles = 256;
     uint8_t *pool = nullptr, *check = nullptr;
     int32_t* slots = nullptr;
-    PROBE_CHECK(cudaMalloc(&pool, pool_rows * kRowBytes));
-    PROBE_CHECK(cudaMalloc(&check, 9 * 8192));
+    BENCH_CUDA(cudaMalloc(&pool, pool_rows * kRowBytes));
+    BENCH_CUDA(cudaMalloc(&check, 9 * 8192));
     const int64_t n_slots = static_cast<int64_t>(sms) * tiles * 64;
-    PROBE_CHECK(cudaMalloc(&slots, n_slots * sizeof(int32_t)));
+    BENCH_CUDA(cudaMalloc(&slots, n_slots * sizeof(int32_t)));
     FillPoolKernel<<<4 * sms, 256>>>(pool, pool_rows);
-    PROBE_CHECK(cudaGetLastError());
+    BENCH_CUDA(cudaGetLastError());
     std::vector<int32_t> hs(n_slots);
     std::mt19937 srng(11);
     std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(pool_rows - 1));
     for (auto& x : hs) x = pick(srng);
-    PROBE_CHECK(cudaMemcpy(slots, hs.data(), n_slots * sizeof(int32_t), cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(slots, hs.data(), n_slots * sizeof(int32_t), cudaMemcpyHostToDevice));
     const int smem_bytes = 9 * kAtomBytes;
-    PROBE_CHECK(cudaFuncSetAttribute(GatherConvertKernel<1>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-    PROBE_CHECK(cudaFuncSetAttribute(GatherConvertKernel<9>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    BENCH_CUDA(cudaFuncSetAttribute(GatherConvertKernel<1>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    BENCH_CUDA(cudaFuncSetAttribute(GatherConvertKernel<9>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
     std::printf(
         "\ngather + convert: %d CTAs x 128 threads, %d tiles of 64 random rows each "
         "(pool 656 MB)\n",
@@ -561,26 +553,26 @@ int main(int argc, char** argv) {
     for (const int capped : {0, 1}) {
       auto* kernel = capped ? GatherConvertKernel<9> : GatherConvertKernel<1>;
       cudaFuncAttributes fa{};
-      PROBE_CHECK(cudaFuncGetAttributes(&fa, kernel));
+      BENCH_CUDA(cudaFuncGetAttributes(&fa, kernel));
       kernel<<<sms, 128, smem_bytes>>>(pool, slots, 8, check);  // warm-up
       cudaEvent_t e0, e1;
-      PROBE_CHECK(cudaEventCreate(&e0));
-      PROBE_CHECK(cudaEventCreate(&e1));
-      PROBE_CHECK(cudaEventRecord(e0));
+      BENCH_CUDA(cudaEventCreate(&e0));
+      BENCH_CUDA(cudaEventCreate(&e1));
+      BENCH_CUDA(cudaEventRecord(e0));
       kernel<<<sms, 128, smem_bytes>>>(pool, slots, tiles, check);
-      PROBE_CHECK(cudaEventRecord(e1));
-      PROBE_CHECK(cudaEventSynchronize(e1));
-      PROBE_CHECK(cudaGetLastError());
+      BENCH_CUDA(cudaEventRecord(e1));
+      BENCH_CUDA(cudaEventSynchronize(e1));
+      BENCH_CUDA(cudaGetLastError());
       float ms = 0;
-      PROBE_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      BENCH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
       // The last tile of CTA 0 against the host's conversion of the same bytes.
       std::vector<uint8_t> got(9 * 8192), rowb(kRowBytes);
-      PROBE_CHECK(cudaMemcpy(got.data(), check, got.size(), cudaMemcpyDeviceToHost));
+      BENCH_CUDA(cudaMemcpy(got.data(), check, got.size(), cudaMemcpyDeviceToHost));
       int64_t bad = 0;
       for (int r = 0; r < 64; ++r) {
         const int32_t slot = hs[static_cast<int64_t>(tiles - 1) * 64 + r];
-        PROBE_CHECK(cudaMemcpy(rowb.data(), pool + static_cast<int64_t>(slot) * kRowBytes,
-                               kRowBytes, cudaMemcpyDeviceToHost));
+        BENCH_CUDA(cudaMemcpy(rowb.data(), pool + static_cast<int64_t>(slot) * kRowBytes, kRowBytes,
+                              cudaMemcpyDeviceToHost));
         for (int j = 0; j < 512; ++j) {
           float sc = 0;
           std::memcpy(&sc, rowb.data() + 512 + 4 * (j / 128), 4);
@@ -606,12 +598,12 @@ int main(int argc, char** argv) {
                          {"fp8_gbps", gbps},
                          {"cycles_per_key", cycles},
                          {"mismatches", bad}});
-      PROBE_CHECK(cudaEventDestroy(e0));
-      PROBE_CHECK(cudaEventDestroy(e1));
+      BENCH_CUDA(cudaEventDestroy(e0));
+      BENCH_CUDA(cudaEventDestroy(e1));
     }
-    PROBE_CHECK(cudaFree(pool));
-    PROBE_CHECK(cudaFree(check));
-    PROBE_CHECK(cudaFree(slots));
+    BENCH_CUDA(cudaFree(pool));
+    BENCH_CUDA(cudaFree(check));
+    BENCH_CUDA(cudaFree(slots));
   }
   const std::string path = absl::GetFlag(FLAGS_json);
   if (!path.empty()) {

@@ -41,6 +41,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_cuda.h"
 #include "bench/bench_util.h"
 #include "bench/moe_fill.h"
 #include "kernels/cuda/cuda_check.h"
@@ -75,23 +76,6 @@ namespace {
 
 namespace kc = verifyd::kernels::cuda;
 using bf16 = verifyd::kernels::bf16_bits;
-
-#define BENCH_OK(expr)                                                                 \
-  do {                                                                                 \
-    const absl::Status st_ = (expr);                                                   \
-    if (!st_.ok()) {                                                                   \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, st_.ToString().c_str()); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
-#define BENCH_CUDA(expr)                                                                          \
-  do {                                                                                            \
-    const cudaError_t e_ = (expr);                                                                \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 template <typename T>
 T* DevAlloc(int64_t n) {
