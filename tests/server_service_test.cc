@@ -533,9 +533,8 @@ TEST(ServerService, QueueFullIsResourceExhausted) {
 
 TEST(ServerService, FailedEngineStepLeaksNoSlotAndSessionContinues) {
   Fixture f = Start();
-  const std::vector<int32_t> prompt = {4, 4, 2};
-  auto truth = f.Greedy(prompt, 8);
-  auto s = f.t.client->Open(prompt);
+  std::vector<int32_t> truth;
+  auto s = f.OpenGreedy({4, 4, 2}, 8, &truth);
   ASSERT_TRUE(s.ok());
   const int64_t used = f.t.server->kv_slots_used();
   f.toy->FailNextStep(absl::InternalError("injected step failure"));
@@ -621,9 +620,8 @@ TEST(ServerService, LosslessWithConcurrentSessionsOverLoopback) {
 
 TEST(ServerService, VerifyStreamRoundTripsAndEndsWithTheErrorStatus) {
   Fixture f = Start();
-  const std::vector<int32_t> prompt = {11, 12, 13};
-  const auto truth = f.Greedy(prompt, 16);
-  auto s = f.t.client->Open(prompt);
+  std::vector<int32_t> truth;
+  auto s = f.OpenGreedy({11, 12, 13}, 16, &truth);
   ASSERT_TRUE(s.ok());
   auto stream = f.t.client->OpenStream();
   size_t have = 1;
@@ -784,9 +782,8 @@ TEST(ServerService, MetricsEndpointServesEveryMetric) {
   o.tp_size = 2;
   Fixture f = Start(o, {}, /*metrics=*/true);
   ASSERT_GT(f.t.server->metrics_port(), 0);
-  const std::vector<int32_t> prompt = {1, 2, 3};
-  const auto truth = f.Greedy(prompt, 8);
-  auto s = f.t.client->Open(prompt);
+  std::vector<int32_t> truth;
+  auto s = f.OpenGreedy({1, 2, 3}, 8, &truth);
   ASSERT_TRUE(s.ok());
   // Two accepted tokens at depths 1 and 2, one draft node at depth 3 rejected.
   auto r = f.t.client->Verify(

@@ -110,9 +110,8 @@ TEST(ServerSessions, CancelledCallsRetriedAtOnceAllSucceedAndApplyOnce) {
 
 TEST(ServerSessions, RetryAfterDeadlineReturnsTheAppliedResult) {
   Fixture f = Start();
-  const std::vector<int32_t> prompt = {4, 5, 6, 7};
-  const auto truth = f.Greedy(prompt, 6);
-  auto s = f.t.client->Open(prompt);
+  std::vector<int32_t> truth;
+  auto s = f.OpenGreedy({4, 5, 6, 7}, 6, &truth);
   ASSERT_TRUE(s.ok());
   const DraftTree tree{{truth[1], truth[2], 3}, {-1, 0, 0}};
   VerifyClient impatient(f.t.target, absl::Milliseconds(100));
@@ -137,9 +136,8 @@ TEST(ServerSessions, RetryAfterDeadlineReturnsTheAppliedResult) {
 
 TEST(ServerSessions, DuplicateRequestIdsApplyOnceAndTheLastEightAreKept) {
   Fixture f = Start();
-  const std::vector<int32_t> prompt = {1, 2, 3};
-  const auto truth = f.Greedy(prompt, 16);
-  auto s = f.t.client->Open(prompt);
+  std::vector<int32_t> truth;
+  auto s = f.OpenGreedy({1, 2, 3}, 16, &truth);
   ASSERT_TRUE(s.ok());
   auto a = f.t.client->Verify(s->session_id, DraftTree{}, Rid("x"));
   ASSERT_TRUE(a.ok());
@@ -173,9 +171,8 @@ TEST(ServerSessions, DuplicateRequestIdsApplyOnceAndTheLastEightAreKept) {
 
 TEST(ServerSessions, WrongExpectedCommittedLenIsAbortedAndAppliesNothing) {
   Fixture f = Start();
-  const std::vector<int32_t> prompt = {9, 8, 7, 6, 5};
-  const auto truth = f.Greedy(prompt, 3);
-  auto s = f.t.client->Open(prompt);
+  std::vector<int32_t> truth;
+  auto s = f.OpenGreedy({9, 8, 7, 6, 5}, 3, &truth);
   auto other = f.t.client->Open({1});
   ASSERT_TRUE(s.ok() && other.ok());
   const int64_t used = f.t.server->kv_slots_used();
@@ -326,9 +323,8 @@ TEST(ServerSessions, TruncateAndForkBadInputNameTheField) {
 
 TEST(ServerSessions, TruncateWaitsForTheCallInFlight) {
   Fixture f = Start();
-  const std::vector<int32_t> prompt = {3, 3, 3};
-  const auto truth = f.Greedy(prompt, 4);
-  auto s = f.t.client->Open(prompt);
+  std::vector<int32_t> truth;
+  auto s = f.OpenGreedy({3, 3, 3}, 4, &truth);
   ASSERT_TRUE(s.ok());
   std::thread t =
       StartHeldCall(f, [&] { EXPECT_TRUE(f.t.client->Verify(s->session_id, DraftTree{}).ok()); });

@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/verify_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
@@ -31,6 +33,13 @@ struct Fixture {
   // after the prompt).
   std::vector<int32_t> Greedy(const std::vector<int32_t>& prompt, int n) const {
     return testing::ToyEngine::Greedy(toy_options, prompt, n);
+  }
+
+  // Opens a session on `prompt` through the server's client; `truth` gets Greedy(prompt, n).
+  absl::StatusOr<client::OpenResult> OpenGreedy(const std::vector<int32_t>& prompt, int n,
+                                                std::vector<int32_t>* truth) {
+    *truth = Greedy(prompt, n);
+    return t.client->Open(prompt);
   }
 };
 
