@@ -69,22 +69,34 @@ std::vector<int32_t> NgramGuess(const std::vector<int32_t>& history, int depth) 
 
 namespace {
 
+// One Verify round of a demo / load session: the draft tree and, when the Verify call
+// succeeded, its outcome, with the call's latency.
+struct Round {
+  DraftTree tree;
+  absl::StatusOr<VerifyOutcome> outcome;
+  absl::Duration latency;
+};
+
 // One session's drafter: the oracle (a shadow session on the same server supplies the true
 // continuation (greedy, or seeded plain decoding with the same sampling parameters); each
 // chain token is true with probability `accuracy`) or the n-gram
 // prompt lookup. Used by RunDemo and by every RunLoad session.
 class SessionDrafter {
  public:
-  SessionDrafter(VerifyClient& client, const DemoOptions& o, int64_t vocab)
-      : client_(client), o_(o), vocab_(vocab) {}
+  SessionDrafter(VerifyClient& client, const DemoOptions& o, int64_t vocab, int max_nodes)
+      : client_(client), o_(o), vocab_(vocab), max_nodes_(max_nodes) {}
   SessionDrafter(const SessionDrafter&) = delete;
   SessionDrafter& operator=(const SessionDrafter&) = delete;
   ~SessionDrafter() {
     if (!shadow_id_.empty()) (void)client_.Close(shadow_id_);
   }
 
-  // Oracle only: opens the shadow session on the same prompt.
-  absl::Status Start(const std::vector<int32_t>& prompt) {
+  // Starts the collected tokens at the session's `next_token` after `prompt`; oracle only:
+  // opens the shadow session on the same prompt.
+  absl::Status Start(const std::vector<int32_t>& prompt, int32_t next_token) {
+    collected_ = {next_token};
+    history_ = prompt;
+    history_.push_back(next_token);
     if (!o_.oracle) return absl::OkStatus();
     // Plain decoding with the same sampling parameters and seed (no logprobs / hidden states).
     SessionOptions plain;
@@ -99,13 +111,43 @@ class SessionDrafter {
     return absl::OkStatus();
   }
 
-  // The guessed chain after the pending token. `collected`: next_token, then the accepted
-  // and bonus tokens so far; `history`: the prompt followed by `collected`.
-  absl::StatusOr<std::vector<int32_t>> Guess(const std::vector<int32_t>& collected,
-                                             const std::vector<int32_t>& history,
-                                             std::mt19937_64& rng) {
-    if (!o_.oracle) return NgramGuess(history, o_.depth);
-    const size_t from = collected.size();
+  // One round on session `session_id`: the guess (Guess) as a draft tree (BuildDraftTree),
+  // verified; a verified round's accepted tokens and bonus join collected(). A failed guess
+  // is the error; a failed Verify call is the round's outcome.
+  absl::StatusOr<Round> Play(const std::string& session_id, std::mt19937_64& rng) {
+    auto guess = Guess(rng);
+    if (!guess.ok()) return guess.status();
+    Round round;
+    round.tree = BuildDraftTree(*guess, o_.depth, o_.branches, vocab_, max_nodes_, rng);
+    const absl::Time t0 = absl::Now();
+    round.outcome = client_.Verify(session_id, round.tree);
+    round.latency = absl::Now() - t0;
+    if (round.outcome.ok()) {
+      for (std::vector<int32_t>* tokens : {&collected_, &history_}) {
+        tokens->insert(tokens->end(), round.outcome->accepted_tokens.begin(),
+                       round.outcome->accepted_tokens.end());
+        tokens->push_back(round.outcome->bonus_token);
+      }
+    }
+    return round;
+  }
+
+  // Oracle only: whether collected() equals plain decoding (the shadow's tokens).
+  absl::StatusOr<bool> Lossless() {
+    if (auto st = ExtendTruth(collected_.size()); !st.ok()) return st;
+    return std::equal(collected_.begin(), collected_.end(), truth_.begin());
+  }
+
+  // next_token, then the accepted tokens and bonus of every verified round.
+  const std::vector<int32_t>& collected() const { return collected_; }
+
+  int64_t shadow_calls() const { return shadow_calls_; }
+
+ private:
+  // The guessed chain after the pending token (collected_ and history_ so far).
+  absl::StatusOr<std::vector<int32_t>> Guess(std::mt19937_64& rng) {
+    if (!o_.oracle) return NgramGuess(history_, o_.depth);
+    const size_t from = collected_.size();
     if (auto st = ExtendTruth(from + o_.depth); !st.ok()) return st;
     std::vector<int32_t> guess;
     bool correct = true;
@@ -116,15 +158,6 @@ class SessionDrafter {
     return guess;
   }
 
-  // Oracle only: whether `collected` equals plain decoding (the shadow's tokens).
-  absl::StatusOr<bool> Lossless(const std::vector<int32_t>& collected) {
-    if (auto st = ExtendTruth(collected.size()); !st.ok()) return st;
-    return std::equal(collected.begin(), collected.end(), truth_.begin());
-  }
-
-  int64_t shadow_calls() const { return shadow_calls_; }
-
- private:
   absl::Status ExtendTruth(size_t n) {
     while (truth_.size() < n) {
       auto r = client_.Verify(shadow_id_, DraftTree{});
@@ -138,6 +171,9 @@ class SessionDrafter {
   VerifyClient& client_;
   const DemoOptions& o_;
   const int64_t vocab_;
+  const int max_nodes_;
+  std::vector<int32_t> collected_;
+  std::vector<int32_t> history_;  // the prompt, then collected_
   std::string shadow_id_;
   std::vector<int32_t> truth_;  // plain decoding after the prompt, from the shadow session
   int64_t shadow_calls_ = 0;
@@ -155,37 +191,23 @@ absl::StatusOr<DemoReport> RunDemo(VerifyClient& client, const DemoOptions& o) {
 
   auto main = client.Open(prompt, "", o.session);
   if (!main.ok()) return main.status();
-  SessionDrafter drafter(client, o, vocab);
-  absl::Status status = drafter.Start(prompt);
+  SessionDrafter drafter(client, o, vocab, max_nodes);
+  absl::Status status = drafter.Start(prompt, main->next_token);
 
   DemoReport rep;
-  rep.collected.push_back(main->next_token);
-  std::vector<int32_t> history = prompt;
-  history.push_back(main->next_token);
   int64_t accepted_total = 0, drafts = 0;
   for (int round = 0; status.ok() && round < o.rounds; ++round) {
-    auto guess = drafter.Guess(rep.collected, history, rng);
-    if (!guess.ok()) {
-      status = guess.status();
-      break;
-    }
-    DraftTree tree = BuildDraftTree(*guess, o.depth, o.branches, vocab, max_nodes, rng);
-    const absl::Time t0 = absl::Now();
-    auto r = client.Verify(main->session_id, tree);
-    const double dt = absl::ToDoubleSeconds(absl::Now() - t0);
-    if (!r.ok()) {
-      status = r.status();
-      break;
-    }
+    auto played = drafter.Play(main->session_id, rng);
+    status = played.ok() ? played->outcome.status() : played.status();
+    if (!status.ok()) break;
+    const DraftTree& tree = played->tree;
+    const absl::StatusOr<VerifyOutcome>& r = played->outcome;
+    const double dt = absl::ToDoubleSeconds(played->latency);
     rep.verify_seconds += dt;
     rep.rounds++;
     drafts += !tree.tokens.empty();
     accepted_total += static_cast<int64_t>(r->accepted_tokens.size());
     rep.tokens += static_cast<int64_t>(r->accepted_tokens.size()) + 1;
-    for (int32_t t : r->accepted_tokens) rep.collected.push_back(t);
-    rep.collected.push_back(r->bonus_token);
-    history.insert(history.end(), r->accepted_tokens.begin(), r->accepted_tokens.end());
-    history.push_back(r->bonus_token);
     if (o.on_round) {
       RoundReport rr;
       rr.round = round;
@@ -199,12 +221,13 @@ absl::StatusOr<DemoReport> RunDemo(VerifyClient& client, const DemoOptions& o) {
     }
   }
   if (status.ok() && o.oracle) {
-    auto lossless = drafter.Lossless(rep.collected);
+    auto lossless = drafter.Lossless();
     if (lossless.ok()) rep.lossless = *lossless;
     status = lossless.status();
   }
   (void)client.Close(main->session_id);
   if (!status.ok()) return status;
+  rep.collected = drafter.collected();
   rep.mean_acceptance_length = MeanAcceptanceLength(accepted_total, drafts);
   rep.tokens_per_round = rep.rounds ? static_cast<double>(rep.tokens) / rep.rounds : 0;
   rep.tokens_per_second = rep.verify_seconds > 0 ? rep.tokens / rep.verify_seconds : 0;
@@ -234,45 +257,35 @@ absl::StatusOr<LoadReport> RunLoad(VerifyClient& client, const DemoOptions& o, i
       const std::vector<int32_t> prompt = RandomPrompt(o.prompt_len, vocab, rng);
       auto open = client.Open(prompt, "", o.session);
       if (!open.ok()) return record_error(open.status());
-      SessionDrafter drafter(client, o, vocab);
-      if (auto st = drafter.Start(prompt); !st.ok()) {
+      SessionDrafter drafter(client, o, vocab, max_nodes);
+      if (auto st = drafter.Start(prompt, open->next_token); !st.ok()) {
         record_error(st);
         if (auto cst = client.Close(open->session_id); !cst.ok()) record_error(cst);
         return;
       }
-      std::vector<int32_t> collected = {open->next_token};
-      std::vector<int32_t> history = prompt;
-      history.push_back(open->next_token);
       bool broken = false;  // a failed round leaves the collected tokens incomplete
       for (int round = 0; round < o.rounds; ++round) {
-        auto guess = drafter.Guess(collected, history, rng);
-        if (!guess.ok()) {
-          record_error(guess.status());
+        auto played = drafter.Play(open->session_id, rng);
+        if (!played.ok()) {
+          record_error(played.status());
           broken = true;
           break;
         }
-        DraftTree tree = BuildDraftTree(*guess, o.depth, o.branches, vocab, max_nodes, rng);
-        const absl::Time t0 = absl::Now();
-        auto r = client.Verify(open->session_id, tree);
-        const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+        const absl::StatusOr<VerifyOutcome>& r = played->outcome;
         if (!r.ok()) {
           record_error(r.status());
           broken = true;
           continue;
         }
-        collected.insert(collected.end(), r->accepted_tokens.begin(), r->accepted_tokens.end());
-        collected.push_back(r->bonus_token);
-        history.insert(history.end(), r->accepted_tokens.begin(), r->accepted_tokens.end());
-        history.push_back(r->bonus_token);
         std::lock_guard<std::mutex> lock(mu);
         rep.calls++;
-        drafts += !tree.tokens.empty();
-        latencies_ms.push_back(ms);
+        drafts += !played->tree.tokens.empty();
+        latencies_ms.push_back(absl::ToDoubleMilliseconds(played->latency));
         accepted_total += static_cast<int64_t>(r->accepted_tokens.size());
         rep.tokens += static_cast<int64_t>(r->accepted_tokens.size()) + 1;
       }
       if (o.oracle && !broken) {
-        auto lossless = drafter.Lossless(collected);
+        auto lossless = drafter.Lossless();
         std::lock_guard<std::mutex> lock(mu);
         if (!lossless.ok()) {
           rep.errors++;
