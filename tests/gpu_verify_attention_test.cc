@@ -19,6 +19,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -815,6 +816,19 @@ bool SkipUnlessSm90() {
   return !dev.ok() || dev->cc_major != 9;
 }
 
+// A spread of key magnitudes within a tile (the per-tile power of two of P_g moves; FP8 scales
+// 2^-29 .. 2^3): 16 heads, requests of `nodes` rows over `ctx` context keys each.
+void ExpectScaleSpreadCase(const Case& base, std::vector<int> nodes, std::vector<int> ctx,
+                           uint64_t& seed) {
+  Case c = base;
+  c.heads = 16;
+  c.nodes = std::move(nodes);
+  c.ctx = std::move(ctx);
+  c.kv_scale_spread = true;
+  c.seed = seed++;
+  ExpectCase(c);
+}
+
 // The keys-on-M FP8 kernel (sm_90a) at its tile and warpgroup boundaries: key counts around
 // 64 (one tile per warpgroup) and 128 / 256 (both warpgroups, odd and even tile counts), 1 to
 // 16 rows in a CTA, unsplit and split; scales spanning 2^-20 .. 2^12 within a tile.
@@ -835,15 +849,10 @@ TEST(VerifyAttentionCuda, KeysOnMFp8Edges) {
       ExpectCase(c);
     }
   }
-  Case c;  // a spread of key magnitudes (the per-tile power of two of P_g moves)
-  c.heads = 16;
-  c.nodes = {1, 3};
-  c.ctx = {5000, 900};
-  c.kv_fp8 = true;
-  c.config = VerifyKernelConfig::kKm16;
-  c.kv_scale_spread = true;
-  c.seed = seed++;
-  ExpectCase(c);
+  Case base;
+  base.kv_fp8 = true;
+  base.config = VerifyKernelConfig::kKm16;
+  ExpectScaleSpreadCase(base, {1, 3}, {5000, 900}, seed);
 }
 
 // Edge-case groups of the seesaw kernels' tests, each case built on `base` (config, cache
@@ -905,13 +914,7 @@ TEST(VerifyAttentionCuda, SeesawFp8Edges) {
   ExpectRowTileEdges(base, {{1, 1, 200}, {3, 7, 500}, {1, 65, 1000}, {128, 65, 60}, {128, 1, 4000}},
                      seed);
   ExpectEmptyRowEdges(base, seed);
-  Case c = base;  // a spread of key magnitudes in one tile
-  c.heads = 16;
-  c.nodes = {4, 3};
-  c.ctx = {5000, 900};
-  c.kv_scale_spread = true;
-  c.seed = seed++;
-  ExpectCase(c);
+  ExpectScaleSpreadCase(base, {4, 3}, {5000, 900}, seed);
 }
 
 // The staged FP8 configuration (kS64Staged: the batch's keys dequantized into bf16 rows of the
@@ -926,13 +929,7 @@ TEST(VerifyAttentionCuda, StagedFp8Edges) {
   ExpectKeyCountEdges(base, {1, 17, 63, 64, 65, 129, 700}, seed);
   ExpectRowTileEdges(base, {{1, 1, 200}, {3, 7, 500}, {128, 65, 60}, {128, 1, 4000}}, seed);
   ExpectEmptyRowEdges(base, seed);
-  Case c = base;
-  c.heads = 16;
-  c.nodes = {4, 3, 16, 1};
-  c.ctx = {5000, 900, 3000, 0};
-  c.kv_scale_spread = true;
-  c.seed = seed++;
-  ExpectCase(c);
+  ExpectScaleSpreadCase(base, {4, 3, 16, 1}, {5000, 900, 3000, 0}, seed);
 }
 
 // Small shapes (quick under compute-sanitizer): tile / pair boundaries and empty rows.
