@@ -31,6 +31,7 @@
 #include "kernels/cuda/sampling/argmax.h"
 #include "kernels/kv_fp8.h"
 #include "tests/gpu_test_util.h"
+#include "tests/speculative_rounds_util.h"
 #include "tp/cpu/cpu_engine.h"
 #include "tp/cuda/cuda_engine.h"
 #include "tp/presets.h"
@@ -625,63 +626,46 @@ void RunLosslessGpu(const std::string& model, int tp = 1) {
   Prefill(*e, pool, prompts, 17, &ss);  // other chunking: other batch shapes
   int64_t rounds = 0, accepted = 0, compared = 0, mismatches = 0;
   std::vector<bool> diverged(kSessions, false);
-  bool done = false;
-  while (!done) {
-    std::vector<StepRequest> batch;
-    for (int s = 0; s < kSessions; ++s) {
-      const auto& truth = plain[s].emitted;
-      const size_t k = ss[s].emitted.size();  // truth[k] = true token after pending
-      StepRequest q;
-      q.context_slots = ss[s].committed;
-      q.tokens = {ss[s].pending};
-      q.parents = {-1};
-      std::vector<int> depth = {0};
-      std::vector<bool> on_truth = {!diverged[s]};
-      const int nodes = static_cast<int>(rng() % 20);
-      for (int i = 0; i < nodes; ++i) {
-        const int parent = static_cast<int>(rng() % (i + 1));
-        const int d = depth[parent] + 1;
-        const bool can = on_truth[parent] && k + d - 1 < truth.size();
-        const int32_t tok =
-            can && rng() % 3 != 0 ? truth[k + d - 1] : static_cast<int32_t>(rng() % cfg.vocab_size);
-        q.tokens.push_back(tok);
-        q.parents.push_back(parent);
-        depth.push_back(d);
-        on_truth.push_back(can && tok == truth[k + d - 1]);
-      }
-      q.tail_slots = pool.Take(q.tokens.size());
-      ASSERT_EQ(q.tail_slots.size(), q.tokens.size());
-      batch.push_back(q);
+  auto draft = [&](int s, StepRequest* q) {
+    q->context_slots = ss[s].committed;
+    q->tokens = {ss[s].pending};
+    q->parents = {-1};
+    const int nodes = static_cast<int>(rng() % 20);
+    // plain[s].emitted[emitted.size()] is the true token after pending.
+    test_util::AddDraftRows(
+        rng, plain[s].emitted, ss[s].emitted.size(), !diverged[s], nodes, cfg.vocab_size,
+        [&] { return rng() % 3 != 0; }, q);
+    q->tail_slots = pool.Take(q->tokens.size());
+    ASSERT_EQ(q->tail_slots.size(), q->tokens.size());
+  };
+  auto apply = [&](int s, const StepRequest& q, const StepResult& res) {
+    // kept + freed partition the tail slots; kept = root + accepted path.
+    std::vector<int32_t> all = res.kept_slots;
+    all.insert(all.end(), res.freed_slots.begin(), res.freed_slots.end());
+    std::sort(all.begin(), all.end());
+    std::vector<int32_t> tail = q.tail_slots;
+    std::sort(tail.begin(), tail.end());
+    ASSERT_EQ(all, tail);
+    ASSERT_EQ(res.kept_slots.size(), 1 + res.accepted_rows.size());
+    int prev = 0;
+    for (int32_t row : res.accepted_rows) {
+      ASSERT_EQ(q.parents[row], prev) << "accepted rows must form a path";
+      prev = row;
+      ss[s].emitted.push_back(q.tokens[row]);
     }
-    auto r = e->Step(batch);
-    ASSERT_TRUE(r.ok()) << r.status();
-    ++rounds;
-    done = true;
-    for (int s = 0; s < kSessions; ++s) {
-      const StepRequest& q = batch[s];
-      const StepResult& res = (*r)[s];
-      // kept + freed partition the tail slots; kept = root + accepted path.
-      std::vector<int32_t> all = res.kept_slots;
-      all.insert(all.end(), res.freed_slots.begin(), res.freed_slots.end());
-      std::sort(all.begin(), all.end());
-      std::vector<int32_t> tail = q.tail_slots;
-      std::sort(tail.begin(), tail.end());
-      ASSERT_EQ(all, tail);
-      ASSERT_EQ(res.kept_slots.size(), 1 + res.accepted_rows.size());
-      int prev = 0;
-      for (int32_t row : res.accepted_rows) {
-        ASSERT_EQ(q.parents[row], prev) << "accepted rows must form a path";
-        prev = row;
-        ss[s].emitted.push_back(q.tokens[row]);
-      }
-      ss[s].emitted.push_back(res.bonus);
-      ss[s].pending = res.bonus;
-      accepted += static_cast<int64_t>(res.accepted_rows.size());
-      pool.Free(res.freed_slots);
-      ss[s].committed.insert(ss[s].committed.end(), res.kept_slots.begin(), res.kept_slots.end());
-      if (ss[s].emitted.size() < kTokens) done = false;
-    }
-  }
+    ss[s].emitted.push_back(res.bonus);
+    ss[s].pending = res.bonus;
+    accepted += static_cast<int64_t>(res.accepted_rows.size());
+    pool.Free(res.freed_slots);
+    ss[s].committed.insert(ss[s].committed.end(), res.kept_slots.begin(), res.kept_slots.end());
+  };
+  auto done = [&] {
+    for (const Sess& se : ss)
+      if (se.emitted.size() < kTokens) return false;
+    return true;
+  };
+  ASSERT_NO_FATAL_FAILURE(
+      test_util::RunSpeculativeRounds(*e, kSessions, draft, apply, done, &rounds));
   for (int s = 0; s < kSessions; ++s) {
     const auto& got = ss[s].emitted;
     const auto& want = plain[s].emitted;

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "gtest/gtest.h"
+#include "tests/speculative_rounds_util.h"
 #include "tp/cpu/cpu_engine.h"
 #include "tp/presets.h"
 
@@ -294,68 +295,50 @@ void RunLossless(int tp, const std::string& model = "tiny") {
   std::vector<Session> ss;
   Prefill(*e, pool, prompts, &ss);
   int64_t total_accepted = 0, rounds = 0;
-  bool done = false;
-  while (!done) {
-    std::vector<StepRequest> batch;
-    for (int s = 0; s < kSessions; ++s) {
-      const Session& se = ss[s];
-      const auto& ref = refs[s];
-      const size_t k = se.collected.size();  // ref[k] is the true next token after pending
-      StepRequest q;
-      q.context_slots = se.committed;
-      q.tokens = {se.pending};
-      q.parents = {-1};
-      std::vector<int> depth = {0};
-      std::vector<bool> on_truth = {true};
-      const int nodes = static_cast<int>(rng() % 13);  // 0 = plain decode step
-      for (int i = 0; i < nodes; ++i) {
-        const int parent_row = static_cast<int>(rng() % (i + 1));  // row 0..i
-        const int d = depth[parent_row] + 1;
-        int32_t tok;
-        const bool truthful = on_truth[parent_row] && k + d - 1 < ref.size() && rng() % 2 == 0;
-        tok = truthful ? ref[k + d - 1] : static_cast<int32_t>(rng() % 512);
-        q.tokens.push_back(tok);
-        q.parents.push_back(parent_row);
-        depth.push_back(d);
-        on_truth.push_back(on_truth[parent_row] && k + d - 1 < ref.size() && tok == ref[k + d - 1]);
-      }
-      for (size_t t = 0; t < q.tokens.size(); ++t) q.tail_slots.push_back(pool.Take());
-      batch.push_back(q);
+  auto draft = [&](int s, StepRequest* q) {
+    q->context_slots = ss[s].committed;
+    q->tokens = {ss[s].pending};
+    q->parents = {-1};
+    const int nodes = static_cast<int>(rng() % 13);  // 0 = plain decode step
+    // refs[s][collected.size()] is the true next token after pending.
+    test_util::AddDraftRows(
+        rng, refs[s], ss[s].collected.size(), /*root_on_truth=*/true, nodes, 512,
+        [&] { return rng() % 2 == 0; }, q);
+    for (size_t t = 0; t < q->tokens.size(); ++t) q->tail_slots.push_back(pool.Take());
+  };
+  auto apply = [&](int s, const StepRequest& q, const StepResult& res) {
+    // kept = root + accepted rows' slots (path order); freed = the rest, ascending rows.
+    std::vector<int32_t> kept = {q.tail_slots[0]};
+    std::vector<bool> is_kept(q.tokens.size(), false);
+    is_kept[0] = true;
+    int prev = 0;
+    for (int32_t row : res.accepted_rows) {
+      ASSERT_GE(row, 1);
+      ASSERT_LT(row, static_cast<int32_t>(q.tokens.size()));
+      EXPECT_EQ(q.parents[row], prev) << "accepted rows must form a path";
+      prev = row;
+      kept.push_back(q.tail_slots[row]);
+      is_kept[row] = true;
+      ss[s].collected.push_back(q.tokens[row]);
     }
-    absl::StatusOr<std::vector<StepResult>> r = e->Step(batch);
-    ASSERT_TRUE(r.ok()) << r.status();
-    ++rounds;
-    done = true;
-    for (int s = 0; s < kSessions; ++s) {
-      const StepRequest& q = batch[s];
-      const StepResult& res = (*r)[s];
-      // kept = root + accepted rows' slots (path order); freed = the rest, ascending rows.
-      std::vector<int32_t> kept = {q.tail_slots[0]};
-      std::vector<bool> is_kept(q.tokens.size(), false);
-      is_kept[0] = true;
-      int prev = 0;
-      for (int32_t row : res.accepted_rows) {
-        ASSERT_GE(row, 1);
-        ASSERT_LT(row, static_cast<int32_t>(q.tokens.size()));
-        EXPECT_EQ(q.parents[row], prev) << "accepted rows must form a path";
-        prev = row;
-        kept.push_back(q.tail_slots[row]);
-        is_kept[row] = true;
-        ss[s].collected.push_back(q.tokens[row]);
-      }
-      std::vector<int32_t> freed;
-      for (size_t t = 0; t < q.tokens.size(); ++t)
-        if (!is_kept[t]) freed.push_back(q.tail_slots[t]);
-      EXPECT_EQ(res.kept_slots, kept);
-      EXPECT_EQ(res.freed_slots, freed);
-      for (int32_t slot : res.freed_slots) pool.Free(slot);
-      ss[s].committed.insert(ss[s].committed.end(), res.kept_slots.begin(), res.kept_slots.end());
-      ss[s].pending = res.bonus;
-      ss[s].collected.push_back(res.bonus);
-      total_accepted += static_cast<int64_t>(res.accepted_rows.size());
-      if (static_cast<int>(ss[s].collected.size()) < kTokens) done = false;
-    }
-  }
+    std::vector<int32_t> freed;
+    for (size_t t = 0; t < q.tokens.size(); ++t)
+      if (!is_kept[t]) freed.push_back(q.tail_slots[t]);
+    EXPECT_EQ(res.kept_slots, kept);
+    EXPECT_EQ(res.freed_slots, freed);
+    for (int32_t slot : res.freed_slots) pool.Free(slot);
+    ss[s].committed.insert(ss[s].committed.end(), res.kept_slots.begin(), res.kept_slots.end());
+    ss[s].pending = res.bonus;
+    ss[s].collected.push_back(res.bonus);
+    total_accepted += static_cast<int64_t>(res.accepted_rows.size());
+  };
+  auto done = [&] {
+    for (const Session& se : ss)
+      if (static_cast<int>(se.collected.size()) < kTokens) return false;
+    return true;
+  };
+  ASSERT_NO_FATAL_FAILURE(
+      test_util::RunSpeculativeRounds(*e, kSessions, draft, apply, done, &rounds));
   for (int s = 0; s < kSessions; ++s) {
     const auto& got = ss[s].collected;
     ASSERT_GE(got.size(), static_cast<size_t>(kTokens));
