@@ -90,21 +90,12 @@ std::unique_ptr<CudaEngine> MakeEngine(const std::string& name, int tp, bool fp8
   return e.ok() ? std::move(*e) : nullptr;
 }
 
-using Param = reftest::CheckpointTp;  // checkpoint, tp
-
-class GpuReferenceCheckpointTest : public ::testing::TestWithParam<Param> {
+class GpuReferenceCheckpointTest : public reftest::CheckpointTpTest {
  protected:
   void SetUp() override {
     SKIP_WITHOUT_GPU();
-    name_ = std::get<0>(GetParam());
-    tp_ = std::get<1>(GetParam());
-    label_ = absl::StrCat("cuda ", name_, " tp=", tp_);
-    ASSERT_NO_FATAL_FAILURE(reftest::LoadReference(name_, &ref_));
+    LoadParam("cuda ");
   }
-
-  std::string name_, label_;
-  int tp_ = 1;
-  Reference ref_;
 };
 
 // Prefill and greedy decoding with empty trees (the pending token is transformers' token, so

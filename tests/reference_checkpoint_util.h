@@ -110,6 +110,23 @@ inline std::string CheckpointTpName(const ::testing::TestParamInfo<CheckpointTp>
   return std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param));
 }
 
+// Base of the suites over CheckpointTp: the parameter's checkpoint and TP degree, a label
+// "<prefix><checkpoint> tp=<tp>" for messages, and the checkpoint's reference.
+class CheckpointTpTest : public ::testing::TestWithParam<CheckpointTp> {
+ protected:
+  // Call from SetUp; a reference that does not load fails it.
+  void LoadParam(const std::string& label_prefix) {
+    name_ = std::get<0>(GetParam());
+    tp_ = std::get<1>(GetParam());
+    label_ = absl::StrCat(label_prefix, name_, " tp=", tp_);
+    ASSERT_NO_FATAL_FAILURE(LoadReference(name_, &ref_));
+  }
+
+  std::string name_, label_;
+  int tp_ = 1;
+  Reference ref_;
+};
+
 // Scattered KV slots: the i-th slot handed out is (i * 37) mod capacity.
 class Slots {
  public:

@@ -66,20 +66,9 @@ std::unique_ptr<CpuEngine> MakeEngine(const std::string& name, int tp,
   return e.ok() ? std::move(*e) : nullptr;
 }
 
-using Param = reftest::CheckpointTp;  // checkpoint, tp
-
-class ReferenceCheckpointTest : public ::testing::TestWithParam<Param> {
+class ReferenceCheckpointTest : public reftest::CheckpointTpTest {
  protected:
-  void SetUp() override {
-    name_ = std::get<0>(GetParam());
-    tp_ = std::get<1>(GetParam());
-    label_ = absl::StrCat(name_, " tp=", tp_);
-    ASSERT_NO_FATAL_FAILURE(LoadReference(name_, &ref_));
-  }
-
-  std::string name_, label_;
-  int tp_ = 1;
-  Reference ref_;
+  void SetUp() override { LoadParam(""); }
 };
 
 // YaRN as transformers computes it (modeling_rope_utils._compute_yarn_parameters and
