@@ -31,6 +31,7 @@
 #include "kernels/cuda/sampling/argmax.h"
 #include "kernels/kv_fp8.h"
 #include "tests/gpu_test_util.h"
+#include "tests/model_dims_util.h"
 #include "tests/speculative_rounds_util.h"
 #include "tp/cpu/cpu_engine.h"
 #include "tp/cuda/cuda_engine.h"
@@ -50,18 +51,10 @@ constexpr double kKvFp8LatentTol = 6e-2;
 ModelConfig Tiny576() {
   ModelConfig c;
   c.name = "tiny576";
-  c.vocab_size = 512;
-  c.hidden_size = 256;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 8;
-  c.q_lora_rank = 96;
-  c.kv_lora_rank = 512;
-  c.qk_nope_head_dim = 32;
-  c.qk_rope_head_dim = 64;
-  c.v_head_dim = 32;
-  c.intermediate_size = 384;
   c.max_position_embeddings = 4096;
-  return c;
+  // vocab 512, hidden 256, 2 layers, 8 heads, q_lora 96, kv_lora 512, nope 32, rope 64, v 32,
+  // intermediate 384.
+  return test_util::WithDims(c, {512, 256, 2, 8, 96, 512, 32, 64, 32, 384});
 }
 
 // tiny-moe widened to 128-aligned slices with an FP8 quantization_config: generated weights

@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/heap_counter.h"
+#include "tests/model_dims_util.h"
 #include "tests/temp_dir_util.h"
 #include "tp/checkpoint_reader.h"
 #include "tp/cpu/cpu_engine.h"
@@ -55,18 +56,10 @@ struct HeapMark {
 ModelConfig MediumConfig() {
   ModelConfig c = *PresetConfig("tiny");
   c.name = "medium";
-  c.vocab_size = 512;
-  c.hidden_size = 512;
-  c.num_hidden_layers = 4;
-  c.num_attention_heads = 8;
-  c.q_lora_rank = 192;
-  c.kv_lora_rank = 128;
-  c.qk_nope_head_dim = 64;
-  c.qk_rope_head_dim = 32;
-  c.v_head_dim = 64;
-  c.intermediate_size = 1024;
   c.tie_word_embeddings = false;
-  return c;
+  // vocab 512, hidden 512, 4 layers, 8 heads, q_lora 192, kv_lora 128, nope 64, rope 32, v 64,
+  // intermediate 1024.
+  return test_util::WithDims(c, {512, 512, 4, 8, 192, 128, 64, 32, 64, 1024});
 }
 
 int64_t Numel(const std::vector<int64_t>& shape) {

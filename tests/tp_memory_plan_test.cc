@@ -2,6 +2,7 @@
 // hand, Kimi-K2 / DeepSeek-V3 at TP 8 with expert parallelism against independent arithmetic,
 // KV bytes a token in bf16 and FP8, the ResourceExhausted error, bad options naming the field.
 #include "gtest/gtest.h"
+#include "tests/model_dims_util.h"
 #include "tp/memory_plan.h"
 #include "tp/presets.h"
 
@@ -13,16 +14,6 @@ namespace {
 ModelConfig SmallFp8Moe() {
   ModelConfig c;
   c.name = "small-fp8-moe";
-  c.vocab_size = 1000;
-  c.hidden_size = 256;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.q_lora_rank = 128;
-  c.kv_lora_rank = 128;
-  c.qk_rope_head_dim = 64;
-  c.qk_nope_head_dim = 64;
-  c.v_head_dim = 64;
-  c.intermediate_size = 512;
   c.moe.n_routed_experts = 4;
   c.moe.num_experts_per_tok = 2;
   c.moe.n_shared_experts = 1;
@@ -31,7 +22,7 @@ ModelConfig SmallFp8Moe() {
   c.moe.n_group = 1;
   c.moe.topk_group = 1;
   c.quant.method = "fp8";
-  return c;
+  return test_util::WithDims(c, {1000, 256, 2, 4, 128, 128, 64, 64, 64, 512});
 }
 
 MemoryPlan Plan(const ModelConfig& c, const MemoryPlanOptions& o) {
