@@ -38,28 +38,8 @@ namespace {
 
 using bf16 = bf16_bits;
 
-// A device buffer of T, filled from / read back to host vectors.
 template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(n, 1) * sizeof(T));
-  }
-  explicit Dev(const std::vector<T>& h) : Dev(h.size()) { Put(h); }
-  // `count` elements, each `fill` (a poison value, so that a missed write shows).
-  Dev(size_t count, T fill) : Dev(std::vector<T>(count, fill)) {}
-  ~Dev() { cudaFree(p); }
-  void Put(const std::vector<T>& h) {
-    cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  std::vector<T> Get() const {
-    std::vector<T> h(n);
-    cudaDeviceSynchronize();
-    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-};
+using Dev = test_util::DeviceArray<T>;  // tests/gpu_test_util.h
 
 std::vector<float> RandomBf16Values(std::mt19937& rng, size_t n, float scale = 1.f) {
   std::uniform_real_distribution<float> u(-scale, scale);

@@ -599,17 +599,12 @@ TEST(GpuExpertPaths, PerExpertMatchesGrouped) {
 
 // ---- The MoE kernels against the reference ---------------------------------------------------
 
+// A device array (tests/gpu_test_util.h) poisoned when made.
 template <typename T>
-struct DeviceBuffer {
-  T* p = nullptr;
-  explicit DeviceBuffer(size_t n) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(n, 1) * sizeof(T)) !=
-        cudaSuccess) {
-      p = nullptr;
-    }
-    if (p != nullptr) cudaMemset(p, 0xFF, std::max<size_t>(n, 1) * sizeof(T));  // poison
+struct DeviceBuffer : test_util::DeviceArray<T> {
+  explicit DeviceBuffer(size_t n) : test_util::DeviceArray<T>(n) {
+    if (this->p != nullptr) this->Poison();
   }
-  ~DeviceBuffer() { cudaFree(p); }
 };
 
 struct RouteCase {
@@ -645,8 +640,8 @@ void RunRouteCase(const RouteCase& rc, uint64_t seed, int rows) {
       d_pos(want_e.size()),
       d_ws(kernels::cuda::MoePermuteWorkspaceInts(static_cast<int64_t>(rows) * rc.K, rc.E));
   ASSERT_NE(d_logits.p, nullptr);
-  CUDA_ASSERT(cudaMemcpy(d_logits.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_ASSERT(cudaMemcpy(d_bias.p, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_ASSERT(d_logits.Put(logits));
+  CUDA_ASSERT(d_bias.Put(bias));
   kernels::cuda::MoeRouteParams rp;
   rp.rows = rows;
   rp.num_experts = rc.E;
@@ -673,11 +668,11 @@ void RunRouteCase(const RouteCase& rc, uint64_t seed, int rows) {
   CUDA_ASSERT(cudaDeviceSynchronize());
   std::vector<int32_t> got_e(want_e.size()), off(rc.E + 1), prow(want_e.size()), pos(want_e.size());
   std::vector<float> got_w(want_w.size());
-  CUDA_ASSERT(cudaMemcpy(got_e.data(), d_e.p, got_e.size() * 4, cudaMemcpyDeviceToHost));
-  CUDA_ASSERT(cudaMemcpy(got_w.data(), d_w.p, got_w.size() * 4, cudaMemcpyDeviceToHost));
-  CUDA_ASSERT(cudaMemcpy(off.data(), d_off.p, off.size() * 4, cudaMemcpyDeviceToHost));
-  CUDA_ASSERT(cudaMemcpy(prow.data(), d_rows.p, prow.size() * 4, cudaMemcpyDeviceToHost));
-  CUDA_ASSERT(cudaMemcpy(pos.data(), d_pos.p, pos.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_ASSERT(d_e.Read(&got_e));
+  CUDA_ASSERT(d_w.Read(&got_w));
+  CUDA_ASSERT(d_off.Read(&off));
+  CUDA_ASSERT(d_rows.Read(&prow));
+  CUDA_ASSERT(d_pos.Read(&pos));
   const std::string what =
       absl::StrCat("rows=", rows, " E=", rc.E, " K=", rc.K, " G=", rc.G, " keep ", rc.topk_group,
                    " quantum ", rc.quantum, " seed ", seed);
@@ -737,9 +732,9 @@ TEST(GpuMoeKernels, RouterLogitsMatchHostAndDoNotDependOnRows) {
     for (float& v : x) v = u(rng);
     for (float& v : w) v = u(rng);
     DeviceBuffer<float> d_x(x.size()), d_w(w.size()), d_y(rows * E), d_y1(E);
-    CUDA_ASSERT(cudaMemset(d_y.p, 0xff, rows * E * 4));  // NaN: every logit must be written
-    CUDA_ASSERT(cudaMemcpy(d_x.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-    CUDA_ASSERT(cudaMemcpy(d_w.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_ASSERT(d_y.Poison());  // NaN: every logit must be written
+    CUDA_ASSERT(d_x.Put(x));
+    CUDA_ASSERT(d_w.Put(w));
     kernels::cuda::MoeRouterLogitsParams p;
     p.rows = rows;
     p.num_experts = E;
@@ -759,8 +754,8 @@ TEST(GpuMoeKernels, RouterLogitsMatchHostAndDoNotDependOnRows) {
     ASSERT_TRUE(kernels::cuda::MoeRouterLogitsCuda(one).ok());
     CUDA_ASSERT(cudaDeviceSynchronize());
     std::vector<float> y(rows * E), y1(E);
-    CUDA_ASSERT(cudaMemcpy(y.data(), d_y.p, y.size() * 4, cudaMemcpyDeviceToHost));
-    CUDA_ASSERT(cudaMemcpy(y1.data(), d_y1.p, y1.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_ASSERT(d_y.Read(&y));
+    CUDA_ASSERT(d_y1.Read(&y1));
     for (int r = 0; r < rows; ++r) {
       for (int e = 0; e < E; ++e) {
         double want = 0, mag = 0;

@@ -20,14 +20,6 @@ namespace {
 
 constexpr int32_t kPoison = -777;
 
-struct Dev {
-  int32_t* p = nullptr;
-  explicit Dev(size_t n) { cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(n, 1) * 4); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  ~Dev() { cudaFree(p); }
-};
-
 // TreeAcceptParams' arrays: the inputs, then the outputs, in one order.
 constexpr const int32_t* TreeAcceptParams::*kInputs[] = {
     &TreeAcceptParams::row_indptr, &TreeAcceptParams::tokens, &TreeAcceptParams::parents,
@@ -70,10 +62,10 @@ TEST(TreeAcceptCuda, MatchesReference) {
 
     // The same on the device: inputs uploaded, outputs poisoned, then read back into got.
     TreeAcceptParams g = p;
-    std::vector<std::unique_ptr<Dev>> dev;
+    std::vector<std::unique_ptr<test_util::DeviceArray<int32_t>>> dev;
     auto up = [&](const std::vector<int32_t>& v) {
-      dev.push_back(std::make_unique<Dev>(v.size()));
-      return cudaMemcpy(dev.back()->p, v.data(), v.size() * 4, cudaMemcpyHostToDevice);
+      dev.push_back(std::make_unique<test_util::DeviceArray<int32_t>>(v.size()));
+      return dev.back()->Put(v);
     };
     for (int i = 0; i < kArrays; ++i) {
       CUDA_ASSERT(up(*in[i]));
