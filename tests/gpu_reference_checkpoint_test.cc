@@ -90,37 +90,36 @@ std::unique_ptr<CudaEngine> MakeEngine(const std::string& name, int tp, bool fp8
   return e.ok() ? std::move(*e) : nullptr;
 }
 
-class GpuReferenceCheckpointTest : public reftest::CheckpointTpTest {
+class GpuReferenceCheckpointTest : public reftest::CheckpointTpTest<CudaEngine> {
  protected:
+  GpuReferenceCheckpointTest() : CheckpointTpTest("cuda ") {}
   void SetUp() override {
     SKIP_WITHOUT_GPU();
-    LoadParam("cuda ");
+    CheckpointTpTest::SetUp();
+  }
+  std::unique_ptr<CudaEngine> Make(KvDtype kv_dtype) override {
+    return MakeEngine(name_, tp_, true, true, true, kv_dtype);
   }
 };
 
 // Prefill and greedy decoding with empty trees (the pending token is transformers' token, so
 // positions stay comparable after a near-tie): tokens and logits of every position.
 TEST_P(GpuReferenceCheckpointTest, GreedyAndLogitsMatchTransformers) {
-  std::unique_ptr<CudaEngine> e = MakeEngine(name_, tp_);
-  ASSERT_NE(e, nullptr);
-  reftest::GreedyDecodeAndCompare(*e, ref_, label_, kLogitTol, kKvSlots);
+  reftest::GreedyDecodeAndCompare(*engine_, ref_, label_, kLogitTol, kKvSlots);
 }
 
 // Hidden states (every layer's residual stream, as drafters get them) and top-5 logprobs
 // against transformers: bf16 activations, so within kLogitTol (as the logits).
 TEST_P(GpuReferenceCheckpointTest, HiddenStatesAndLogprobsMatchTransformers) {
-  std::unique_ptr<CudaEngine> e = MakeEngine(name_, tp_);
-  ASSERT_NE(e, nullptr);
-  reftest::HiddenStatesAndLogprobsMatchTransformers(*e, ref_, label_, kLogitTol, kKvSlots);
+  reftest::HiddenStatesAndLogprobsMatchTransformers(*engine_, ref_, label_, kLogitTol, kKvSlots);
 }
 
 // Draft trees: per round the pending token, the next kTreeDepth true tokens as a chain, at every
 // depth a wrong sibling (before or after the true node), and under each wrong sibling the next
 // true token (right token, wrong branch). Exactly the true chain must be accepted.
 TEST_P(GpuReferenceCheckpointTest, DraftTreesAcceptTheReferenceTokens) {
-  std::unique_ptr<CudaEngine> e = MakeEngine(name_, tp_);
-  ASSERT_NE(e, nullptr);
-  reftest::DraftTreesAcceptTheReferenceTokens(*e, ref_, label_, kLogitTol, kKvSlots, kTreeDepth);
+  reftest::DraftTreesAcceptTheReferenceTokens(*engine_, ref_, label_, kLogitTol, kKvSlots,
+                                              kTreeDepth);
 }
 
 // Control for the MoE comparisons. With e_score_correction_bias = 2 x expert index (steps
@@ -274,18 +273,17 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, GpuReferenceCheckpointTest,
 // accept exactly the reference tokens.
 constexpr double kKvFp8LogitTol = 0.15;
 
-class GpuKvFp8CheckpointTest : public GpuReferenceCheckpointTest {};
+class GpuKvFp8CheckpointTest : public GpuReferenceCheckpointTest {
+ protected:
+  GpuKvFp8CheckpointTest() { kv_dtype_ = KvDtype::kFp8; }
+};
 
 TEST_P(GpuKvFp8CheckpointTest, MatchesTransformersWithinItsError) {
-  std::unique_ptr<CudaEngine> e = MakeEngine(name_, tp_, true, true, true, KvDtype::kFp8);
-  ASSERT_NE(e, nullptr);
-  reftest::GreedyDecodeAndCompare(*e, ref_, label_ + " kv fp8", kKvFp8LogitTol, kKvSlots);
+  reftest::GreedyDecodeAndCompare(*engine_, ref_, label_ + " kv fp8", kKvFp8LogitTol, kKvSlots);
 }
 
 TEST_P(GpuKvFp8CheckpointTest, DraftTreesAcceptTheReferenceTokens) {
-  std::unique_ptr<CudaEngine> e = MakeEngine(name_, tp_, true, true, true, KvDtype::kFp8);
-  ASSERT_NE(e, nullptr);
-  reftest::DraftTreesAcceptTheReferenceTokens(*e, ref_, label_ + " kv fp8", kKvFp8LogitTol,
+  reftest::DraftTreesAcceptTheReferenceTokens(*engine_, ref_, label_ + " kv fp8", kKvFp8LogitTol,
                                               kKvSlots, kTreeDepth);
 }
 
@@ -293,19 +291,17 @@ TEST_P(GpuKvFp8CheckpointTest, DraftTreesAcceptTheReferenceTokens) {
 // group's scale, k_pe bf16): each is a fixed point of the format's round trip, on every layer
 // and rank.
 TEST_P(GpuKvFp8CheckpointTest, StoredRowsAreTheFormats) {
-  std::unique_ptr<CudaEngine> e = MakeEngine(name_, tp_, true, true, true, KvDtype::kFp8);
-  ASSERT_NE(e, nullptr);
   reftest::Slots slots(kKvSlots);
   StepRequest q = reftest::ReferenceChain(ref_.prompts[0], slots);
   q.accept = false;
-  ASSERT_TRUE(e->Step({q}).ok());
-  const ModelConfig& c = e->config();
+  ASSERT_TRUE(engine_->Step({q}).ok());
+  const ModelConfig& c = engine_->config();
   const int64_t kvl = c.kv_lora_rank, rope = c.qk_rope_head_dim;
   int64_t changed_by_rounding = 0;
   for (int rank = 0; rank < tp_; ++rank) {
     for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
       for (const int32_t slot : q.tail_slots) {
-        absl::StatusOr<std::vector<float>> row = e->LatentRow(rank, layer, slot);
+        absl::StatusOr<std::vector<float>> row = engine_->LatentRow(rank, layer, slot);
         ASSERT_TRUE(row.ok()) << row.status();
         ASSERT_EQ(static_cast<int64_t>(row->size()), kvl + rope);
         std::vector<float> again = *row;
@@ -432,30 +428,27 @@ constexpr double kMoeBf16LogitTol = 5e-2;
 class GpuFp8ExpertsTest : public GpuReferenceCheckpointTest {};
 
 TEST_P(GpuFp8ExpertsTest, KeepsExpertsInFp8AndMatchesTransformers) {
-  std::unique_ptr<CudaEngine> e = MakeEngine(name_, tp_);
-  ASSERT_NE(e, nullptr);
   int major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   if (major == 9) {
-    EXPECT_EQ(e->load_report().expert_mode, "fp8 block-scaled grouped GEMMs");
+    EXPECT_EQ(engine_->load_report().expert_mode, "fp8 block-scaled grouped GEMMs");
     // The dense MLP (intermediate 256) is 128-aligned on every rank in moe_fp8_mlp128 and
     // moe_fp8_attn128; moe_fp8_block128's (160) is not. Every shared expert is (256). Only
     // moe_fp8_attn128's attention projections are whole blocks.
-    EXPECT_EQ(e->load_report().fp8_mlps,
+    EXPECT_EQ(engine_->load_report().fp8_mlps,
               name_ == "moe_fp8_block128" ? "shared experts" : "dense, shared experts");
-    EXPECT_EQ(e->load_report().fp8_attention, name_ == "moe_fp8_attn128");
+    EXPECT_EQ(engine_->load_report().fp8_attention, name_ == "moe_fp8_attn128");
   }
-  std::printf("%s: experts run as %s; other FP8 MLPs: %s; FP8 attention projections: %s\n",
-              label_.c_str(), e->load_report().expert_mode.c_str(),
-              e->load_report().fp8_mlps.empty() ? "none" : e->load_report().fp8_mlps.c_str(),
-              e->load_report().fp8_attention ? "yes" : "no");
-  reftest::GreedyDecodeAndCompare(*e, ref_, label_, Fp8LogitTol(name_), kKvSlots);
+  std::printf(
+      "%s: experts run as %s; other FP8 MLPs: %s; FP8 attention projections: %s\n", label_.c_str(),
+      engine_->load_report().expert_mode.c_str(),
+      engine_->load_report().fp8_mlps.empty() ? "none" : engine_->load_report().fp8_mlps.c_str(),
+      engine_->load_report().fp8_attention ? "yes" : "no");
+  reftest::GreedyDecodeAndCompare(*engine_, ref_, label_, Fp8LogitTol(name_), kKvSlots);
 }
 
 TEST_P(GpuFp8ExpertsTest, DraftTreesAcceptTheReferenceTokens) {
-  std::unique_ptr<CudaEngine> e = MakeEngine(name_, tp_);
-  ASSERT_NE(e, nullptr);
-  reftest::DraftTreesAcceptTheReferenceTokens(*e, ref_, label_, Fp8LogitTol(name_), kKvSlots,
+  reftest::DraftTreesAcceptTheReferenceTokens(*engine_, ref_, label_, Fp8LogitTol(name_), kKvSlots,
                                               kTreeDepth);
 }
 
@@ -466,9 +459,8 @@ TEST_P(GpuFp8ExpertsTest, DraftTreesAcceptTheReferenceTokens) {
 // projections'). Asserted: every logit row within Fp8LogitTol (rel-L2 and
 // max |diff| / max |logit|); printed: the bf16 engine against transformers for comparison.
 TEST_P(GpuFp8ExpertsTest, Fp8ExpertsMatchBf16Experts) {
-  std::unique_ptr<CudaEngine> f = MakeEngine(name_, tp_, /*fp8_experts=*/true);
+  CudaEngine* f = engine_.get();  // FP8 experts (the default)
   std::unique_ptr<CudaEngine> b = MakeEngine(name_, tp_, /*fp8_experts=*/false);
-  ASSERT_NE(f, nullptr);
   ASSERT_NE(b, nullptr);
   EXPECT_NE(b->load_report().expert_mode, "fp8 block-scaled grouped GEMMs");
   EXPECT_EQ(b->load_report().fp8_mlps, "");

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -22,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tp/engine.h"
+#include "tp/engine_options.h"
 #include "tp/safetensors.h"
 
 #ifndef VERIFYD_TEST_DATA_DIR
@@ -110,21 +112,36 @@ inline std::string CheckpointTpName(const ::testing::TestParamInfo<CheckpointTp>
   return std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param));
 }
 
-// Base of the suites over CheckpointTp: the parameter's checkpoint and TP degree, a label
-// "<prefix><checkpoint> tp=<tp>" for messages, and the checkpoint's reference.
+// Base of the suites that compare an engine (EngineT: CpuEngine, CudaEngine) with transformers
+// over a CheckpointTp parameter: the checkpoint and TP degree, a label
+// "<label_prefix><checkpoint> tp=<tp>" for messages, the checkpoint's reference, and engine_,
+// the engine under test, opened by the suite's Make with kv_dtype_ (which a derived suite may
+// set in its constructor). A reference that does not load or an engine that does not open
+// fails SetUp.
+template <typename EngineT>
 class CheckpointTpTest : public ::testing::TestWithParam<CheckpointTp> {
  protected:
-  // Call from SetUp; a reference that does not load fails it.
-  void LoadParam(const std::string& label_prefix) {
+  explicit CheckpointTpTest(std::string label_prefix = "")
+      : label_prefix_(std::move(label_prefix)) {}
+
+  void SetUp() override {
     name_ = std::get<0>(GetParam());
     tp_ = std::get<1>(GetParam());
-    label_ = absl::StrCat(label_prefix, name_, " tp=", tp_);
+    label_ = absl::StrCat(label_prefix_, name_, " tp=", tp_);
     ASSERT_NO_FATAL_FAILURE(LoadReference(name_, &ref_));
+    engine_ = Make(kv_dtype_);
+    ASSERT_NE(engine_, nullptr);
   }
 
-  std::string name_, label_;
+  // The engine of checkpoint name_ at TP tp_ with the given KV cache format (nullptr, with a
+  // failure, when it does not open).
+  virtual std::unique_ptr<EngineT> Make(KvDtype kv_dtype) = 0;
+
+  std::string label_prefix_, name_, label_;
   int tp_ = 1;
   Reference ref_;
+  KvDtype kv_dtype_ = KvDtype::kAuto;
+  std::unique_ptr<EngineT> engine_;
 };
 
 // Scattered KV slots: the i-th slot handed out is (i * 37) mod capacity.

@@ -66,9 +66,11 @@ std::unique_ptr<CpuEngine> MakeEngine(const std::string& name, int tp,
   return e.ok() ? std::move(*e) : nullptr;
 }
 
-class ReferenceCheckpointTest : public reftest::CheckpointTpTest {
+class ReferenceCheckpointTest : public reftest::CheckpointTpTest<CpuEngine> {
  protected:
-  void SetUp() override { LoadParam(""); }
+  std::unique_ptr<CpuEngine> Make(KvDtype kv_dtype) override {
+    return MakeEngine(name_, tp_, kv_dtype);
+  }
 };
 
 // YaRN as transformers computes it (modeling_rope_utils._compute_yarn_parameters and
@@ -178,27 +180,22 @@ TEST_P(ReferenceConfigTest, ConfigMatchesTransformers) {
 // Prefill and greedy decoding with empty trees (the pending token is transformers' token, so
 // positions stay comparable after a near-tie): tokens and logits of every position.
 TEST_P(ReferenceCheckpointTest, GreedyAndLogitsMatchTransformers) {
-  std::unique_ptr<CpuEngine> e = MakeEngine(name_, tp_);
-  ASSERT_NE(e, nullptr);
-  reftest::GreedyDecodeAndCompare(*e, ref_, label_, kLogitTol, kKvSlots);
+  reftest::GreedyDecodeAndCompare(*engine_, ref_, label_, kLogitTol, kKvSlots);
 }
 
 // Draft trees: per round the pending token, the next kTreeDepth true tokens as a chain, at every
 // depth a wrong sibling (before or after the true node), and under each wrong sibling the next
 // true token (right token, wrong branch). Exactly the true chain must be accepted.
 TEST_P(ReferenceCheckpointTest, DraftTreesAcceptTheReferenceTokens) {
-  std::unique_ptr<CpuEngine> e = MakeEngine(name_, tp_);
-  ASSERT_NE(e, nullptr);
-  reftest::DraftTreesAcceptTheReferenceTokens(*e, ref_, label_, kLogitTol, kKvSlots, kTreeDepth);
+  reftest::DraftTreesAcceptTheReferenceTokens(*engine_, ref_, label_, kLogitTol, kKvSlots,
+                                              kTreeDepth);
 }
 
 // The residual stream after every decoder layer (what a drafter gets as hidden states) and the
 // top-5 logprobs of every position against transformers (its layer outputs and log-softmax),
 // every position of every reference prompt: float32 on both sides, so within 1e-4.
 TEST_P(ReferenceCheckpointTest, HiddenStatesAndLogprobsMatchTransformers) {
-  std::unique_ptr<CpuEngine> e = MakeEngine(name_, tp_);
-  ASSERT_NE(e, nullptr);
-  reftest::HiddenStatesAndLogprobsMatchTransformers(*e, ref_, label_, kLogitTol, kKvSlots);
+  reftest::HiddenStatesAndLogprobsMatchTransformers(*engine_, ref_, label_, kLogitTol, kKvSlots);
 }
 
 const std::vector<std::string> kCheckpoints = {
@@ -225,36 +222,33 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, ReferenceCheckpointTest,
 // (up to 0.94 relative, 6 greedy tokens), as bf16 does on the GPU.
 constexpr double kKvFp8LogitTol = 0.15;
 
-class KvFp8CheckpointTest : public ReferenceCheckpointTest {};
+class KvFp8CheckpointTest : public ReferenceCheckpointTest {
+ protected:
+  KvFp8CheckpointTest() { kv_dtype_ = KvDtype::kFp8; }
+};
 
 TEST_P(KvFp8CheckpointTest, MatchesTransformersWithinItsError) {
-  std::unique_ptr<CpuEngine> e = MakeEngine(name_, tp_, KvDtype::kFp8);
-  ASSERT_NE(e, nullptr);
-  reftest::GreedyDecodeAndCompare(*e, ref_, label_ + " kv fp8", kKvFp8LogitTol, kKvSlots);
+  reftest::GreedyDecodeAndCompare(*engine_, ref_, label_ + " kv fp8", kKvFp8LogitTol, kKvSlots);
 }
 
 TEST_P(KvFp8CheckpointTest, DraftTreesAcceptTheReferenceTokens) {
-  std::unique_ptr<CpuEngine> e = MakeEngine(name_, tp_, KvDtype::kFp8);
-  ASSERT_NE(e, nullptr);
-  reftest::DraftTreesAcceptTheReferenceTokens(*e, ref_, label_ + " kv fp8", kKvFp8LogitTol,
+  reftest::DraftTreesAcceptTheReferenceTokens(*engine_, ref_, label_ + " kv fp8", kKvFp8LogitTol,
                                               kKvSlots, kTreeDepth);
 }
 
 // The latent rows the engine stores are the format's: every c_kv value is an e4m3 code times
 // its group's scale (the group's largest magnitude maps to 448), k_pe values are bf16.
 TEST_P(KvFp8CheckpointTest, StoredRowsAreTheFormats) {
-  std::unique_ptr<CpuEngine> e = MakeEngine(name_, tp_, KvDtype::kFp8);
-  ASSERT_NE(e, nullptr);
   const reftest::PromptRef& pr = ref_.prompts[0];
   reftest::Slots slots(kKvSlots);
   StepRequest q = reftest::ReferenceChain(pr, slots);
   q.accept = false;
-  ASSERT_TRUE(e->Step({q}).ok());
-  const ModelConfig& c = e->config();
+  ASSERT_TRUE(engine_->Step({q}).ok());
+  const ModelConfig& c = engine_->config();
   const int64_t kvl = c.kv_lora_rank, rope = c.qk_rope_head_dim;
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     for (const int32_t slot : q.tail_slots) {
-      const std::vector<float> row = e->LatentRow(0, layer, slot);
+      const std::vector<float> row = engine_->LatentRow(0, layer, slot);
       ASSERT_EQ(static_cast<int64_t>(row.size()), kvl + rope);
       std::vector<float> again = row;  // the format's values are its fixed points
       kernels::KvFp8RoundTrip(again.data(), kvl, rope, kernels::kKvFp8Group);
