@@ -204,22 +204,14 @@ __device__ __forceinline__ void SeesawFp8ProduceKv(const VerifyKernelArgs& args,
   const int num_tiles = (wi.kv_end - wi.kv_begin + Tr::kKeys - 1) / Tr::kKeys;
   const uint8_t* kv8 = reinterpret_cast<const uint8_t*>(args.kv);
   const uint32_t s_scale_land = cta.base + offsetof(SeesawFp8Smem, scale_land);
-  // Landing: the lanes' rows as in GatherQ, keeping those rows' slot ids (and the next tile's:
-  // idx and left as in SeesawProducer).
-  const int32_t* idx = WorkItemKeys(args, wi) + wi.kv_begin + key_lane;
-  int left = wi.kv_end - wi.kv_begin - key_lane;
-  int32_t slot[4];
-  LoadTileSlots(idx, left, slot);
+  // Landing: the lanes' rows as in GatherQ, keeping those rows' slot ids (and the next tile's).
+  TileSlotStream slots(args, wi, key_lane);
   for (int t = 0; t < num_tiles; ++t) {
     const int b = t & 1;
     const uint32_t parity = ((t >> 1) - 1) & 1;  // buffer b last held tile t - 2
     const uint32_t dst = cta.kv(b);
     int32_t cur[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) cur[i] = slot[i];
-    idx += Tr::kKeys;
-    left -= Tr::kKeys;
-    LoadTileSlots(idx, left, slot);
+    slots.Next(cur);
     // The codes in atoms 0-3 (row r's 128-byte piece k in atom k, row r, 16-byte chunks
     // swizzled as the tiles are) and the scales in scale_land[b], once atoms 0-3 are free:
     // full A ("codes landed").

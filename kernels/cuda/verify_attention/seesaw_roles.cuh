@@ -52,9 +52,8 @@ __device__ __forceinline__ void SeesawInitBarriers(const SeesawBarriers& bars) {
 // swizzle chunk differs in bit 2, and dst and 512 i leave that bit clear); row i's slot id is
 // cur[i], a key past the range (slot -1) is zero-filled (and masked), its source address stays
 // inside the tensor. The producer has 24 registers: its tile loop holds the four row addresses,
-// the next tile's slot ids, the key pointer and count and one row offset (the odd rows' offset
-// is derived here, and the key count runs down with the pointer: with both kept, ptxas put two
-// of them on the stack, two local loads a tile).
+// the next tile's slot ids (TileSlotStream), the key pointer and count and one row offset (the
+// odd rows' offset is derived here: kept, it was one of two values ptxas put on the stack).
 __device__ __forceinline__ void SeesawCopyKvAtoms(uint32_t dst, int a0, int a1,
                                                   const int32_t (&cur)[4],
                                                   const __nv_bfloat16* kv_lane, uint32_t off_even) {
@@ -97,23 +96,14 @@ __device__ __forceinline__ void SeesawProducer(const VerifyKernelArgs& args, con
   GatherQ(args, wi, rows_here, cta.sQ(), key_lane, chunk);
   CpAsyncMbarArrive(cta.bars.q());
   const int num_tiles = (wi.kv_end - wi.kv_begin + Tr::kKeys - 1) / Tr::kKeys;
-  // This lane's first row's key of the next tile, and the work item's keys from it on.
-  const int32_t* idx = WorkItemKeys(args, wi) + wi.kv_begin + key_lane;
-  int left = wi.kv_end - wi.kv_begin - key_lane;
+  TileSlotStream slots(args, wi, key_lane);
   const __nv_bfloat16* kv_lane = args.kv + chunk * 8;
-  int32_t slot[4];
-  LoadTileSlots(idx, left, slot);
   for (int t = 0; t < num_tiles; ++t) {
     const int b = t & 1;
     const uint32_t dst = cta.kv(b);
     const uint32_t parity = ((t >> 1) - 1) & 1;  // buffer b last held tile t - 2
     int32_t cur[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) cur[i] = slot[i];
-    // Next tile's slot ids: in flight while this tile is copied.
-    idx += Tr::kKeys;
-    left -= Tr::kKeys;
-    LoadTileSlots(idx, left, slot);
+    slots.Next(cur);
     if (t >= 2) MbarWait(cta.bars.empty_a(b), parity);
     SeesawCopyKvAtoms(dst, 0, 4, cur, kv_lane, off_even);
     CpAsyncMbarArrive(cta.bars.full(kGroupA, b));

@@ -123,6 +123,29 @@ __device__ __forceinline__ void LoadTileSlots(const int32_t* idx, int left, int3
   for (int i = 0; i < 4; ++i) slot[i] = 4 * i < left ? __ldg(idx + 4 * i) : -1;
 }
 
+// A producer lane's slot ids, one tile ahead: construction loads the first tile's; Next hands
+// over the current tile's and loads the next tile's (in flight while the current one is
+// copied). The key count runs down with the key pointer: the producers have 24 registers, and
+// keeping the lane's key index and the work item's key count instead cost two stack slots.
+struct TileSlotStream {
+  const int32_t* idx;  // the lane's first row's key of the next tile
+  int left;            // the work item's keys from that one on
+  int32_t slot[4];     // the next tile's slot ids
+
+  __device__ TileSlotStream(const VerifyKernelArgs& args, const VerifyWorkItem& wi, int key_lane)
+      : idx(WorkItemKeys(args, wi) + wi.kv_begin + key_lane),
+        left(wi.kv_end - wi.kv_begin - key_lane) {
+    LoadTileSlots(idx, left, slot);
+  }
+  __device__ void Next(int32_t (&cur)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cur[i] = slot[i];
+    idx += Tr::kKeys;
+    left -= Tr::kKeys;
+    LoadTileSlots(idx, left, slot);
+  }
+};
+
 // Scales one 64-key score tile into the log2 domain, masks it when needed and returns the
 // row maxima (quad-reduced) of this thread's two rows. s: the wgmma m64n64 accumulator
 // (element i: row 16*wl + g + 8*((i >> 1) & 1), key (i >> 2)*8 + 2*q4 + (i & 1)).
