@@ -153,6 +153,20 @@ struct LogitsDiff {
       if (std::fabs(double(want[want_token]) - want[got_token]) > 2 * mx) ++unexplained;
     }
   }
+
+  // Prints "<what> over <rows> rows: ..." (the errors and greedy differences), and expects rows
+  // compared, both relative errors below `tol` and every greedy difference a near-tie.
+  void PrintAndExpectWithin(double tol, const std::string& what) const {
+    std::printf(
+        "%s over %lld rows: max rel-L2 %.3g, max rel %.3g, %lld greedy differences (%lld not "
+        "near-ties)\n",
+        what.c_str(), static_cast<long long>(rows), max_rel_l2, max_rel,
+        static_cast<long long>(flips), static_cast<long long>(unexplained));
+    EXPECT_GT(rows, 0) << what;
+    EXPECT_LT(max_rel_l2, tol) << what;
+    EXPECT_LT(max_rel, tol) << what;
+    EXPECT_EQ(unexplained, 0) << what;
+  }
 };
 
 // Every reference prompt + continuation[:-1] as one prefill chain on engines `a` and `b`
@@ -496,15 +510,7 @@ TEST_P(GpuFp8ExpertsTest, Fp8ExpertsMatchBf16Experts) {
       at += n;
     }
   }
-  std::printf(
-      "%s: fp8 vs bf16 experts over %lld rows: max rel-L2 %.3g, max rel %.3g, %lld "
-      "greedy differences (%lld not near-ties)\n",
-      label_.c_str(), static_cast<long long>(diff.rows), diff.max_rel_l2, diff.max_rel,
-      static_cast<long long>(diff.flips), static_cast<long long>(diff.unexplained));
-  EXPECT_GT(diff.rows, 0);
-  EXPECT_LT(diff.max_rel_l2, Fp8LogitTol(name_));
-  EXPECT_LT(diff.max_rel, Fp8LogitTol(name_));
-  EXPECT_EQ(diff.unexplained, 0);
+  diff.PrintAndExpectWithin(Fp8LogitTol(name_), label_ + ": fp8 vs bf16 experts");
   // The bf16-expert engine against transformers, as strictly as the dense checkpoint.
   reftest::GreedyDecodeAndCompare(*b, ref_, label_ + " bf16 experts", kMoeBf16LogitTol, kKvSlots);
 }
@@ -546,16 +552,9 @@ TEST(GpuExpertParallel, MatchesTensorParallelExperts) {
         continue;
       }
       const LogitsDiff diff = CompareOnReferencePrompts(*ep, *tpx, ref);
-      std::printf(
-          "%s tp=%d %s: expert-parallel vs tensor-parallel experts over %lld rows: max "
-          "rel-L2 %.3g, max rel %.3g, %lld greedy differences (%lld not near-ties)\n",
-          name.c_str(), tp, ep->load_report().expert_mode.c_str(),
-          static_cast<long long>(diff.rows), diff.max_rel_l2, diff.max_rel,
-          static_cast<long long>(diff.flips), static_cast<long long>(diff.unexplained));
-      EXPECT_GT(diff.rows, 0);
-      EXPECT_LT(diff.max_rel_l2, 1e-2) << "tp " << tp << " fp8 " << fp8;
-      EXPECT_LT(diff.max_rel, 1e-2) << "tp " << tp << " fp8 " << fp8;
-      EXPECT_EQ(diff.unexplained, 0) << "tp " << tp << " fp8 " << fp8;
+      diff.PrintAndExpectWithin(1e-2,
+                                absl::StrCat(name, " tp=", tp, " ", ep->load_report().expert_mode,
+                                             ": expert-parallel vs tensor-parallel experts"));
     }
   }
 }
@@ -577,15 +576,8 @@ TEST(GpuExpertPaths, PerExpertMatchesGrouped) {
     ASSERT_NE(each, nullptr);
     EXPECT_EQ(each->load_report().expert_mode, "bf16 per-expert cuBLAS GEMMs");
     const LogitsDiff diff = CompareOnReferencePrompts(*each, *grouped, ref);
-    std::printf(
-        "%s tp=%d: per-expert vs grouped bf16 experts over %lld rows: max rel-L2 %.3g, "
-        "max rel %.3g, %lld greedy differences (%lld not near-ties)\n",
-        name.c_str(), tp, static_cast<long long>(diff.rows), diff.max_rel_l2, diff.max_rel,
-        static_cast<long long>(diff.flips), static_cast<long long>(diff.unexplained));
-    EXPECT_GT(diff.rows, 0);
-    EXPECT_LT(diff.max_rel_l2, 1e-2) << "tp " << tp;
-    EXPECT_LT(diff.max_rel, 1e-2) << "tp " << tp;
-    EXPECT_EQ(diff.unexplained, 0) << "tp " << tp;
+    diff.PrintAndExpectWithin(
+        1e-2, absl::StrCat(name, " tp=", tp, ": per-expert vs grouped bf16 experts"));
   }
 }
 
