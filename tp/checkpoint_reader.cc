@@ -237,9 +237,9 @@ absl::StatusOr<std::unique_ptr<CheckpointWeightSource>> CheckpointWeightSource::
     const std::string path = (fs::path(dir) / file).string();
     auto it = src->by_name_.find(name);
     if (it == src->by_name_.end() || src->files_[src->entries_[it->second].file]->path != path) {
-      return absl::InvalidArgumentError(
-          absl::StrCat((fs::path(dir) / "model.safetensors.index.json").string(), ": tensor '",
-                       name, "' is mapped to ", path, ", whose header does not list it"));
+      return absl::InvalidArgumentError(absl::StrCat(listed.index_path, ": tensor '", name,
+                                                     "' is mapped to ", path,
+                                                     ", whose header does not list it"));
     }
   }
   src->ResolveFp8();

@@ -141,7 +141,7 @@ absl::StatusOr<SafetensorsFiles> ListSafetensorsFiles(const std::string& dir) {
   if (!fs::is_directory(dir, ec))
     return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
   SafetensorsFiles out;
-  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  const fs::path index_path = fs::path(dir) / kSafetensorsIndexName;
   if (fs::exists(index_path, ec)) {
     absl::StatusOr<std::string> text = ReadWholeFile(index_path.string());
     if (!text.ok()) return text.status();
@@ -174,6 +174,7 @@ absl::StatusOr<SafetensorsFiles> ListSafetensorsFiles(const std::string& dir) {
       out.weight_map[it.key()] = file;
     }
     for (const std::string& f : unique) out.paths.push_back((fs::path(dir) / f).string());
+    out.index_path = index_path.string();
   } else {
     for (const auto& entry : fs::directory_iterator(dir, ec)) {
       if (entry.path().extension() == ".safetensors") out.paths.push_back(entry.path().string());
@@ -280,7 +281,7 @@ absl::Status WriteSafetensorsDirectory(const std::string& dir, const TensorMap& 
     for (const auto& kv : shards[i]) weight_map[kv.first] = file;
   }
   json index = {{"metadata", json::object()}, {"weight_map", weight_map}};
-  std::ofstream out((fs::path(dir) / "model.safetensors.index.json").string(), std::ios::trunc);
+  std::ofstream out((fs::path(dir) / kSafetensorsIndexName).string(), std::ios::trunc);
   out << index.dump(2);
   out.close();
   if (!out) return absl::DataLossError(absl::StrCat("error writing the index in ", dir));

@@ -48,8 +48,12 @@ absl::StatusOr<TensorMap> ReadSafetensorsFile(const std::string& path);
 struct SafetensorsFiles {
   std::vector<std::string> paths;                 // dir / file
   std::map<std::string, std::string> weight_map;  // the index's (empty without one)
+  std::string index_path;                         // dir / the index file ("" without one)
 };
 absl::StatusOr<SafetensorsFiles> ListSafetensorsFiles(const std::string& dir);
+
+// The index file's name in a checkpoint directory.
+inline constexpr char kSafetensorsIndexName[] = "model.safetensors.index.json";
 
 // Reads all tensors of a checkpoint directory (ListSafetensorsFiles); a tensor present in two
 // files is InvalidArgument.
