@@ -1,5 +1,5 @@
-// Internal to kernels/cuda/{dense,moe,sampling}: device helpers shared by their kernels (bf16 loads
-// and stores, a block-wide fp32 sum). Not a public header. Thread-safety: device code.
+// Internal to kernels/cuda/{dense,moe}: device helpers shared by their kernels (bf16 loads and
+// stores, a block-wide fp32 sum). Not a public header. Thread-safety: device code.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -49,7 +49,8 @@ absl::Status SwiGluCuda(const SwiGluParams& p);
 // only, when given).
 template <class Params, class Out>
 void SetPackedSwiGlu(Params& p, int64_t rows, int64_t inter, const float* gate_up, Out* out,
-                     void* stream, const int32_t* row_begin, const int32_t* row_end) {
+                     void* stream, const int32_t* row_begin = nullptr,
+                     const int32_t* row_end = nullptr) {
   p.rows = static_cast<decltype(p.rows)>(rows);
   p.gate_up = gate_up;
   p.ld_in = 2 * inter;

@@ -11,13 +11,13 @@
 // Fp8LtRows(m) = m rounded up to a multiple of 4:
 //   x        [m4, k] e4m3 row-major (rows m..m4-1 readable; their results land in y's pad rows)
 //   x_scale  [k / 128, m4] fp32: scales by column group, x_scale[kb * m4 + r] (the quantizers'
-//            scale_ld_rows = m4: MoeGatherQuantFp8Cuda / SwiGluQuantFp8Cuda in moe.h)
+//            scale_ld_rows = m4: MoeGatherQuantFp8Cuda / SwiGluQuantFp8Cuda in moe/moe.h)
 //   w        [n, k] e4m3 row-major (the checkpoint's layout)
 //   w_scale  [ceil(n / 128), Fp8LtScaleLd(k)] fp32 row-major: the checkpoint's
 //            `weight_scale_inv` with each row padded to a multiple of 4 entries
 //   y        [m4, n] fp32 row-major, overwritten (rows m..m4-1 too)
 //
-// The same product as the grouped kernel's one-group GEMM (grouped_gemm.h kFp8Block128), but
+// The same product as the grouped kernel's one-group GEMM (moe/grouped_gemm.h kFp8Block128), but
 // cuBLASLt picks the algorithm per (m, n, k) (split-K and stream-K included), which keeps the
 // GPU busy when m is small and n / 128 tiles are fewer than the SMs (the weight-bound verify
 // steps). A row's result may therefore depend on m: batch-invariant steps use the grouped

@@ -23,7 +23,7 @@
 // Availability: sm_90 (Hopper) GPUs and a build with the CUTLASS headers (scripts/
 // install-deps.sh fetches them from the nvidia-cutlass wheel). GroupedGemmAvailable() says
 // whether this build and device can run it; callers fall back to per-expert cuBLAS GEMMs
-// (gemm.h) otherwise.
+// (dense/gemm.h) otherwise.
 //
 // Host header (no CUDA code). Thread-safety: a GroupedGemm is used by one thread (a rank) at
 // a time; Run is asynchronous on the given stream.

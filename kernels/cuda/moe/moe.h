@@ -1,6 +1,7 @@
 // DeepSeek-V3 mixture-of-experts kernels on the GPU: the router's top-k, the permutation of
 // rows to experts, the gather of expert inputs and the fixed-order combine of expert outputs.
-// The expert MLPs themselves are cuBLAS GEMMs (gemm.h) run by the caller per expert.
+// The expert MLPs themselves run in moe_mlp.h (grouped GEMMs, or per-expert cuBLAS GEMMs of
+// dense/gemm.h).
 //
 // Routing reproduces kernels::ref::MoeRoute (kernels/reference/moe.h) step by step: sigmoid
 // scores, + e_score_correction_bias for the choice, group score = top-2 sum per group, keep
@@ -130,7 +131,7 @@ struct MoeGatherQuantFp8Params {
   uint8_t* out = nullptr;              // [n, cols] e4m3
   float* out_scale = nullptr;          // [n, cols / 128] (or by column group, below)
   // > 0: the scales stored by column group, out_scale[g * scale_ld_rows + i] (cuBLASLt's VEC128
-  // layout, fp8_gemm.h; scale_ld_rows >= n); 0: out_scale[i * cols / 128 + g].
+  // layout, fp8/fp8_gemm.h; scale_ld_rows >= n); 0: out_scale[i * cols / 128 + g].
   int64_t scale_ld_rows = 0;
   const int32_t* row_begin = nullptr;  // optional, as MoeGatherParams
   const int32_t* row_end = nullptr;

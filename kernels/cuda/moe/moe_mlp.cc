@@ -388,7 +388,7 @@ absl::Status RunFp8Mlp(const Fp8MlpArgs& a) {
   gu.stream = a.stream;
   VERIFYD_RETURN_IF_ERROR(RunFp8Linear(gu));
   SwiGluQuantFp8Params q;
-  SetPackedSwiGlu(q, a.rows, a.inter, a.gu, a.actq, a.stream, nullptr, nullptr);
+  SetPackedSwiGlu(q, a.rows, a.inter, a.gu, a.actq, a.stream);
   q.cols = a.inter;
   q.out_scale = a.actq_scale;
   q.scale_ld_rows = a.lt != nullptr ? Fp8LtRows(a.rows) : 0;

@@ -148,11 +148,11 @@ absl::Status RunMoeMlp(const MoeMlpArgs& args);
 // scales) on sm_90, W8A8 as the routed experts' kFp8Grouped path. `offsets` is the one group's
 // device {0, rows}: SingleGroupOffsetsCuda (moe.h) writes it; an engine step writes it once
 // for all its FP8 linears (rows is fixed within a step), so these enqueue no extra launch.
-// Each GEMM runs through cuBLASLt when `lt` is set (fp8_gemm.h: faster when few rows leave
+// Each GEMM runs through cuBLASLt when `lt` is set (fp8/fp8_gemm.h: faster when few rows leave
 // the grouped kernel's n / 128 tiles short of the SMs, but its algorithm follows the row
 // count), else through the grouped kernel, where a row's result does not depend on the other
 // rows (its tiles never split k): batch-invariant steps leave `lt` null. The GroupedGemm
-// gives the GEMM's shape either way. With `lt`, the layouts are cuBLASLt's (fp8_gemm.h): every
+// gives the GEMM's shape either way. With `lt`, the layouts are cuBLASLt's (fp8/fp8_gemm.h): every
 // buffer below holds Fp8LtRows(rows) rows (the pad rows are computed and ignored), the
 // activation scales are stored by column group and each weight's scale rows are padded to
 // Fp8LtScaleLd(k) entries.

@@ -1,7 +1,6 @@
 // Vocab-parallel argmax kernels (see argmax.h).
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/sampling/argmax.h"
 
