@@ -80,7 +80,7 @@ ABSL_FLAG(bool, verify_kernel, true, "use the optimised verify attention kernel"
 ABSL_FLAG(std::string, verify_config, "auto",
           "with --batch_invariant=false: the verify attention configuration "
           "(kernels/cuda/verify_attention/config.h): " +
-              verifyd::kernels::cuda::VerifyKernelConfigChoices());
+              verifyd::kernels::cuda::VerifyKernelConfigHelp());
 ABSL_FLAG(bool, batch_invariant, true,
           "batch-invariant engine steps (EngineOptions::cuda, the default; false: the "
           "batch-adaptive kernels)");
@@ -136,6 +136,8 @@ struct Row {
   int64_t collectives = 0, comm_bytes = 0;
   double modeled_comm_ms = 0;
   double floor_bytes = 0, floor_ms = 0;
+  bool verify_kernel =
+      false;  // the optimised kernel ran the step (CudaStepReport), not the fallback
 };
 
 // Median wall ms of Engine::Step over iters after warmup; -1 on an error (printed).
@@ -300,7 +302,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", std::string(vk.status().message()).c_str());
       return 2;
     }
-    o.cuda.verify_kernel = *vk;
+    o.cuda.verify_config = *vk;
   }
   o.cuda.shared_context_attention = absl::GetFlag(FLAGS_shared_context);
   o.cuda.positional_chunk_keys = absl::GetFlag(FLAGS_positional_chunk_keys);
@@ -428,6 +430,7 @@ int main(int argc, char** argv) {
         Row row{ctx, nodes, batch, med, batch * (nodes + 1) / (med / 1e3), step.profile, 0};
         row.host_ms = std::max(0.0, prof_wall - row.prof.total_ms);
         row.shared_packs = step.shared_prefix_packs;
+        row.verify_kernel = step.verify_kernel != "fallback";
         if (slice_rank >= 0) {
           const std::vector<verifyd::tp::CollectiveCall>& calls = step.collectives;
           row.collectives = static_cast<int64_t>(calls.size());
@@ -440,7 +443,7 @@ int main(int argc, char** argv) {
                           static_cast<double>(batch) * static_cast<double>(ctx + nodes + 1) *
                               static_cast<double>(kv_token_bytes);
         row.floor_ms = 1e3 * row.floor_bytes / floor_bps;
-        if (absl::GetFlag(FLAGS_standalone) && row.prof.verify_kernel && tp == 1) {
+        if (absl::GetFlag(FLAGS_standalone) && row.verify_kernel && tp == 1) {
           row.standalone_us = StandaloneAttentionUs(reqs, c, e.kv_slots(), kv_fp8);
         }
         if (absl::GetFlag(FLAGS_extras)) {
@@ -527,7 +530,8 @@ int main(int argc, char** argv) {
   j["shared_prefix"] = absl::GetFlag(FLAGS_shared_prefix);
   j["model"] = c.name;
   j["layers"] = c.num_hidden_layers;
-  j["verify_kernel"] = rows.empty() ? false : rows[0].prof.verify_kernel;
+  j["verify_kernel"] = rows.empty() ? false : rows[0].verify_kernel;
+  j["verify_config"] = absl::GetFlag(FLAGS_verify_config);
   j["batch_invariant"] = absl::GetFlag(FLAGS_batch_invariant);
   j["shared_context"] = absl::GetFlag(FLAGS_shared_context);
   j["positional_chunk_keys"] = absl::GetFlag(FLAGS_positional_chunk_keys);
@@ -586,7 +590,7 @@ int main(int argc, char** argv) {
       "\n%lld layers, TP=%d, attention: %s. step = median wall ms of one Engine::Step;"
       " split from one profiled step (GPU ms, rank 0); attn/L = attention per layer\n",
       static_cast<long long>(c.num_hidden_layers), tp,
-      (!rows.empty() && rows[0].prof.verify_kernel) ? "verify kernel" : "fallback");
+      (!rows.empty() && rows[0].verify_kernel) ? "verify kernel" : "fallback");
   std::printf("%7s %5s %5s | %9s %10s | %8s %8s %6s %7s %7s | %9s %9s %5s\n", "context", "nodes",
               "batch", "step ms", "tokens/s", "attn ms", "gemm ms", "comm", "other", "host",
               "attn/L us", "alone us", "ratio");

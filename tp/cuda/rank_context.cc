@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cmath>
 #include <iterator>
-#include <string_view>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -55,6 +54,17 @@ absl::StatusOr<T*> AllocPoisoned(CudaRankContext& rk, int64_t count) {
   return p;
 }
 
+// The grouped GEMMs of an MLP of intermediate width I over `groups` experts: gate_up
+// (groups x 2 I x hid) and down (groups x hid x I).
+absl::Status CreateMlpGemms(kc::GroupedGemmKind kind, int groups, int64_t I, int64_t hid,
+                            int device, int tile_m, std::unique_ptr<kc::GroupedGemm>& gate_up,
+                            std::unique_ptr<kc::GroupedGemm>& down) {
+  VERIFYD_ASSIGN_OR_RETURN(gate_up,
+                           kc::GroupedGemm::Create({kind, groups, 2 * I, hid, device, tile_m}));
+  VERIFYD_ASSIGN_OR_RETURN(down, kc::GroupedGemm::Create({kind, groups, hid, I, device, tile_m}));
+  return absl::OkStatus();
+}
+
 // The MoE activation buffers for R rows (see the top of rank_context.h), poisoned.
 absl::Status AllocMoeBuffers(const ModelConfig& c, int64_t R, CudaRankContext& rk) {
   const int64_t hid = c.hidden_size, E = c.moe.n_routed_experts, K = c.moe.num_experts_per_tok;
@@ -90,11 +100,9 @@ absl::Status AllocMoeBuffers(const ModelConfig& c, int64_t R, CudaRankContext& r
     // FP8: 64-row tiles (measured faster at every verify batch size, bench/moe_layer_bench;
     // bit-identical to 128-row tiles).
     const int tile_m = kind == kc::GroupedGemmKind::kFp8Block128 ? 64 : 128;
-    const int El = static_cast<int>(rk.local_experts);
-    VERIFYD_ASSIGN_OR_RETURN(rk.moe_gemm_gate_up,
-                             kc::GroupedGemm::Create({kind, El, 2 * Il, hid, rk.device, tile_m}));
-    VERIFYD_ASSIGN_OR_RETURN(rk.moe_gemm_down,
-                             kc::GroupedGemm::Create({kind, El, hid, Il, rk.device, tile_m}));
+    VERIFYD_RETURN_IF_ERROR(CreateMlpGemms(kind, static_cast<int>(rk.local_experts), Il, hid,
+                                           rk.device, tile_m, rk.moe_gemm_gate_up,
+                                           rk.moe_gemm_down));
   }
   void* h = nullptr;
   VERIFYD_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h, (E + 1) * sizeof(int32_t)));
@@ -224,19 +232,13 @@ absl::Status AllocFp8Buffers(const RankSetup& setup, const ModelConfig& c, int64
     VERIFYD_ASSIGN_OR_RETURN(rk.qkva, AllocPoisoned<float>(rk, R * na));
     VERIFYD_ASSIGN_OR_RETURN(rk.qf, AllocPoisoned<float>(rk, R * Hl * qk));
   }
-  // An FP8 MLP of intermediate width I: gate_up (2 I, hid) and down (hid, I).
-  auto create_mlp = [&](int64_t I, std::unique_ptr<GroupedGemm>& gate_up,
-                        std::unique_ptr<GroupedGemm>& down) -> absl::Status {
-    VERIFYD_ASSIGN_OR_RETURN(gate_up, GroupedGemm::Create({kFp8, 1, 2 * I, hid, rk.device, 64}));
-    VERIFYD_ASSIGN_OR_RETURN(down, GroupedGemm::Create({kFp8, 1, hid, I, rk.device, 64}));
-    return absl::OkStatus();
-  };
   if (rk.fp8_dense) {
-    VERIFYD_RETURN_IF_ERROR(create_mlp(rk.inter.size, rk.dense_gemm_gate_up, rk.dense_gemm_down));
+    VERIFYD_RETURN_IF_ERROR(CreateMlpGemms(kFp8, 1, rk.inter.size, hid, rk.device, 64,
+                                           rk.dense_gemm_gate_up, rk.dense_gemm_down));
   }
   if (rk.fp8_shared) {
-    VERIFYD_RETURN_IF_ERROR(
-        create_mlp(rk.moe_shared_inter.size, rk.shared_gemm_gate_up, rk.shared_gemm_down));
+    VERIFYD_RETURN_IF_ERROR(CreateMlpGemms(kFp8, 1, rk.moe_shared_inter.size, hid, rk.device, 64,
+                                           rk.shared_gemm_gate_up, rk.shared_gemm_down));
   }
   return absl::OkStatus();
 }
@@ -545,7 +547,6 @@ double CudaStepProfile::*CategoryMs(ProfileCategory cat) {
 
 absl::Status CollectProfile(CudaRankContext& rk) {
   CudaStepProfile p;
-  p.verify_kernel = std::string_view(rk.last_verify_kernel) != "fallback";
   for (size_t i = 0; i + 1 < rk.events_used; ++i) {
     float ms = 0;
     VERIFYD_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, rk.events[i], rk.events[i + 1]));

@@ -15,14 +15,13 @@ struct CudaStepProfile {
   // Dense GEMMs: projections incl. the absorbed per-head products, dense MLPs, shared
   // experts, LM head.
   double gemm_ms = 0;
-  double router_ms = 0;        // MoE router logits + top-k
-  double dispatch_ms = 0;      // MoE permutation, gathers, weighted combine
-  double experts_ms = 0;       // routed experts' GEMMs, SwiGLU and FP8 quantization
-  double sampling_ms = 0;      // argmax, sampling, acceptance, copy out
-  double comm_ms = 0;          // all-reduce / all-gather
-  double other_ms = 0;         // norms, rope, KV write, SwiGLU of dense MLPs, plan upload
-  double total_ms = 0;         // first to last event
-  bool verify_kernel = false;  // the optimised kernel ran this step (else the fallback)
+  double router_ms = 0;    // MoE router logits + top-k
+  double dispatch_ms = 0;  // MoE permutation, gathers, weighted combine
+  double experts_ms = 0;   // routed experts' GEMMs, SwiGLU and FP8 quantization
+  double sampling_ms = 0;  // argmax, sampling, acceptance, copy out
+  double comm_ms = 0;      // all-reduce / all-gather
+  double other_ms = 0;     // norms, rope, KV write, SwiGLU of dense MLPs, plan upload
+  double total_ms = 0;     // first to last event
   // MoE models: the rank's routed experts that at least one row reached, summed over the MoE
   // layers (the expert weights the step had to read).
   int64_t experts_touched = 0;
