@@ -43,7 +43,7 @@ ABSL_FLAG(int, iters, 50, "timed iterations per shape (median reported)");
 ABSL_FLAG(int, warmup, 10, "untimed iterations per shape");
 ABSL_FLAG(std::string, config, "auto",
           "kernel configuration (kernels/cuda/verify_attention/config.h): " +
-              verifyd::kernels::cuda::VerifyKernelConfigChoices());
+              verifyd::kernels::cuda::VerifyKernelConfigHelp());
 ABSL_FLAG(bool, positional, false,
           "positional plans (the batch-invariant mode's; --config=auto: the device's choice)");
 ABSL_FLAG(bool, shared_context, true,

@@ -73,11 +73,10 @@ ABSL_FLAG(bool, batch_invariant, true,
           "of the step, so speculative output equals plain decoding bit for bit); false: the "
           "batch-adaptive kernels, lossless only up to float near-ties (docs/PERF.md has the "
           "speed of both)");
-ABSL_FLAG(std::string, verify_kernel, "auto",
-          "cuda backend, with --batch_invariant=false: the verify attention configuration, "
-          "for benchmarks and diagnosis (kernels/cuda/verify_attention/config.h): " +
-              verifyd::kernels::cuda::VerifyKernelConfigChoices() +
-              "; auto: the planner's choice per step");
+ABSL_FLAG(std::string, verify_config, "auto",
+          "cuda backend, with --batch_invariant=false: the verify attention configuration of "
+          "every layer, for benchmarks and diagnosis (kernels/cuda/verify_attention/config.h): " +
+              verifyd::kernels::cuda::VerifyKernelConfigHelp());
 ABSL_FLAG(int64_t, kv_slots, 65536, "latent KV pool capacity in tokens");
 ABSL_FLAG(std::string, kv_dtype, "auto",
           "latent KV cache storage: auto (float32 on the cpu backend, bf16 on cuda) or fp8 "
@@ -344,10 +343,10 @@ absl::StatusOr<verifyd::server::EngineSpec> EngineSpecFromFlags() {
   spec.engine.cuda.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   {
     absl::StatusOr<verifyd::kernels::cuda::VerifyKernelConfig> vk =
-        verifyd::kernels::cuda::ParseVerifyKernelConfig(absl::GetFlag(FLAGS_verify_kernel),
-                                                        "--verify_kernel");
+        verifyd::kernels::cuda::ParseVerifyKernelConfig(absl::GetFlag(FLAGS_verify_config),
+                                                        "--verify_config");
     if (!vk.ok()) return vk.status();
-    spec.engine.cuda.verify_kernel = *vk;
+    spec.engine.cuda.verify_config = *vk;
   }
   spec.engine.cuda.slice_rank = absl::GetFlag(FLAGS_slice_rank);
   spec.testing_fault = absl::GetFlag(FLAGS_testing_fault);

@@ -88,7 +88,7 @@ std::unique_ptr<CudaEngine> MakeGpu(const ModelConfig& c, uint64_t seed, int64_t
                                     bool batch_invariant = true) {
   EngineOptions o;
   if (kv_fp8) o.kv_dtype = KvDtype::kFp8;
-  o.cuda.verify_kernel = verify_kernel;
+  o.cuda.verify_config = verify_kernel;
   // A forced kernel is a batch-adaptive plan's (batch-invariant steps plan positionally).
   o.cuda.batch_invariant = batch_invariant && verify_kernel == VerifyKernel::kAuto;
   if (host_weights) {

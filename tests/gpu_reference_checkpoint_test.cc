@@ -71,7 +71,7 @@ std::unique_ptr<CudaEngine> MakeEngine(const std::string& name, int tp, bool fp8
                                        KvDtype kv_dtype = KvDtype::kAuto,
                                        VerifyKernel verify_kernel = VerifyKernel::kAuto) {
   EngineOptions o;
-  o.cuda.verify_kernel = verify_kernel;
+  o.cuda.verify_config = verify_kernel;
   // A forced kernel is a batch-adaptive plan's (batch-invariant steps plan positionally).
   o.cuda.batch_invariant = verify_kernel == VerifyKernel::kAuto;
   o.kv_dtype = kv_dtype;

@@ -184,10 +184,10 @@ TEST(VerifyAttentionPlan, ConfigurationTable) {
     EXPECT_TRUE(resolves) << e.name << " runs nowhere";
   }
   EXPECT_EQ(VerifyKernelConfigChoices(), "auto, m16, s64, km16 or s64staged");
-  auto bad = ParseVerifyKernelConfig("w64", "--verify_kernel");
+  auto bad = ParseVerifyKernelConfig("w64", "--verify_config");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(bad.status().message(),
-            "--verify_kernel: 'w64' is not auto, m16, s64, km16 or s64staged");
+            "--verify_config: 'w64' is not auto, m16, s64, km16 or s64staged");
   EXPECT_STREQ(VerifyKernelConfigName(static_cast<VerifyKernelConfig>(2)), "unknown");
 }
 

@@ -373,7 +373,7 @@ TEST(VerifydMain, HelpListsEveryFlagAndExitsZero) {
   const std::string text = ReadFile(log);
   EXPECT_THAT(text, ::testing::Not(HasSubstr("No flags matched")));
   for (const char* flag : {"--model", "--backend", "--batch_invariant", "--kv_dtype", "--tp",
-                           "--listen", "--metrics_listen", "--verify_kernel"}) {
+                           "--listen", "--metrics_listen", "--verify_config"}) {
     EXPECT_THAT(text, HasSubstr(flag));
   }
   EXPECT_THAT(text, HasSubstr("Flags from server/main.cc"));
@@ -393,10 +393,10 @@ TEST(VerifydMain, BadFlagValueFailsNamingTheFlag) {
   EXPECT_THAT(ReadFile(kv_log), HasSubstr("--kv_dtype: 'fp4' is not one of auto, fp8"));
   // The kernel configurations' names come from one table (verify_attention/config.h).
   const std::string vk_log = TempPath("badvk.log");
-  const pid_t vk = Spawn({VERIFYD_BINARY, "--verify_kernel=w64", "--metrics_listen="}, vk_log);
+  const pid_t vk = Spawn({VERIFYD_BINARY, "--verify_config=w64", "--metrics_listen="}, vk_log);
   EXPECT_EQ(WaitExit(vk, absl::Seconds(20)), 2);
   EXPECT_THAT(ReadFile(vk_log),
-              HasSubstr("--verify_kernel: 'w64' is not auto, m16, s64, km16 or s64staged"));
+              HasSubstr("--verify_config: 'w64' is not auto, m16, s64, km16 or s64staged"));
 }
 
 // --kv_dtype=fp8 on the cpu backend: the server loads the tiny preset, serves a session (the

@@ -136,7 +136,7 @@ struct EngineOptions {
     // configuration.
     // The configurations and their names: kernels/cuda/verify_attention/config.h.
     using VerifyKernel = kernels::cuda::VerifyKernelConfig;
-    VerifyKernel verify_kernel = VerifyKernel::kAuto;
+    VerifyKernel verify_config = VerifyKernel::kAuto;
     // FP8 latent cache on sm_90: keys of one step that the verify attention may dequantize
     // into a bf16 staging area per layer (VerifyKernelConfig::kS64Staged, for steps with many
     // rows per request: 1,156 bytes of device memory a key, allocated at Create; 262,144 keys

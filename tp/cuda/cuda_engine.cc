@@ -298,9 +298,9 @@ absl::Status ValidateCudaEngineOptions(const EngineOptions& o) {
   if (o.cuda.positional_max_splits < 1 || o.cuda.positional_max_splits > 256) {
     return bad("positional_max_splits: ", o.cuda.positional_max_splits, " must be in [1, 256]");
   }
-  if (o.cuda.batch_invariant && o.cuda.verify_kernel != EngineOptions::Cuda::VerifyKernel::kAuto) {
+  if (o.cuda.batch_invariant && o.cuda.verify_config != EngineOptions::Cuda::VerifyKernel::kAuto) {
     return bad(
-        "verify_kernel: a forced verify-attention kernel needs batch_invariant = false "
+        "verify_config: a forced verify-attention configuration needs batch_invariant = false "
         "(batch-invariant steps run positional plans on the device's own kernel)");
   }
 

@@ -153,7 +153,7 @@ absl::StatusOr<kc::VerifyAttentionPlan> CudaEngine::Impl::PlanAttention(
   // decoding gives that token); the planner otherwise picks the kernel and the key splits by
   // the batch's shape.
   kc::VerifyPlanOptions vo;
-  if (!rk.batch_invariant) vo.config = options.cuda.verify_kernel;
+  if (!rk.batch_invariant) vo.config = options.cuda.verify_config;
   // Requests that share a prefix of their slot lists (forks, a common system prompt) read it
   // once per pack of requests (verify_attention/api.h "Shared prefixes").
   if (options.cuda.shared_prefix_attention && !rk.batch_invariant) {

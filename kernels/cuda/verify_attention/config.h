@@ -43,12 +43,11 @@ struct VerifyKernelConfigEntry {
 };
 
 inline constexpr VerifyKernelConfigEntry kVerifyKernelConfigs[] = {
-    {VerifyKernelConfig::kAuto, "auto", "the planner's choice per batch (the default)"},
-    {VerifyKernelConfig::kM16, "m16", "16 rows a CTA, mma.sync (every device)"},
-    {VerifyKernelConfig::kS64, "s64", "64 rows, wgmma seesaw (sm_90a)"},
-    {VerifyKernelConfig::kKm16, "km16", "keys-on-M wgmma, FP8 latent cache (sm_90a)"},
-    {VerifyKernelConfig::kS64Staged, "s64staged",
-     "FP8 keys staged as bf16 rows, then s64 (sm_90a)"},
+    {VerifyKernelConfig::kAuto, "auto", "the planner's choice per batch, the default"},
+    {VerifyKernelConfig::kM16, "m16", "16 rows a CTA, mma.sync, every device"},
+    {VerifyKernelConfig::kS64, "s64", "64 rows, wgmma seesaw, sm_90a"},
+    {VerifyKernelConfig::kKm16, "km16", "keys-on-M wgmma, FP8 latent cache, sm_90a"},
+    {VerifyKernelConfig::kS64Staged, "s64staged", "FP8 keys staged as bf16 rows, then s64, sm_90a"},
 };
 
 // The table's name of a configuration ("unknown" for a value not in it).
@@ -65,6 +64,16 @@ inline std::string VerifyKernelConfigChoices() {
   constexpr size_t n = sizeof(kVerifyKernelConfigs) / sizeof(kVerifyKernelConfigs[0]);
   for (size_t i = 0; i < n; ++i) {
     absl::StrAppend(&out, i == 0 ? "" : (i + 1 == n ? " or " : ", "), kVerifyKernelConfigs[i].name);
+  }
+  return out;
+}
+
+// "auto: the planner's choice ...; m16: 16 rows a CTA ...; ...": the choices with their
+// summaries, for flag help.
+inline std::string VerifyKernelConfigHelp() {
+  std::string out;
+  for (const VerifyKernelConfigEntry& e : kVerifyKernelConfigs) {
+    absl::StrAppend(&out, out.empty() ? "" : "; ", e.name, ": ", e.summary);
   }
   return out;
 }
