@@ -1,6 +1,7 @@
-// The failure checks of the CUDA benchmark programs under bench/ (host only): a CUDA runtime
-// call that fails, or an absl::Status that is not OK, prints where and what on stderr and
-// exits with status 1 (a benchmark has nothing to recover).
+// Exit-on-failure checks for the CUDA benchmark programs that have nothing to recover
+// (moe_layer_bench, fp8_wgmma_probe; host only): a CUDA runtime call that fails, or an
+// absl::Status that is not OK, prints where and what on stderr and exits with status 1.
+// (verify_attention_bench returns from the failing shape instead: its own checks.)
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -320,7 +320,7 @@ absl::StatusOr<DemoOptions> DemoOptionsFromFlags() {
   auto session = SessionOptionsFromFlags();
   if (!session.ok()) return session.status();
   o.session = *session;
-  o.oracle = absl::GetFlag(FLAGS_drafter) == "oracle";
+  o.oracle = drafter == "oracle";
   o.rounds = absl::GetFlag(FLAGS_rounds);
   o.depth = absl::GetFlag(FLAGS_depth);
   o.branches = absl::GetFlag(FLAGS_branches);

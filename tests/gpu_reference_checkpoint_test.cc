@@ -35,7 +35,6 @@
 #include <cstdio>
 #include <random>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -552,9 +551,9 @@ TEST(GpuExpertParallel, MatchesTensorParallelExperts) {
         continue;
       }
       const LogitsDiff diff = CompareOnReferencePrompts(*ep, *tpx, ref);
-      diff.PrintAndExpectWithin(1e-2,
-                                absl::StrCat(name, " tp=", tp, " ", ep->load_report().expert_mode,
-                                             ": expert-parallel vs tensor-parallel experts"));
+      diff.PrintAndExpectWithin(1e-2, absl::StrCat(name, " tp=", tp, " fp8_experts=", fp8, " ",
+                                                   ep->load_report().expert_mode,
+                                                   ": expert-parallel vs tensor-parallel experts"));
     }
   }
 }

@@ -5,7 +5,6 @@
 // Label gpu; skipped (with a message) when no CUDA device is visible.
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <memory>
 #include <random>
 #include <vector>

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -103,12 +104,17 @@ int NotifySocket(const std::string& path) {
   ::unlink(path.c_str());
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) return -1;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
   std::strcpy(addr.sun_path, path.c_str());
   const int fd = ::socket(AF_UNIX, SOCK_DGRAM, 0);
   if (fd < 0) return -1;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int bind_errno = errno;
     ::close(fd);
+    errno = bind_errno;
     return -1;
   }
   timeval tv{0, 100000};
@@ -265,7 +271,7 @@ TEST(VerifydMain, SigtermDrainsAndExitsZero) {
 TEST(VerifydMain, NotifiesSystemdReadyWatchdogStopping) {
   const std::string sock_path = TempPath("notify.sock");
   const int fd = NotifySocket(sock_path);
-  ASSERT_GE(fd, 0);
+  ASSERT_GE(fd, 0) << sock_path << ": " << std::strerror(errno);
 
   const Verifyd v("notify.log", {"--backend=toy", "--metrics_listen="},
                   {{"NOTIFY_SOCKET", sock_path}, {"WATCHDOG_USEC", "200000"}});
@@ -314,7 +320,7 @@ TEST(VerifydMain, CheckpointLoadReportsProgress) {
   ASSERT_GE(shards, 2);
   const std::string sock_path = TempPath("ckpt.sock");
   const int fd = NotifySocket(sock_path);
-  ASSERT_GE(fd, 0);
+  ASSERT_GE(fd, 0) << sock_path << ": " << std::strerror(errno);
   const int metrics_port = FreePort();
   const Verifyd v("ckpt.log",
                   {"--backend=cpu", "--model=" + dir, "--tp=2", "--kv_slots=4096",

@@ -27,7 +27,6 @@
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
